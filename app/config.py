@@ -1,0 +1,28 @@
+"""One settings object (STYLE.md §5). Read from the environment (prefix ``LAYERCAST_``) or passed in."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class Settings(BaseSettings):
+    """Service configuration.
+
+    ``database_url``: SQLAlchemy URL; default an SQLite file under ``./var``.
+    ``models_dir``: folder of predictor artifacts (ONNX + metadata JSON); default the shipped ``models/``.
+    ``max_upload_bytes``: largest accepted graph upload.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="LAYERCAST_", extra="ignore")
+
+    database_url: str = f"sqlite:///{REPO_ROOT / 'var' / 'layercast.db'}"
+    models_dir: Path = REPO_ROOT / "models"
+    max_upload_bytes: int = 512 * 1024 * 1024
+    host: str = "127.0.0.1"
+    port: int = 8000
+    seed_catalog: bool = True
+    log_level: str = "info"

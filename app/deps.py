@@ -1,0 +1,36 @@
+"""FastAPI dependencies declared once as ``Annotated`` aliases (STYLE.md §4).
+
+Everything comes from ``request.app.state``, filled by the lifespan of :func:`app.main.create_app`:
+``settings``, ``sessionmaker``, ``predictor``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+from sqlalchemy.orm import Session
+
+from app.config import Settings
+from app.db import session_scope
+
+
+def get_settings(request: Request) -> Settings:
+    """The app's :class:`Settings`."""
+    return request.app.state.settings
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    """A session for this request: commits on success, rolls back on error (STYLE.md §3)."""
+    yield from session_scope(request.app.state.sessionmaker)
+
+
+def get_predictor(request: Request) -> Any:
+    """The active predictor (see :mod:`app.predictor.registry`)."""
+    return request.app.state.predictor
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+SessionDep = Annotated[Session, Depends(get_session)]
+PredictorDep = Annotated[Any, Depends(get_predictor)]

@@ -1,0 +1,71 @@
+"""Domain errors that carry their HTTP status and a machine-readable code (STYLE.md §6).
+
+One handler (installed by :func:`app.main.create_app`) renders every :class:`LayercastError` as a problem
+document ``{"error": {"code": ..., "message": ..., "detail": {...}}}``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class LayercastError(Exception):
+    """Base of all errors a client can cause. Subclasses set ``status_code`` and ``code``."""
+
+    status_code: int = 400
+    code: str = "bad_request"
+
+    def __init__(self, message: str, *, detail: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.detail = detail or {}
+
+    def to_problem(self) -> dict[str, Any]:
+        """The JSON body sent to the client."""
+        return {"error": {"code": self.code, "message": self.message, "detail": self.detail}}
+
+
+class NotFoundError(LayercastError):
+    status_code = 404
+    code = "not_found"
+
+
+class GraphNotFound(NotFoundError):
+    code = "graph_not_found"
+
+
+class HardwareNotFound(NotFoundError):
+    code = "hardware_not_found"
+
+
+class InvalidGraph(LayercastError):
+    """The uploaded bytes are not a model graph we can read (ONNX that does not parse, bad JSON)."""
+
+    status_code = 422
+    code = "invalid_graph"
+
+
+class UnboundDimension(LayercastError):
+    """The graph has a symbolic dimension that the request does not bind."""
+
+    status_code = 422
+    code = "unbound_dimension"
+
+
+class InvalidRequest(LayercastError):
+    status_code = 422
+    code = "invalid_request"
+
+
+class Conflict(LayercastError):
+    status_code = 409
+    code = "conflict"
+
+
+class HardwareExists(Conflict):
+    code = "hardware_exists"
+
+
+class PayloadTooLarge(LayercastError):
+    status_code = 413
+    code = "payload_too_large"

@@ -1,0 +1,51 @@
+"""ORM models of measured layer timings and of predictor versions."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, Boolean, Float, ForeignKey, Integer, String
+from sqlalchemy.orm import Mapped, mapped_column
+
+from app.db import Base, utcnow
+
+
+class Measurement(Base):
+    """One measured layer (or whole-iteration) time with its context.
+
+    ``config`` holds the layer description (op type, shapes, attributes) as JSON; ``context`` holds the
+    conditions of the measurement (framework and version, driver, threads, clocks, date, source file).
+    """
+
+    __tablename__ = "measurements"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    hardware_id: Mapped[str] = mapped_column(ForeignKey("hardware.id", ondelete="RESTRICT"), index=True)
+    source: Mapped[str] = mapped_column(String(64), index=True)  # e.g. "justus2018", "profiler"
+    op_kind: Mapped[str] = mapped_column(String(32), index=True)
+    pass_: Mapped[str] = mapped_column("pass", String(16))  # forward | backward | update | train_step
+    optimizer: Mapped[str] = mapped_column(String(16), default="none")
+    precision: Mapped[str] = mapped_column(String(8), default="fp32")
+    batch_size: Mapped[int] = mapped_column(Integer)
+    config: Mapped[dict[str, Any]] = mapped_column(JSON)
+    time_ms_median: Mapped[float] = mapped_column(Float)
+    time_ms_std: Mapped[float | None] = mapped_column(Float, nullable=True)
+    repetitions: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    context: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    measured_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class PredictorVersion(Base):
+    """A trained predictor artifact. ``metadata_`` is the artifact's metadata JSON (feature list,
+    training data, held-out metrics); exactly one row may be ``active``."""
+
+    __tablename__ = "predictor_versions"
+
+    version: Mapped[str] = mapped_column(String(64), primary_key=True)
+    artifact_path: Mapped[str] = mapped_column(String(500))
+    sha256: Mapped[str] = mapped_column(String(64))
+    metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", JSON)
+    active: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

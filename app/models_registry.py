@@ -1,0 +1,7 @@
+"""Imports every ORM model so that ``Base.metadata`` is complete (used by Alembic and tests)."""
+
+from app.graphs.models import StoredGraph
+from app.hardware.models import Hardware
+from app.measurements.models import Measurement, PredictorVersion
+
+__all__ = ["Hardware", "Measurement", "PredictorVersion", "StoredGraph"]
