@@ -1,0 +1,82 @@
+"""Whole-graph analytical summary: per-layer costs, totals, op counts, unsupported ops."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from app.core.costs import LayerCost, layer_cost
+from app.core.ir import Graph, Layer
+
+
+@dataclass(frozen=True, slots=True)
+class UnsupportedOp:
+    """An op type the cost model has no formula for: how many layers, which, and why."""
+
+    op_type: str
+    count: int
+    layers: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class GraphAnalysis:
+    """Analytical costs of a :class:`Graph` at its bound batch size.
+
+    Totals sum the supported layers only; ``unsupported`` lists the rest (never counted as zero cost
+    silently: callers must surface it). ``params`` counts every distinct weight tensor once (tied
+    embeddings), so it can be lower than the sum of per-layer ``params``.
+    """
+
+    graph: Graph
+    costs: tuple[LayerCost, ...]
+    op_counts: dict[str, int]
+    unsupported: tuple[UnsupportedOp, ...]
+    params: int
+    forward_macs: int
+    forward_flops: int
+    backward_flops: int
+    forward_bytes: int
+    saved_activation_bytes: int
+
+    @property
+    def layer_count(self) -> int:
+        """Number of compute layers (shape bookkeeping nodes excluded)."""
+        return len(self.graph.layers)
+
+    @property
+    def unsupported_layer_count(self) -> int:
+        """Number of layers without a cost formula."""
+        return sum(u.count for u in self.unsupported)
+
+
+def analyze(graph: Graph) -> GraphAnalysis:
+    """Cost every layer of ``graph`` (see :mod:`app.core.costs` for the formulas) and sum them."""
+    costs = tuple(layer_cost(layer) for layer in graph.layers)
+    op_counts = Counter(layer.op_type for layer in graph.layers)
+    by_op: dict[str, list[Layer]] = {}
+    for layer, cost in zip(graph.layers, costs, strict=True):
+        if not cost.supported:
+            by_op.setdefault(layer.op_type, []).append(layer)
+    unsupported = tuple(
+        UnsupportedOp(
+            op_type=op,
+            count=len(ls),
+            layers=tuple(x.name for x in ls),
+            reason=str(ls[0].attrs.get("unsupported_reason", "no cost formula")),
+        )
+        for op, ls in sorted(by_op.items())
+    )
+    ok = [c for c in costs if c.supported]
+    return GraphAnalysis(
+        graph=graph,
+        costs=costs,
+        op_counts=dict(sorted(op_counts.items())),
+        unsupported=unsupported,
+        params=graph.params,
+        forward_macs=sum(c.forward_macs for c in ok),
+        forward_flops=sum(c.forward_flops for c in ok),
+        backward_flops=sum(c.backward_flops for c in ok),
+        forward_bytes=sum(c.forward_bytes for c in ok),
+        saved_activation_bytes=sum(c.saved_activation_bytes for c in ok),
+    )

@@ -1,0 +1,213 @@
+"""JSON layer list → layer IR, by shape propagation through a sequential stack.
+
+The format (``POST /v1/graphs`` with ``application/json``)::
+
+    {"name": "small-cnn",
+     "input_shape": [3, 32, 32],          # one sample, without the batch axis
+     "input_dtype": "float32",            # optional
+     "layers": [
+        {"op": "conv2d", "out_channels": 16, "kernel_size": 3, "stride": 1, "padding": 1},
+        {"op": "batchnorm"}, {"op": "relu"}, {"op": "maxpool", "kernel_size": 2},
+        {"op": "flatten"}, {"op": "linear", "out_features": 10}, {"op": "softmax"}]}
+
+Layers are applied in order; each receives the previous layer's output. Layout is channels-first
+(PyTorch): ``(C, *spatial)`` for conv/pool/norm inputs, ``(features,)`` or ``(seq, features)`` for linear.
+Every layer becomes the :class:`Layer` an equivalent ONNX node would, so one cost model serves both
+importers. Errors raise :class:`InvalidGraph` naming the layer index and the field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from math import prod
+from typing import Any
+
+from app.core.ir import BYTES_PER_ELEMENT, Graph, Layer, OpKind, Tensor
+from app.errors import InvalidGraph
+
+_ACTIVATIONS = {
+    "relu": "Relu", "gelu": "Gelu", "sigmoid": "Sigmoid", "tanh": "Tanh", "silu": "SiLU", "swish": "SiLU",
+    "leaky_relu": "LeakyRelu", "elu": "Elu", "hardswish": "HardSwish", "softplus": "Softplus", "mish": "Mish",
+}
+SUPPORTED_OPS: tuple[str, ...] = (
+    "conv1d", "conv2d", "conv3d", "conv", "linear", "dense", "batchnorm", "layernorm", "groupnorm",
+    "instancenorm", "maxpool", "avgpool", "global_avgpool", "global_maxpool", "flatten", "dropout",
+    "softmax", "embedding", "lstm", "gru", "rnn", *_ACTIVATIONS,
+)
+
+
+def _err(i: int, msg: str) -> InvalidGraph:
+    return InvalidGraph(f"layer {i}: {msg}", detail={"layer_index": i})
+
+
+def _int(spec: Mapping[str, Any], key: str, i: int, default: int | None = None, minimum: int = 1) -> int:
+    v = spec.get(key, default)
+    if v is None:
+        raise _err(i, f"'{key}' is required")
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise _err(i, f"'{key}' must be an integer ≥ {minimum}, got {v!r}")
+    return v
+
+
+def _tuple(spec: Mapping[str, Any], key: str, n: int, i: int, default: int, minimum: int = 1) -> tuple[int, ...]:
+    v = spec.get(key, default)
+    if isinstance(v, int) and not isinstance(v, bool):
+        v = [v] * n
+    if not isinstance(v, list | tuple) or len(v) != n or any(
+        isinstance(x, bool) or not isinstance(x, int) or x < minimum for x in v
+    ):
+        raise _err(i, f"'{key}' must be an integer ≥ {minimum} or a list of {n} such integers, got {v!r}")
+    return tuple(v)
+
+
+def import_json(doc: Mapping[str, Any], *, batch_size: int = 1) -> Graph:
+    """Build a :class:`Graph` from a JSON layer list at ``batch_size``.
+
+    Raises :class:`InvalidGraph` for a malformed document (unknown op, missing or non-positive field,
+    shapes that do not chain, e.g. a conv kernel larger than its padded input) and ``ValueError`` for a
+    non-positive ``batch_size``.
+    """
+    if batch_size <= 0:
+        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    if not isinstance(doc, Mapping):
+        raise InvalidGraph("a JSON graph must be an object with 'input_shape' and 'layers'")
+    shape_in = doc.get("input_shape")
+    if (
+        not isinstance(shape_in, list)
+        or not shape_in
+        or any(isinstance(d, bool) or not isinstance(d, int) or d <= 0 for d in shape_in)
+    ):
+        raise InvalidGraph("'input_shape' must be a non-empty list of positive integers (one sample, no batch)")
+    dtype = str(doc.get("input_dtype", "float32"))
+    if dtype not in BYTES_PER_ELEMENT:
+        raise InvalidGraph(f"unknown 'input_dtype' {dtype!r}", detail={"allowed": sorted(BYTES_PER_ELEMENT)})
+    specs = doc.get("layers")
+    if not isinstance(specs, list) or not specs:
+        raise InvalidGraph("'layers' must be a non-empty list")
+
+    x = Tensor("input", (batch_size, *shape_in), dtype)
+    graph_input = x
+    act_dtype = "float32" if dtype.startswith("int") else dtype
+    layers: list[Layer] = []
+    for i, spec in enumerate(specs):
+        if not isinstance(spec, Mapping) or not isinstance(spec.get("op"), str):
+            raise _err(i, "each layer must be an object with a string 'op'")
+        op = spec["op"].lower()
+        name = str(spec.get("name") or f"{op}_{i}")
+        layer = _build(i, op, name, spec, x, act_dtype, first=(i == 0))
+        layers.append(layer)
+        x = layer.outputs[0]
+    return Graph(
+        name=str(doc.get("name") or "json-model"),
+        layers=tuple(layers),
+        inputs=(graph_input,),
+        outputs=(x,),
+        batch_size=batch_size,
+        source_format="json",
+    )
+
+
+def _conv_out(size: int, k: int, s: int, p: int, d: int, i: int) -> int:
+    out = (size + 2 * p - d * (k - 1) - 1) // s + 1
+    if out <= 0:
+        raise _err(i, f"kernel {k} (dilation {d}) does not fit an input of size {size} with padding {p}")
+    return out
+
+
+def _build(i: int, op: str, name: str, spec: Mapping[str, Any], x: Tensor, dt: str, *, first: bool) -> Layer:
+    b = x.shape[0]
+    attrs: dict[str, Any] = {"needs_input_grad": not first}
+
+    def t(suffix: str, shape: Sequence[int]) -> Tensor:
+        return Tensor(f"{name}.{suffix}", tuple(int(s) for s in shape), dt)
+
+    if op in ("conv1d", "conv2d", "conv3d", "conv"):
+        nd = {"conv1d": 1, "conv2d": 2, "conv3d": 3}.get(op, len(x.shape) - 2)
+        if len(x.shape) != nd + 2:
+            raise _err(i, f"{op} expects an input of rank {nd + 1} per sample (C, *spatial), got {x.shape[1:]}")
+        c_in = x.shape[1]
+        c_out = _int(spec, "out_channels", i)
+        k = _tuple(spec, "kernel_size", nd, i, 1)
+        s = _tuple(spec, "stride", nd, i, 1)
+        p = _tuple(spec, "padding", nd, i, 0, minimum=0)
+        d = _tuple(spec, "dilation", nd, i, 1)
+        groups = _int(spec, "groups", i, 1)
+        if c_in % groups or c_out % groups:
+            raise _err(i, f"groups={groups} must divide in_channels={c_in} and out_channels={c_out}")
+        spatial = [_conv_out(x.shape[2 + j], k[j], s[j], p[j], d[j], i) for j in range(nd)]
+        weights = [t("weight", (c_out, c_in // groups, *k))]
+        if spec.get("bias", True):
+            weights.append(t("bias", (c_out,)))
+        attrs.update(kernel_shape=k, strides=s, pads=p + p, dilations=d, group=groups)
+        return Layer(name, "Conv", OpKind.CONV, (x,), (t("out", (b, c_out, *spatial)),), tuple(weights), (), attrs)
+    if op in ("linear", "dense"):
+        f_in = x.shape[-1]
+        f_out = _int(spec, "out_features", i)
+        weights = [t("weight", (f_out, f_in))]
+        if spec.get("bias", True):
+            weights.append(t("bias", (f_out,)))
+        rows = prod(x.shape[:-1])
+        attrs["macs"] = rows * f_in * f_out
+        return Layer(name, "Gemm", OpKind.GEMM, (x,), (t("out", (*x.shape[:-1], f_out)),), tuple(weights), (), attrs)
+    if op in _ACTIVATIONS:
+        return Layer(name, _ACTIVATIONS[op], OpKind.ACTIVATION, (x,), (t("out", x.shape),), (), (), attrs)
+    if op in ("batchnorm", "instancenorm", "groupnorm", "layernorm"):
+        if len(x.shape) < 2:
+            raise _err(i, f"{op} needs a channel axis")
+        c = x.shape[-1] if op == "layernorm" else x.shape[1]
+        affine = bool(spec.get("affine", True))
+        weights = (t("weight", (c,)), t("bias", (c,))) if affine else ()
+        if op == "batchnorm":
+            bufs = (t("running_mean", (c,)), t("running_var", (c,)))
+            return Layer(name, "BatchNormalization", OpKind.BATCHNORM, (x,), (t("out", x.shape),), weights, bufs, attrs)
+        onnx_op = {"instancenorm": "InstanceNormalization", "groupnorm": "GroupNormalization",
+                   "layernorm": "LayerNormalization"}[op]
+        if op == "groupnorm":
+            g = _int(spec, "num_groups", i)
+            if c % g:
+                raise _err(i, f"num_groups={g} must divide channels={c}")
+        return Layer(name, onnx_op, OpKind.NORM, (x,), (t("out", x.shape),), weights, (), attrs)
+    if op in ("maxpool", "avgpool"):
+        nd = len(x.shape) - 2
+        if nd < 1:
+            raise _err(i, f"{op} expects (C, *spatial) per sample, got {x.shape[1:]}")
+        k = _tuple(spec, "kernel_size", nd, i, 2)
+        s = _tuple(spec, "stride", nd, i, k[0]) if "stride" in spec else k
+        p = _tuple(spec, "padding", nd, i, 0, minimum=0)
+        spatial = [_conv_out(x.shape[2 + j], k[j], s[j], p[j], 1, i) for j in range(nd)]
+        attrs.update(kernel_shape=k, strides=s, pads=p + p)
+        onnx_op = "MaxPool" if op == "maxpool" else "AveragePool"
+        return Layer(name, onnx_op, OpKind.POOL, (x,), (t("out", (b, x.shape[1], *spatial)),), (), (), attrs)
+    if op in ("global_avgpool", "global_maxpool"):
+        onnx_op = "GlobalAveragePool" if op == "global_avgpool" else "GlobalMaxPool"
+        out = (b, x.shape[1], *([1] * (len(x.shape) - 2)))
+        return Layer(name, onnx_op, OpKind.GLOBAL_POOL, (x,), (t("out", out),), (), (), attrs)
+    if op == "flatten":
+        return Layer(name, "Flatten", OpKind.DATA_MOVEMENT, (x,), (t("out", (b, prod(x.shape[1:]))),), (), (), attrs)
+    if op == "dropout":
+        return Layer(name, "Dropout", OpKind.DROPOUT, (x,), (t("out", x.shape),), (), (), attrs)
+    if op == "softmax":
+        return Layer(name, "Softmax", OpKind.SOFTMAX, (x,), (t("out", x.shape),), (), (), attrs)
+    if op == "embedding":
+        n = _int(spec, "num_embeddings", i)
+        dim = _int(spec, "embedding_dim", i)
+        idx = Tensor(x.name, x.shape, "int64")
+        return Layer(name, "Gather", OpKind.EMBEDDING, (idx,), (t("out", (*x.shape, dim)),),
+                     (t("weight", (n, dim)),), (), attrs)
+    if op in ("lstm", "gru", "rnn"):
+        if len(x.shape) != 3:
+            raise _err(i, f"{op} expects (seq, features) per sample, got {x.shape[1:]}")
+        hidden = _int(spec, "hidden_size", i)
+        dirs = 2 if spec.get("bidirectional", False) else 1
+        gates = {"lstm": 4, "gru": 3, "rnn": 1}[op]
+        seq, f_in = x.shape[1], x.shape[2]
+        onnx_op = op.upper()
+        weights = (
+            t("W", (dirs, gates * hidden, f_in)),
+            t("R", (dirs, gates * hidden, hidden)),
+            t("B", (dirs, 2 * gates * hidden)),
+        )
+        attrs["macs"] = seq * b * dirs * gates * hidden * (f_in + hidden)
+        attrs["layout"] = 1
+        return Layer(name, onnx_op, OpKind.RECURRENT, (x,), (t("out", (b, seq, dirs * hidden)),), weights, (), attrs)
+    raise _err(i, f"unknown op '{op}'; supported: {', '.join(SUPPORTED_OPS)}")

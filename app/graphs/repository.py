@@ -1,0 +1,32 @@
+"""SQL for stored graphs (every select lives here)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app.graphs.models import StoredGraph
+
+
+class GraphRepository:
+    """Data access for :class:`StoredGraph` rows."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def get(self, graph_id: str) -> StoredGraph | None:
+        return self.session.get(StoredGraph, graph_id)
+
+    def list(self, *, limit: int = 100, offset: int = 0) -> Sequence[StoredGraph]:
+        stmt = select(StoredGraph).order_by(StoredGraph.created_at.desc()).limit(limit).offset(offset)
+        return self.session.scalars(stmt).all()
+
+    def count(self) -> int:
+        return int(self.session.scalar(select(func.count()).select_from(StoredGraph)) or 0)
+
+    def add(self, graph: StoredGraph) -> StoredGraph:
+        self.session.add(graph)
+        self.session.flush()
+        return graph

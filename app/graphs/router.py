@@ -1,0 +1,188 @@
+"""HTTP routes of the graphs domain: upload (ONNX or JSON layer list), read, per-layer costs."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request, Response, status
+from pydantic import ValidationError
+
+from app.core.ir import Tensor
+from app.deps import SessionDep, SettingsDep
+from app.errors import InvalidGraph, InvalidRequest, PayloadTooLarge
+from app.graphs import service
+from app.graphs.models import StoredGraph
+from app.graphs.schemas import GraphLayers, GraphList, GraphRead, JsonGraphCreate, LayerCostRead
+from app.schemas import ErrorResponse
+
+router = APIRouter(prefix="/v1/graphs", tags=["graphs"])
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    404: {"model": ErrorResponse, "description": "graph_not_found"},
+    413: {"model": ErrorResponse, "description": "payload_too_large"},
+    422: {"model": ErrorResponse, "description": "invalid_graph, unbound_dimension, validation_error"},
+}
+
+BatchQuery = Annotated[int, Query(gt=0, le=1_000_000, description="batch size the summary is computed at")]
+DimsQuery = Annotated[
+    str | None,
+    Query(description="bindings of symbolic dimensions other than the batch axis: 'seq=128,past=0'"),
+]
+
+
+def parse_dims(raw: str | None) -> dict[str, int]:
+    """Parse ``'a=1,b=2'`` into ``{"a": 1, "b": 2}``; raises :class:`InvalidRequest` (422)."""
+    if not raw:
+        return {}
+    out: dict[str, int] = {}
+    for part in raw.split(","):
+        key, sep, value = part.partition("=")
+        try:
+            if not sep or not key.strip():
+                raise ValueError
+            out[key.strip()] = int(value)
+        except ValueError:
+            raise InvalidRequest(
+                f"dims must look like 'name=value,name=value', got {raw!r}", detail={"dims": raw}
+            ) from None
+    return out
+
+
+def _read(row: StoredGraph) -> GraphRead:
+    return GraphRead.model_validate(
+        {
+            "id": row.id,
+            "name": row.name,
+            "source_format": row.source_format,
+            "size_bytes": row.size_bytes,
+            "created_at": row.created_at,
+            "summary": row.summary,
+        }
+    )
+
+
+@router.post(
+    "",
+    response_model=GraphRead,
+    status_code=status.HTTP_201_CREATED,
+    responses={200: {"model": GraphRead, "description": "already stored (same content hash)"}, **_ERRORS},
+    openapi_extra={
+        "requestBody": {
+            "content": {
+                "multipart/form-data": {
+                    "schema": {
+                        "type": "object",
+                        "properties": {"file": {"type": "string", "format": "binary"}, "name": {"type": "string"}},
+                        "required": ["file"],
+                    }
+                },
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+                "application/json": {"schema": JsonGraphCreate.model_json_schema()},
+            },
+            "required": True,
+        }
+    },
+)
+async def create_graph(
+    request: Request,
+    response: Response,
+    session: SessionDep,
+    settings: SettingsDep,
+    batch_size: BatchQuery = 1,
+    dims: DimsQuery = None,
+    name: Annotated[str | None, Query(max_length=200)] = None,
+) -> GraphRead:
+    """Upload an ONNX file (multipart field ``file``, or the raw bytes as ``application/octet-stream``)
+    or a JSON layer list (``application/json``). Stored by content hash; the same content twice returns
+    the stored graph with 200."""
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    limit = settings.max_upload_bytes
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(f"upload larger than {limit} bytes", detail={"max_upload_bytes": limit})
+    if ctype == "multipart/form-data":
+        form = await request.form()
+        upload = form.get("file")
+        if upload is None or isinstance(upload, str):
+            raise InvalidRequest("multipart upload needs a file field named 'file'")
+        content = await upload.read()
+        name = name or (str(form.get("name")) if form.get("name") else None) or (upload.filename or "")
+        fmt = "onnx"
+    elif ctype == "application/json":
+        try:
+            doc = json.loads(await request.body())
+            parsed = JsonGraphCreate.model_validate(doc)
+        except ValueError as exc:  # JSONDecodeError and pydantic ValidationError
+            errors = exc.errors(include_url=False) if isinstance(exc, ValidationError) else []
+            raise InvalidGraph(f"JSON graph is not valid: {str(exc).splitlines()[0]}", detail={"errors": errors}) \
+                from None
+        content = service.canonical_json(parsed.model_dump())
+        name = name or parsed.name
+        fmt = "json"
+    elif ctype in ("application/octet-stream", "application/onnx", ""):
+        content = await request.body()
+        fmt = "onnx"
+    else:
+        raise InvalidRequest(
+            f"unsupported content type {ctype!r}; send multipart/form-data, application/octet-stream "
+            "or application/json",
+            detail={"content_type": ctype},
+        )
+    if len(content) > limit:
+        raise PayloadTooLarge(f"upload larger than {limit} bytes", detail={"max_upload_bytes": limit})
+    if not content:
+        raise InvalidGraph("empty upload")
+    row, created = service.create_graph(
+        session, content=content, source_format=fmt, name=name or "", batch_size=batch_size, dims=parse_dims(dims)
+    )
+    if not created:
+        response.status_code = status.HTTP_200_OK
+    return _read(row)
+
+
+@router.get("", response_model=GraphList)
+def list_graphs(
+    session: SessionDep,
+    limit: Annotated[int, Query(gt=0, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> GraphList:
+    """Stored graphs, newest first."""
+    rows, count = service.list_graphs(session, limit=limit, offset=offset)
+    return GraphList(items=[_read(r) for r in rows], count=count)
+
+
+@router.get("/{graph_id}", response_model=GraphRead, responses={404: _ERRORS[404]})
+def get_graph(graph_id: str, session: SessionDep) -> GraphRead:
+    """One stored graph and its summary at the batch size it was uploaded with."""
+    return _read(service.get_graph(session, graph_id=graph_id))
+
+
+def _shapes(ts: tuple[Tensor, ...]) -> list[list[int]]:
+    return [list(t.shape) for t in ts]
+
+
+@router.get("/{graph_id}/layers", response_model=GraphLayers, responses=_ERRORS)
+def graph_layers(graph_id: str, session: SessionDep, batch_size: BatchQuery = 1, dims: DimsQuery = None) -> GraphLayers:
+    """Per-layer analytical costs (no hardware needed) at ``batch_size``."""
+    row, analysis = service.graph_layers(session, graph_id=graph_id, batch_size=batch_size, dims=parse_dims(dims))
+    layers = [
+        LayerCostRead(
+            name=c.name,
+            op_type=c.op_type,
+            kind=c.kind.value,
+            supported=c.supported,
+            input_shapes=_shapes(layer.inputs),
+            output_shapes=_shapes(layer.outputs),
+            params=c.params,
+            forward_macs=c.forward_macs,
+            forward_flops=c.forward_flops,
+            backward_flops=c.backward_flops,
+            forward_bytes_read=c.forward_bytes_read,
+            forward_bytes_written=c.forward_bytes_written,
+            backward_bytes=c.backward_bytes,
+            operational_intensity_flops_per_byte=c.operational_intensity,
+        )
+        for layer, c in zip(analysis.graph.layers, analysis.costs, strict=True)
+    ]
+    return GraphLayers(graph_id=row.id, batch_size=batch_size, layers=layers, summary=service.summarize(analysis))

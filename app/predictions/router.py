@@ -1,0 +1,25 @@
+"""HTTP route of cost predictions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from app.deps import PredictorDep, SessionDep
+from app.predictions import service
+from app.predictions.schemas import PredictionCreate, PredictionRead
+from app.schemas import ErrorResponse
+
+router = APIRouter(prefix="/v1/predictions", tags=["predictions"])
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    404: {"model": ErrorResponse, "description": "graph_not_found, hardware_not_found"},
+    422: {"model": ErrorResponse, "description": "validation_error, invalid_graph, unbound_dimension"},
+}
+
+
+@router.post("", response_model=PredictionRead, responses=_ERRORS)
+def create_prediction(body: PredictionCreate, session: SessionDep, predictor: PredictorDep) -> PredictionRead:
+    """Per-layer, per-iteration, per-epoch and per-job cost of a graph on one piece of hardware."""
+    return service.predict(session, predictor, request=body)

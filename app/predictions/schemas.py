@@ -1,0 +1,145 @@
+"""API schemas of cost predictions. Units are in every field name."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from app.core.costs import OPTIMIZERS
+from app.graphs.schemas import JsonGraphCreate
+from app.hardware.schemas import HardwareCreate
+from app.schemas import Schema
+
+Mode = Literal["training", "inference"]
+Optimizer = Literal[tuple(OPTIMIZERS)]  # type: ignore[valid-type]
+Precision = Literal["fp32", "tf32", "fp16", "bf16"]
+
+
+class PredictionCreate(Schema):
+    """What to predict. Give exactly one of ``graph_id``/``graph`` and one of ``hardware_id``/``hardware``."""
+
+    graph_id: str | None = Field(default=None, description="id returned by POST /v1/graphs")
+    graph: JsonGraphCreate | None = Field(default=None, description="inline JSON layer list")
+    hardware_id: str | None = Field(default=None, description="catalog id, e.g. 'p100', 'a100-sxm4-40gb', 'local'")
+    hardware: HardwareCreate | None = Field(default=None, description="inline custom hardware spec")
+    batch_size: int = Field(gt=0, le=1_000_000)
+    mode: Mode = "training"
+    optimizer: Optimizer = Field(default="sgd", description="ignored (treated as 'none') in inference mode")
+    precision: Precision = "fp32"
+    dims: dict[str, int] = Field(default_factory=dict, description="symbolic dimensions other than the batch")
+    dataset_size: int | None = Field(default=None, gt=0, description="samples per epoch")
+    epochs: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> PredictionCreate:
+        if (self.graph_id is None) == (self.graph is None):
+            raise ValueError("give exactly one of 'graph_id' or 'graph'")
+        if (self.hardware_id is None) == (self.hardware is None):
+            raise ValueError("give exactly one of 'hardware_id' or 'hardware'")
+        if self.epochs is not None and self.dataset_size is None:
+            raise ValueError("'epochs' needs 'dataset_size'")
+        return self
+
+
+class LayerPrediction(Schema):
+    """One layer: analytical cost for the whole batch and predicted times (null when unsupported)."""
+
+    name: str
+    op_type: str
+    kind: str
+    method: str = Field(description="'learned', 'roofline' or 'unsupported'")
+    params: int
+    forward_macs: int
+    forward_flops: int
+    backward_flops: int
+    bytes_read: int
+    bytes_written: int
+    operational_intensity_flops_per_byte: float
+    bound: str | None = Field(description="'compute' or 'memory' on this hardware (roofline)")
+    roofline_ms: float | None
+    forward_ms: float | None
+    backward_ms: float | None
+    update_ms: float | None
+    total_ms: float | None
+    total_ms_p10: float | None
+    total_ms_p90: float | None
+    out_of_distribution: bool
+
+
+class UnsupportedLayers(Schema):
+    op_type: str
+    count: int
+    layers: list[str]
+    reason: str
+
+
+class IterationPrediction(Schema):
+    """One training step (forward + backward + update) or one inference batch."""
+
+    time_ms: float
+    time_ms_p10: float
+    time_ms_p90: float
+    forward_ms: float
+    backward_ms: float
+    update_ms: float
+    samples_per_s: float
+
+
+class EpochPrediction(Schema):
+    dataset_size: int
+    iterations_per_epoch: int
+    time_s: float
+    time_s_p10: float
+    time_s_p90: float
+
+
+class JobPrediction(Schema):
+    epochs: float
+    time_s: float
+    time_s_p10: float
+    time_s_p90: float
+    time_h: float
+
+
+class MemoryPrediction(Schema):
+    weights_bytes: int
+    gradients_bytes: int
+    optimizer_state_bytes: int
+    activations_bytes: int
+    total_bytes: int
+    device_memory_bytes: float
+    fits: bool
+
+
+class Totals(Schema):
+    layers: int
+    layers_costed: int
+    layers_unsupported: int
+    params: int
+    forward_macs: int
+    forward_flops: int
+    backward_flops: int
+    totals_exclude_unsupported: bool
+
+
+class PredictionRead(Schema):
+    graph_id: str | None
+    graph_name: str
+    hardware_id: str
+    hardware_name: str
+    batch_size: int
+    mode: Mode
+    optimizer: str
+    precision: str
+    predictor_version: str
+    methods: dict[str, int] = Field(description="layer count per method")
+    layers: list[LayerPrediction]
+    unsupported: list[UnsupportedLayers]
+    totals: Totals
+    iteration: IterationPrediction
+    epoch: EpochPrediction | None
+    job: JobPrediction | None
+    memory: MemoryPrediction
+    warnings: list[str]
+    assumptions: dict[str, Any]

@@ -1,0 +1,228 @@
+"""Prediction of per-layer, per-iteration, per-epoch and per-job cost.
+
+Pipeline (DESIGN.md): graph → analytical costs → predictor per layer (learned where it applies, roofline
+otherwise) → iteration = Σ layers (forward + backward + optimizer update); epoch = ⌈dataset/batch⌉ ×
+iteration; job = epochs × epoch. Interval bounds of the iteration are the sums of the per-layer bounds
+(errors of layers on one device are strongly correlated, so the comonotonic sum is the honest bound).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from app.core.analysis import GraphAnalysis, analyze
+from app.core.costs import LayerCost
+from app.core.hardware import HardwareSpec
+from app.core.memory import HEADROOM, fits, footprint
+from app.graphs import service as graphs
+from app.hardware import service as hardware_service
+from app.predictions.schemas import (
+    EpochPrediction,
+    IterationPrediction,
+    JobPrediction,
+    LayerPrediction,
+    MemoryPrediction,
+    PredictionCreate,
+    PredictionRead,
+    Totals,
+    UnsupportedLayers,
+)
+from app.predictor.base import LayerTimeEstimate, LayerTimeQuery, Predictor
+
+_PRECISION_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2}
+
+
+def _roofline(cost: LayerCost, hw: HardwareSpec, precision: str, training: bool) -> tuple[float, str]:
+    """Roofline time (ms) of the layer's forward (+ backward in training) and what bounds it."""
+    flops = cost.forward_flops + (cost.backward_flops if training else 0)
+    nbytes = cost.forward_bytes + (cost.backward_bytes if training else 0)
+    t_compute = flops / hw.peak_for(precision)
+    t_memory = nbytes / hw.memory_bandwidth_bytes_per_s
+    return max(t_compute, t_memory) * 1e3, ("compute" if t_compute >= t_memory else "memory")
+
+
+def predict(session: Session, predictor: Predictor, *, request: PredictionCreate) -> PredictionRead:
+    """Predict the cost of ``request`` (see :class:`PredictionCreate`).
+
+    Raises :class:`GraphNotFound`/:class:`HardwareNotFound` (404) for unknown ids,
+    :class:`InvalidGraph`/:class:`UnboundDimension` (422) for graphs that cannot be imported at the
+    requested binding.
+    """
+    if request.graph_id is not None:
+        row = graphs.get_graph(session, graph_id=request.graph_id)
+        graph = graphs.build_graph(
+            row.content, row.source_format, batch_size=request.batch_size, dims=request.dims, name=row.name
+        )
+        graph_id: str | None = row.id
+    else:
+        assert request.graph is not None
+        content = graphs.canonical_json(request.graph.model_dump())
+        graph = graphs.build_graph(content, "json", batch_size=request.batch_size, dims=request.dims)
+        graph_id = None
+    if request.hardware_id is not None:
+        hw = hardware_service.get_spec(session, hardware_id=request.hardware_id)
+    else:
+        assert request.hardware is not None
+        hw = hardware_service.spec_from_inline(request.hardware)
+    return estimate(analyze(graph), hw, predictor, request=request, graph_id=graph_id)
+
+
+def estimate(
+    analysis: GraphAnalysis,
+    hw: HardwareSpec,
+    predictor: Predictor,
+    *,
+    request: PredictionCreate,
+    graph_id: str | None,
+) -> PredictionRead:
+    """Combine analytical costs and per-layer predictions into the response (pure, no database)."""
+    training = request.mode == "training"
+    optimizer = request.optimizer if training else "none"
+    warnings: list[str] = list(analysis.graph.warnings)
+    layers = analysis.graph.layers
+    queries = [
+        LayerTimeQuery(layer=layer, cost=cost, hardware=hw, mode=request.mode, optimizer=optimizer,
+                       precision=request.precision)
+        for layer, cost in zip(layers, analysis.costs, strict=True)
+        if cost.supported
+    ]
+    estimates = iter(predictor.estimate(queries))
+
+    rows: list[LayerPrediction] = []
+    fwd = bwd = upd = p10 = p90 = 0.0
+    ood_layers = 0
+    for layer, cost in zip(layers, analysis.costs, strict=True):
+        common: dict[str, Any] = {
+            "name": layer.name,
+            "op_type": layer.op_type,
+            "kind": layer.kind.value,
+            "params": cost.params,
+            "forward_macs": cost.forward_macs,
+            "forward_flops": cost.forward_flops,
+            "backward_flops": cost.backward_flops if training else 0,
+            "bytes_read": cost.forward_bytes_read + (cost.backward_bytes_read if training else 0),
+            "bytes_written": cost.forward_bytes_written + (cost.backward_bytes_written if training else 0),
+            "operational_intensity_flops_per_byte": cost.operational_intensity,
+        }
+        if not cost.supported:
+            rows.append(LayerPrediction(
+                **common, method="unsupported", bound=None, roofline_ms=None, forward_ms=None, backward_ms=None,
+                update_ms=None, total_ms=None, total_ms_p10=None, total_ms_p90=None, out_of_distribution=True,
+            ))
+            continue
+        e: LayerTimeEstimate = next(estimates)
+        roof_ms, bound = _roofline(cost, hw, request.precision, training)
+        total = e.forward_ms + e.backward_ms + e.update_ms
+        fwd += e.forward_ms
+        bwd += e.backward_ms
+        upd += e.update_ms
+        p10 += e.total_ms_p10
+        p90 += e.total_ms_p90
+        ood_layers += int(e.out_of_distribution)
+        rows.append(LayerPrediction(
+            **common, method=e.method, bound=bound, roofline_ms=roof_ms, forward_ms=e.forward_ms,
+            backward_ms=e.backward_ms, update_ms=e.update_ms, total_ms=total, total_ms_p10=e.total_ms_p10,
+            total_ms_p90=e.total_ms_p90, out_of_distribution=e.out_of_distribution,
+        ))
+    iteration_ms = fwd + bwd + upd
+    if iteration_ms <= 0:
+        # never a silent zero: a graph with nothing costable is an error the caller must see
+        warnings.append("no layer of this graph could be costed; the iteration time is not meaningful")
+    if analysis.unsupported:
+        warnings.append(
+            f"{analysis.unsupported_layer_count} layer(s) of op types "
+            f"{', '.join(u.op_type for u in analysis.unsupported)} have no cost formula; totals exclude them"
+        )
+    if ood_layers:
+        warnings.append(
+            f"{ood_layers} layer(s) lie outside the learned predictor's training data (hardware or shape "
+            "range); their intervals are wider"
+        )
+    methods = Counter(r.method for r in rows)
+    iteration = IterationPrediction(
+        time_ms=iteration_ms,
+        time_ms_p10=p10,
+        time_ms_p90=p90,
+        forward_ms=fwd,
+        backward_ms=bwd,
+        update_ms=upd,
+        samples_per_s=(request.batch_size / (iteration_ms / 1e3)) if iteration_ms > 0 else 0.0,
+    )
+    epoch = job = None
+    if request.dataset_size is not None:
+        iters = math.ceil(request.dataset_size / request.batch_size)
+        epoch = EpochPrediction(
+            dataset_size=request.dataset_size,
+            iterations_per_epoch=iters,
+            time_s=iters * iteration_ms / 1e3,
+            time_s_p10=iters * p10 / 1e3,
+            time_s_p90=iters * p90 / 1e3,
+        )
+        if request.epochs is not None:
+            job = JobPrediction(
+                epochs=request.epochs,
+                time_s=request.epochs * epoch.time_s,
+                time_s_p10=request.epochs * epoch.time_s_p10,
+                time_s_p90=request.epochs * epoch.time_s_p90,
+                time_h=request.epochs * epoch.time_s / 3600,
+            )
+    fp = footprint(analysis, mode=request.mode, optimizer=optimizer, bytes_per_param=4)
+    memory = MemoryPrediction(
+        weights_bytes=fp.weights_bytes,
+        gradients_bytes=fp.gradients_bytes,
+        optimizer_state_bytes=fp.optimizer_state_bytes,
+        activations_bytes=fp.activations_bytes,
+        total_bytes=fp.total_bytes,
+        device_memory_bytes=hw.memory_bytes,
+        fits=fits(fp, hw.memory_bytes),
+    )
+    if not memory.fits:
+        warnings.append(
+            f"estimated footprint {fp.total_bytes / 2**30:.1f} GiB exceeds {HEADROOM:.0%} of the device's "
+            f"{hw.memory_bytes / 2**30:.1f} GiB"
+        )
+    n_uns = analysis.unsupported_layer_count
+    return PredictionRead(
+        graph_id=graph_id,
+        graph_name=analysis.graph.name,
+        hardware_id=hw.id,
+        hardware_name=hw.name,
+        batch_size=request.batch_size,
+        mode=request.mode,
+        optimizer=optimizer,
+        precision=request.precision,
+        predictor_version=predictor.version,
+        methods=dict(methods),
+        layers=rows,
+        unsupported=[
+            UnsupportedLayers(op_type=u.op_type, count=u.count, layers=list(u.layers), reason=u.reason)
+            for u in analysis.unsupported
+        ],
+        totals=Totals(
+            layers=len(layers),
+            layers_costed=len(layers) - n_uns,
+            layers_unsupported=n_uns,
+            params=analysis.params,
+            forward_macs=analysis.forward_macs,
+            forward_flops=analysis.forward_flops,
+            backward_flops=analysis.backward_flops if training else 0,
+            totals_exclude_unsupported=n_uns > 0,
+        ),
+        iteration=iteration,
+        epoch=epoch,
+        job=job,
+        memory=memory,
+        warnings=warnings,
+        assumptions={
+            "iteration": "sum over layers of forward + backward + optimizer update; no data loading, no "
+                         "inter-layer overlap, single device",
+            "interval": "p10/p90 of the iteration are sums of per-layer p10/p90 (errors assumed correlated)",
+            "epoch": "ceil(dataset_size / batch_size) iterations (last partial batch counted as full)",
+            "memory": "fp32 weights/gradients/optimizer state; activations saved for backward; "
+                      f"fits = total <= {HEADROOM:.0%} of device memory",
+        },
+    )

@@ -1,0 +1,16 @@
+"""Shared test helpers (paths to shared data and to the onnx wheel's model-zoo graphs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = (REPO / ".." / "shared" / "data").resolve()
+LIGHT_MODELS = Path(onnx.__file__).resolve().parent / "backend" / "test" / "data" / "light"
+
+
+def light_model(name: str) -> bytes:
+    """Bytes of ``light_<name>.onnx`` shipped inside the onnx wheel."""
+    return (LIGHT_MODELS / f"light_{name}.onnx").read_bytes()
