@@ -1,0 +1,42 @@
+"""Every query on the ``hardware`` table (STYLE.md §2). Flushes, never commits."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.hardware.models import Hardware
+
+
+class HardwareRepository:
+    """Data access for :class:`app.hardware.models.Hardware` rows, bound to one session."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def get(self, hardware_id: str) -> Hardware | None:
+        """The row with primary key ``hardware_id``, or ``None``."""
+        return self.session.get(Hardware, hardware_id)
+
+    def list(self, *, kind: str | None = None) -> Sequence[Hardware]:
+        """All rows (of ``kind`` when given): built-in entries first, then custom ones, each by id."""
+        stmt = select(Hardware).order_by(Hardware.builtin.desc(), Hardware.id)
+        if kind is not None:
+            stmt = stmt.where(Hardware.kind == kind)
+        return self.session.scalars(stmt).all()
+
+    def ids(self) -> set[str]:
+        """Ids of all stored rows."""
+        return set(self.session.scalars(select(Hardware.id)).all())
+
+    def add(self, row: Hardware) -> Hardware:
+        """Insert ``row`` and flush (raises ``sqlalchemy.exc.IntegrityError`` on a duplicate id)."""
+        self.session.add(row)
+        self.session.flush()
+        return row
+
+    def flush(self) -> None:
+        """Send pending changes (updated rows) to the database."""
+        self.session.flush()

@@ -1,0 +1,141 @@
+"""Hardware catalog use cases: seed the built-in entries, read, list, add custom devices.
+
+Keyword-only arguments after the session; functions ``flush()`` and never ``commit()`` (the request or
+the caller owns the transaction, STYLE.md §3). Errors are :mod:`app.errors` domain errors.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app.core.hardware import HardwareSpec
+from app.errors import HardwareExists, HardwareNotFound, InvalidRequest
+from app.hardware.catalog import (
+    InvalidHardwareSpec,
+    load_catalog,
+    spec_from_dict,
+    spec_to_dict,
+    validate_spec,
+)
+from app.hardware.local import LOCAL_ID, detect_local_cpu
+from app.hardware.models import Hardware
+from app.hardware.repository import HardwareRepository
+from app.hardware.schemas import HardwareCreate, HardwareList, HardwareRead
+
+logger = logging.getLogger(__name__)
+
+
+def _columns(spec: HardwareSpec) -> dict[str, Any]:
+    """Column values of the ``hardware`` row that stores ``spec``."""
+    return {
+        "name": spec.name,
+        "kind": spec.kind,
+        "spec": spec_to_dict(spec),
+        "peak_fp32_flops_per_s": float(spec.peak_flops_per_s["fp32"]),
+        "memory_bandwidth_bytes_per_s": float(spec.memory_bandwidth_bytes_per_s),
+        "compute_units": int(spec.compute_units),
+    }
+
+
+def _to_read(row: Hardware) -> HardwareRead:
+    return HardwareRead(**row.spec, builtin=row.builtin)
+
+
+def builtin_ids() -> set[str]:
+    """Ids reserved for built-in entries: the datasheet catalog and ``local``."""
+    return set(load_catalog()) | {LOCAL_ID}
+
+
+def seed_builtin(session: Session, *, include_local: bool = True) -> int:
+    """Insert or refresh the built-in entries (``builtin=True``): every catalog entry and, when
+    ``include_local``, this machine's CPU as ``local`` (detection measures memory bandwidth, ~0.5 s
+    once per process; if detection fails, ``local`` is skipped and the error logged).
+
+    Idempotent: a second call changes nothing unless the catalog file or the local machine changed.
+    A stored *custom* row whose id collides with a built-in id is left untouched (logged). Flushes,
+    does not commit. Returns the number of rows inserted or updated.
+    """
+    repo = HardwareRepository(session)
+    specs = list(load_catalog().values())
+    if include_local:
+        try:
+            specs.append(validate_spec(detect_local_cpu()))
+        except Exception:  # a failed detection must not stop the service from starting
+            logger.exception("local CPU detection failed; 'local' is not seeded")
+    changed = 0
+    for spec in specs:
+        values = _columns(spec)
+        row = repo.get(spec.id)
+        if row is None:
+            repo.add(Hardware(id=spec.id, builtin=True, **values))
+            changed += 1
+        elif not row.builtin:
+            logger.warning("custom hardware %r shadows a built-in entry; kept as stored", spec.id)
+        elif any(getattr(row, key) != value for key, value in values.items()):
+            for key, value in values.items():
+                setattr(row, key, value)
+            changed += 1
+    repo.flush()
+    return changed
+
+
+def get_spec(session: Session, *, hardware_id: str) -> HardwareSpec:
+    """The stored spec of ``hardware_id`` (units as in :class:`HardwareSpec`).
+
+    Raises :class:`app.errors.HardwareNotFound` (404, detail ``{"hardware_id": ...}``).
+    """
+    row = HardwareRepository(session).get(hardware_id)
+    if row is None:
+        raise HardwareNotFound(f"unknown hardware id {hardware_id!r}", detail={"hardware_id": hardware_id})
+    return spec_from_dict(row.spec)
+
+
+def get_hardware(session: Session, *, hardware_id: str) -> HardwareRead:
+    """One stored device as the API shows it. Raises :class:`app.errors.HardwareNotFound` (404)."""
+    row = HardwareRepository(session).get(hardware_id)
+    if row is None:
+        raise HardwareNotFound(f"unknown hardware id {hardware_id!r}", detail={"hardware_id": hardware_id})
+    return _to_read(row)
+
+
+def list_hardware(session: Session, *, kind: str | None = None) -> HardwareList:
+    """All stored devices (only ``kind`` = ``gpu``/``cpu`` when given): built-in first, then by id."""
+    items = [_to_read(row) for row in HardwareRepository(session).list(kind=kind)]
+    return HardwareList(items=items, count=len(items))
+
+
+def spec_from_inline(data: HardwareCreate) -> HardwareSpec:
+    """A :class:`HardwareSpec` from a validated request body (a custom device or an inline spec in a
+    prediction request); nothing is stored. Raises :class:`app.errors.InvalidRequest` (422) if the
+    spec fails :func:`app.hardware.catalog.validate_spec`."""
+    try:
+        return validate_spec(HardwareSpec(**data.model_dump()))
+    except InvalidHardwareSpec as exc:
+        raise InvalidRequest(str(exc), detail={"hardware_id": data.id}) from exc
+
+
+def create_custom(session: Session, *, data: HardwareCreate) -> HardwareRead:
+    """Store a custom device (``builtin=False``) and return it.
+
+    Never overwrites: raises :class:`app.errors.HardwareExists` (409, detail ``{"hardware_id": ...}``)
+    if the id is stored already or is reserved for a built-in entry (catalog id or ``local``), even
+    one not seeded yet. Raises :class:`app.errors.InvalidRequest` (422) for an invalid spec. Flushes.
+    """
+    spec = spec_from_inline(data)
+    repo = HardwareRepository(session)
+    exists = HardwareExists(
+        f"hardware {spec.id!r} already exists; choose another id", detail={"hardware_id": spec.id}
+    )
+    if spec.id in builtin_ids() or repo.get(spec.id) is not None:
+        raise exists
+    row = Hardware(id=spec.id, builtin=False, **_columns(spec))
+    try:
+        with session.begin_nested():  # savepoint: a concurrent insert must not spoil the transaction
+            repo.add(row)
+    except IntegrityError as exc:
+        raise exists from exc
+    return _to_read(row)
