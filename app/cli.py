@@ -1,0 +1,162 @@
+"""``layercast`` command line (stdlib argparse).
+
+Subcommands::
+
+    layercast serve [--host 127.0.0.1] [--port 8000] [--reload]   migrate, then run the API (uvicorn)
+    layercast migrate [--revision head]                            apply migrations
+    layercast downgrade REVISION                                   revert migrations ("base" drops all)
+    layercast train ...                                            train a predictor (needs the train extra)
+    layercast hardware list                                        print the built-in hardware catalog
+    layercast version                                              print the version
+
+Only ``train`` may import torch, and only when it runs. Settings come from the environment
+(``LAYERCAST_*``, see :class:`app.config.Settings`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from app.config import Settings
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="layercast", description="Predict the cost of deep neural networks on hardware."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="apply migrations and run the REST API")
+    serve.add_argument("--host", default=None, help="bind address (default $LAYERCAST_HOST or 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=None, help="port (default $LAYERCAST_PORT or 8000)")
+    serve.add_argument("--reload", action="store_true", help="restart on code changes (development)")
+
+    migrate = sub.add_parser("migrate", help="apply database migrations")
+    migrate.add_argument("--revision", default="head", help="target revision (default: head)")
+
+    downgrade = sub.add_parser("downgrade", help="revert database migrations")
+    downgrade.add_argument("revision", help='target revision, e.g. "base" to drop every table')
+
+    sub.add_parser(
+        "train", help="train a predictor (needs `pip install -e .[train]`); arguments go to the trainer",
+        add_help=False,
+    )
+
+    hardware = sub.add_parser("hardware", help="hardware catalog")
+    hw_sub = hardware.add_subparsers(dest="hardware_command", required=True, metavar="ACTION")
+    hw_sub.add_parser("list", help="print the built-in hardware catalog")
+
+    sub.add_parser("version", help="print the version")
+    return parser
+
+
+def _serve(args: argparse.Namespace, settings: Settings) -> int:
+    import logging
+
+    import uvicorn
+
+    logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
+
+    from app.migrate import upgrade
+
+    upgrade(settings.database_url)
+    uvicorn.run(
+        "app.main:create_app",
+        factory=True,
+        host=args.host or settings.host,
+        port=args.port or settings.port,
+        reload=args.reload,
+        log_level=settings.log_level,
+    )
+    return 0
+
+
+def _train(argv: list[str]) -> int:
+    try:
+        from app.training.train import main as train_main
+    except ModuleNotFoundError as exc:
+        if exc.name == "torch":
+            print("layercast train needs torch: pip install -e '.[train]'", file=sys.stderr)
+        else:
+            print(f"layercast train is unavailable: {exc}", file=sys.stderr)
+        return 2
+    result = train_main(argv)
+    return int(result or 0)
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return "" if value is None else str(value)
+
+
+def format_table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
+    """Plain-text table with left-aligned columns sized to their widest cell."""
+    cells = [[str(h) for h in headers]] + [[_fmt(v) for v in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def _hardware_list() -> int:
+    from app.hardware.catalog import load_catalog
+
+    catalog = load_catalog()
+    specs = list(catalog.values()) if isinstance(catalog, dict) else list(catalog)
+    rows = []
+    for spec in specs:
+        peak = getattr(spec, "peak_flops_per_s", {}) or {}
+        fp32 = peak.get("fp32") if hasattr(peak, "get") else None
+        bandwidth = getattr(spec, "memory_bandwidth_bytes_per_s", None)
+        memory = getattr(spec, "memory_bytes", None)
+        rows.append((
+            spec.id,
+            spec.name,
+            getattr(spec, "kind", ""),
+            None if fp32 is None else fp32 / 1e12,
+            None if bandwidth is None else bandwidth / 1e9,
+            None if memory is None else memory / 2**30,
+            getattr(spec, "compute_units", None),
+        ))
+    headers = ("id", "name", "kind", "fp32_tflops", "bandwidth_gb_per_s", "memory_gib", "compute_units")
+    print(format_table(rows, headers))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``layercast`` console script; returns the process exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "train":  # everything after "train" belongs to the trainer, --help included
+        return _train(argv[1:])
+    args = _build_parser().parse_args(argv)
+    settings = Settings()
+
+    if args.command == "serve":
+        return _serve(args, settings)
+    if args.command == "migrate":
+        from app.migrate import upgrade
+
+        upgrade(settings.database_url, args.revision)
+        return 0
+    if args.command == "downgrade":
+        from app.migrate import downgrade
+
+        downgrade(settings.database_url, args.revision)
+        return 0
+    if args.command == "hardware":
+        return _hardware_list()
+    if args.command == "version":
+        from app.main import service_version
+
+        print(f"layercast {service_version()}")
+        return 0
+    raise AssertionError(f"unhandled command {args.command!r}")  # pragma: no cover
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

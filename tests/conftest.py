@@ -1,0 +1,140 @@
+"""Shared fixtures: settings on a fresh SQLite file per test, a migrated app, a client, a session, and a
+``database_url`` that also covers PostgreSQL for the migration tests (STYLE.md §9).
+
+PostgreSQL: ``$LAYERCAST_TEST_POSTGRES_URL`` (a SQLAlchemy URL to any database on the server, e.g.
+``postgresql+psycopg://postgres@127.0.0.1:5432/test``) or, when unset, the local server at
+127.0.0.1:5432 (trust auth, database ``test``, user ``postgres`` then ``root``). Each test gets its own
+uniquely named database, created and dropped around it, so concurrent runs do not clash. Without a
+reachable server the PostgreSQL cases are skipped, except under ``CI=true`` where they fail: CI has one.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.orm import Session
+
+from app.config import REPO_ROOT, Settings
+from app.main import create_app
+from app.migrate import upgrade
+
+POSTGRES_ENV = "LAYERCAST_TEST_POSTGRES_URL"
+LOCAL_POSTGRES = ("127.0.0.1", 5432)
+
+
+def _port_open(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def _admin_url() -> tuple[URL | None, str]:
+    """A working SQLAlchemy URL to an existing database on the test PostgreSQL server, or None and why."""
+    try:
+        import psycopg
+    except ImportError:
+        return None, "psycopg is not installed (pip install -e '.[dev]')"
+    if os.environ.get(POSTGRES_ENV):
+        candidates = [make_url(os.environ[POSTGRES_ENV])]
+    elif _port_open(*LOCAL_POSTGRES):
+        host, port = LOCAL_POSTGRES
+        candidates = [
+            URL.create("postgresql+psycopg", username=user, host=host, port=port, database="test")
+            for user in ("postgres", "root")
+        ]
+    else:
+        return None, f"no PostgreSQL at {LOCAL_POSTGRES[0]}:{LOCAL_POSTGRES[1]} and ${POSTGRES_ENV} unset"
+    errors = []
+    for url in candidates:
+        try:
+            with psycopg.connect(_libpq(url), connect_timeout=3):
+                return url, ""
+        except psycopg.Error as exc:
+            errors.append(f"{url.render_as_string(hide_password=True)}: {exc}".strip())
+    return None, "cannot connect to PostgreSQL: " + "; ".join(errors)
+
+
+def _libpq(url: URL) -> str:
+    """``url`` as a libpq URI for psycopg (no SQLAlchemy driver suffix)."""
+    return url.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+@pytest.fixture(scope="session")
+def postgres_admin_url() -> URL:
+    """URL of an existing database on the test PostgreSQL server (skips, or fails under CI, if none)."""
+    url, why = _admin_url()
+    if url is None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI=true but PostgreSQL is unavailable: {why}")
+        pytest.skip(f"PostgreSQL tests skipped: {why}")
+    return url
+
+
+@pytest.fixture
+def postgres_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """URL of a fresh, empty PostgreSQL database, dropped after the test."""
+    import psycopg
+
+    admin: URL = request.getfixturevalue("postgres_admin_url")
+    name = f"layercast_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(_libpq(admin), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield admin.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with psycopg.connect(_libpq(admin), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    """URL of a fresh SQLite file (the parent folder exists, the file does not yet)."""
+    return f"sqlite:///{tmp_path / 'layercast.db'}"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest) -> str:
+    """An empty database on each backend: SQLite always, PostgreSQL when reachable."""
+    fixture = "sqlite_url" if request.param == "sqlite" else "postgres_url"
+    return str(request.getfixturevalue(fixture))
+
+
+@pytest.fixture
+def settings(sqlite_url: str) -> Settings:
+    """Settings on this test's own SQLite file, with the predictor shipped in ``models/``."""
+    return Settings(database_url=sqlite_url, models_dir=REPO_ROOT / "models")
+
+
+@pytest.fixture
+def app(settings: Settings) -> FastAPI:
+    """The app on a freshly migrated database (not started: use ``client`` for that)."""
+    upgrade(settings.database_url)
+    return create_app(settings)
+
+
+@pytest.fixture
+def client(app: FastAPI) -> Iterator[TestClient]:
+    """A started app (lifespan run: catalog seeded, predictor loaded)."""
+    with TestClient(app) as test_client:
+        yield test_client
+
+
+@pytest.fixture
+def session(client: TestClient) -> Iterator[Session]:
+    """A session on the same database as ``client``; rolled back and closed after the test."""
+    db: Session = client.app.state.sessionmaker()  # type: ignore[attr-defined]
+    try:
+        yield db
+    finally:
+        db.rollback()
+        db.close()

@@ -1,0 +1,106 @@
+"""HTTP tests of graph upload and per-layer costs on a real migrated database."""
+
+from __future__ import annotations
+
+from fastapi.testclient import TestClient
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app.graphs.models import StoredGraph
+from tests.helpers import light_model
+
+JSON_GRAPH = {
+    "name": "small-cnn",
+    "input_shape": [3, 32, 32],
+    "layers": [
+        {"op": "conv2d", "out_channels": 16, "kernel_size": 3, "padding": 1},
+        {"op": "relu"},
+        {"op": "global_avgpool"},
+        {"op": "flatten"},
+        {"op": "linear", "out_features": 10},
+    ],
+}
+
+
+def _upload(client: TestClient, name: str, **params):
+    return client.post(
+        "/v1/graphs", files={"file": (f"{name}.onnx", light_model(name), "application/octet-stream")}, params=params
+    )
+
+
+def test_upload_onnx_multipart_returns_id_and_summary(client: TestClient) -> None:
+    r = _upload(client, "resnet50")
+    assert r.status_code == 201, r.text
+    body = r.json()
+    assert len(body["id"]) == 64
+    s = body["summary"]
+    assert s["layer_count"] > 50
+    assert s["op_counts"]["Conv"] == 53
+    assert abs(s["params"] / 25.6e6 - 1) < 0.03
+    assert abs(s["forward_macs"] / 4.1e9 - 1) < 0.03
+    assert s["forward_flops"] >= 2 * s["forward_macs"]
+    assert s["unsupported"] == []
+
+
+def test_same_content_is_stored_once(client: TestClient, session: Session) -> None:
+    first = _upload(client, "squeezenet")
+    second = _upload(client, "squeezenet")
+    assert first.status_code == 201 and second.status_code == 200
+    assert first.json()["id"] == second.json()["id"]
+    assert session.scalar(select(func.count()).select_from(StoredGraph)) == 1
+
+
+def test_raw_octet_stream_upload(client: TestClient) -> None:
+    r = client.post("/v1/graphs", content=light_model("vgg19"), headers={"content-type": "application/octet-stream"})
+    assert r.status_code == 201, r.text
+    assert abs(r.json()["summary"]["params"] / 143.7e6 - 1) < 0.03
+
+
+def test_json_layer_list_upload_and_get(client: TestClient) -> None:
+    r = client.post("/v1/graphs", json=JSON_GRAPH)
+    assert r.status_code == 201, r.text
+    gid = r.json()["id"]
+    assert r.json()["source_format"] == "json"
+    got = client.get(f"/v1/graphs/{gid}")
+    assert got.status_code == 200
+    assert got.json()["summary"]["params"] == 16 * 27 + 16 + 16 * 10 + 10
+    listing = client.get("/v1/graphs").json()
+    assert listing["count"] == 1 and listing["items"][0]["id"] == gid
+
+
+def test_layers_endpoint_at_requested_batch(client: TestClient) -> None:
+    gid = _upload(client, "resnet50").json()["id"]
+    one = client.get(f"/v1/graphs/{gid}/layers", params={"batch_size": 1}).json()
+    many = client.get(f"/v1/graphs/{gid}/layers", params={"batch_size": 32}).json()
+    assert len(one["layers"]) == len(many["layers"]) > 50
+    assert many["summary"]["forward_macs"] == 32 * one["summary"]["forward_macs"]
+    conv = next(layer for layer in many["layers"] if layer["op_type"] == "Conv")
+    assert conv["output_shapes"][0][0] == 32
+    assert conv["operational_intensity_flops_per_byte"] > 0
+
+
+def test_onnx_that_does_not_parse_is_422_and_stores_nothing(client: TestClient, session: Session) -> None:
+    r = client.post("/v1/graphs", files={"file": ("x.onnx", b"this is not protobuf \x00\xff", "application/octet-stream")})
+    assert r.status_code == 422
+    assert r.json()["error"]["code"] == "invalid_graph"
+    assert session.scalar(select(func.count()).select_from(StoredGraph)) == 0
+
+
+def test_invalid_json_graph_is_422_with_code(client: TestClient) -> None:
+    bad = {**JSON_GRAPH, "layers": [{"op": "conv2d", "kernel_size": 3}]}
+    r = client.post("/v1/graphs", json=bad)
+    assert r.status_code == 422
+    assert r.json()["error"]["code"] == "invalid_graph"
+    assert "out_channels" in r.json()["error"]["message"]
+
+
+def test_unknown_graph_is_404(client: TestClient) -> None:
+    r = client.get("/v1/graphs/" + "0" * 64)
+    assert r.status_code == 404
+    assert r.json()["error"]["code"] == "graph_not_found"
+
+
+def test_non_positive_batch_is_422(client: TestClient) -> None:
+    r = _upload(client, "squeezenet", batch_size=0)
+    assert r.status_code == 422
+    assert r.json()["error"]["code"] == "validation_error"

@@ -1,0 +1,148 @@
+"""HTTP tests of POST /v1/predictions: the walking skeleton's end-to-end path."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.helpers import light_model
+
+IMAGENET = 1_281_167
+
+
+@pytest.fixture
+def resnet_id(client: TestClient) -> str:
+    r = client.post("/v1/graphs", files={"file": ("resnet50.onnx", light_model("resnet50"), "application/octet-stream")})
+    assert r.status_code == 201, r.text
+    return str(r.json()["id"])
+
+
+def _predict(client: TestClient, **body):
+    return client.post("/v1/predictions", json=body)
+
+
+def test_resnet50_training_on_p100_per_layer_iteration_epoch(client: TestClient, resnet_id: str) -> None:
+    r = _predict(client, graph_id=resnet_id, hardware_id="p100", batch_size=64, mode="training",
+                 optimizer="momentum", dataset_size=IMAGENET, epochs=90)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert len(body["layers"]) > 50
+    assert body["predictor_version"]
+    it = body["iteration"]
+    assert it["time_ms"] > 0 and it["time_ms_p10"] <= it["time_ms"] <= it["time_ms_p90"]
+    assert math.isclose(it["time_ms"], it["forward_ms"] + it["backward_ms"] + it["update_ms"], rel_tol=1e-9)
+    assert it["backward_ms"] > it["forward_ms"] * 0.5  # backward is roughly twice forward for convs
+    # per-layer rows add up to the iteration
+    assert math.isclose(sum(row["total_ms"] for row in body["layers"]), it["time_ms"], rel_tol=1e-6)
+    ep = body["epoch"]
+    assert ep["iterations_per_epoch"] == math.ceil(IMAGENET / 64)
+    assert math.isclose(ep["time_s"], ep["iterations_per_epoch"] * it["time_ms"] / 1e3, rel_tol=1e-9)
+    assert math.isclose(body["job"]["time_s"], 90 * ep["time_s"], rel_tol=1e-9)
+    methods = {row["method"] for row in body["layers"]}
+    assert "learned" in methods  # convs and the FC layer on a training GPU
+    conv_rows = [row for row in body["layers"] if row["op_type"] == "Conv"]
+    assert all(row["method"] == "learned" for row in conv_rows)
+    assert all(row["method"] == "roofline" for row in body["layers"] if row["op_type"] in ("Relu", "Sum"))
+    # a ResNet-50 step at batch 64 on a P100 takes on the order of 100-1000 ms (MLPerf-era reports ~250 ms)
+    assert 50 < it["time_ms"] < 5000
+    assert body["memory"]["weights_bytes"] == body["totals"]["params"] * 4
+    assert body["totals"]["layers_unsupported"] == 0
+
+
+def test_inference_has_no_backward_or_update(client: TestClient, resnet_id: str) -> None:
+    body = _predict(client, graph_id=resnet_id, hardware_id="p100", batch_size=8, mode="inference").json()
+    assert body["iteration"]["backward_ms"] == 0 and body["iteration"]["update_ms"] == 0
+    assert body["optimizer"] == "none"
+    assert body["epoch"] is None and body["job"] is None
+
+
+def test_larger_batch_costs_more_and_faster_gpu_is_faster(client: TestClient, resnet_id: str) -> None:
+    t = {}
+    for hw, batch in (("k80", 32), ("p100", 32), ("p100", 128), ("a100-sxm4-40gb", 32)):
+        r = _predict(client, graph_id=resnet_id, hardware_id=hw, batch_size=batch)
+        assert r.status_code == 200, r.text
+        t[hw, batch] = r.json()["iteration"]["time_ms"]
+    assert t["p100", 128] > t["p100", 32]
+    assert t["k80", 32] > t["p100", 32] > t["a100-sxm4-40gb", 32]
+
+
+def test_cpu_local_uses_roofline(client: TestClient) -> None:
+    graph = {"input_shape": [64], "layers": [{"op": "linear", "out_features": 32}, {"op": "relu"}]}
+    r = _predict(client, graph=graph, hardware_id="local", batch_size=16)
+    assert r.status_code == 200, r.text
+    assert {row["method"] for row in r.json()["layers"]} == {"roofline"}
+
+
+def test_inline_custom_hardware(client: TestClient) -> None:
+    graph = {"input_shape": [3, 32, 32], "layers": [{"op": "conv2d", "out_channels": 8, "kernel_size": 3}]}
+    hw = {"id": "my-gpu", "name": "My GPU", "vendor": "ACME", "kind": "gpu",
+          "peak_flops_per_s": {"fp32": 20e12}, "memory_bytes": 16e9, "memory_bandwidth_bytes_per_s": 1e12,
+          "compute_units": 64}
+    r = _predict(client, graph=graph, hardware=hw, batch_size=4)
+    assert r.status_code == 200, r.text
+    assert r.json()["hardware_id"] == "my-gpu"
+
+
+def test_unsupported_op_is_listed_and_totals_say_so(client: TestClient) -> None:
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    model = helper.make_model(
+        helper.make_graph([helper.make_node("Relu", ["x"], ["h"]), helper.make_node("Hardmax", ["h"], ["y"])],
+                          "g", [x], [y]),
+        opset_imports=[helper.make_opsetid("", 17)],
+    )
+    gid = client.post("/v1/graphs", content=model.SerializeToString(),
+                      headers={"content-type": "application/octet-stream"}).json()["id"]
+    body = _predict(client, graph_id=gid, hardware_id="p100", batch_size=2).json()
+    assert body["unsupported"][0]["op_type"] == "Hardmax" and body["unsupported"][0]["count"] == 1
+    assert body["totals"]["totals_exclude_unsupported"] is True
+    row = next(r for r in body["layers"] if r["op_type"] == "Hardmax")
+    assert row["method"] == "unsupported" and row["total_ms"] is None
+    assert any("Hardmax" in w for w in body["warnings"])
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        ({"hardware_id": "p100", "batch_size": 0}, 422, "validation_error"),
+        ({"hardware_id": "p100", "batch_size": -4}, 422, "validation_error"),
+        ({"hardware_id": "no-such-gpu", "batch_size": 8}, 404, "hardware_not_found"),
+        ({"hardware_id": "p100", "batch_size": 8, "mode": "sleeping"}, 422, "validation_error"),
+        ({"hardware_id": "p100", "batch_size": 8, "colour": "red"}, 422, "validation_error"),
+    ],
+)
+def test_bad_requests_get_4xx_codes(client: TestClient, resnet_id: str, body: dict, status: int, code: str) -> None:
+    r = _predict(client, graph_id=resnet_id, **body)
+    assert r.status_code == status, r.text
+    assert r.json()["error"]["code"] == code
+
+
+def test_unknown_graph_id_is_404(client: TestClient) -> None:
+    r = _predict(client, graph_id="f" * 64, hardware_id="p100", batch_size=8)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "graph_not_found"
+
+
+def test_unbound_symbolic_dimension_is_422_naming_it(client: TestClient) -> None:
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 16])
+    w = helper.make_tensor("w", TensorProto.FLOAT, [16, 4], [0.0] * 64)
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    model = helper.make_model(helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g", [x], [y], [w]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    content = model.SerializeToString()
+    up = client.post("/v1/graphs", content=content, headers={"content-type": "application/octet-stream"})
+    assert up.status_code == 422 and up.json()["error"]["code"] == "unbound_dimension"
+    assert up.json()["error"]["detail"]["dimension"] == "seq"
+    ok = client.post("/v1/graphs", content=content, params={"dims": "seq=32"},
+                     headers={"content-type": "application/octet-stream"})
+    assert ok.status_code == 201, ok.text
+    r = _predict(client, graph_id=ok.json()["id"], hardware_id="p100", batch_size=8)
+    assert r.status_code == 422 and r.json()["error"]["detail"]["dimension"] == "seq"
+    r = _predict(client, graph_id=ok.json()["id"], hardware_id="p100", batch_size=8, dims={"seq": 64})
+    assert r.status_code == 200
+    assert r.json()["totals"]["forward_macs"] == 8 * 64 * 16 * 4

@@ -1,0 +1,169 @@
+"""The app skeleton: health check, the one error shape, no import-time state."""
+
+from __future__ import annotations
+
+import sys
+
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from pydantic import BaseModel
+
+from app.config import Settings
+from app.errors import HardwareNotFound
+from app.main import create_app
+from app.migrate import upgrade
+
+
+def _assert_problem(body: dict, code: str) -> None:  # type: ignore[type-arg]
+    assert set(body) == {"error"}
+    assert body["error"]["code"] == code
+    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+    assert isinstance(body["error"]["detail"], dict)
+
+
+def test_healthz(client: TestClient) -> None:
+    response = client.get("/healthz")
+    assert response.status_code == 200
+    body = response.json()
+    assert body["status"] == "ok"
+    assert body["database"] == "ok"
+    assert isinstance(body["version"], str) and body["version"]
+    assert "predictor_version" in body
+
+
+def test_state_is_set(client: TestClient) -> None:
+    state = client.app.state  # type: ignore[attr-defined]
+    assert isinstance(state.settings, Settings)
+    assert state.sessionmaker is not None
+
+
+def test_unknown_route_is_json_404(client: TestClient) -> None:
+    response = client.get("/no/such/route")
+    assert response.status_code == 404
+    assert response.headers["content-type"].startswith("application/json")
+    _assert_problem(response.json(), "not_found")
+
+
+def test_wrong_method_is_json_405(client: TestClient) -> None:
+    response = client.delete("/healthz")
+    assert response.status_code == 405
+    _assert_problem(response.json(), "method_not_allowed")
+
+
+class _Payload(BaseModel):
+    n: int
+
+
+def _add_test_routes(app: FastAPI) -> None:
+    @app.post("/_test/echo")
+    def echo(payload: _Payload) -> dict[str, int]:
+        return {"n": payload.n}
+
+    @app.get("/_test/boom")
+    def boom() -> None:
+        raise RuntimeError("secret internal detail")
+
+    @app.get("/_test/domain")
+    def domain() -> None:
+        raise HardwareNotFound("no hardware 'h999'", detail={"hardware_id": "h999"})
+
+
+def test_validation_error_shape(app: FastAPI) -> None:
+    _add_test_routes(app)
+    with TestClient(app) as client:
+        response = client.post("/_test/echo", json={"n": "not a number"})
+    assert response.status_code == 422
+    body = response.json()
+    _assert_problem(body, "validation_error")
+    errors = body["error"]["detail"]["errors"]
+    assert errors and errors[0]["loc"] == ["body", "n"]
+    assert "input" not in errors[0]
+
+
+def test_invalid_json_is_422(app: FastAPI) -> None:
+    _add_test_routes(app)
+    with TestClient(app) as client:
+        response = client.post(
+            "/_test/echo", content=b"{not json", headers={"content-type": "application/json"}
+        )
+    assert response.status_code == 422
+    _assert_problem(response.json(), "validation_error")
+
+
+def test_domain_error_renders_its_status_and_code(app: FastAPI) -> None:
+    _add_test_routes(app)
+    with TestClient(app) as client:
+        response = client.get("/_test/domain")
+    assert response.status_code == 404
+    body = response.json()
+    _assert_problem(body, "hardware_not_found")
+    assert body["error"]["detail"] == {"hardware_id": "h999"}
+
+
+def test_unexpected_error_is_500_without_traceback(app: FastAPI) -> None:
+    _add_test_routes(app)
+    with TestClient(app, raise_server_exceptions=False) as client:
+        response = client.get("/_test/boom")
+    assert response.status_code == 500
+    _assert_problem(response.json(), "internal_error")
+    assert "secret internal detail" not in response.text
+    assert "Traceback" not in response.text
+
+
+def test_payload_too_large(settings: Settings) -> None:
+    upgrade(settings.database_url)
+    app = create_app(settings.model_copy(update={"max_upload_bytes": 100}))
+    _add_test_routes(app)
+    with TestClient(app) as client:
+        json_type = {"content-type": "application/json"}
+        declared = client.post("/_test/echo", content=b"x" * 1000, headers=json_type)
+
+        def chunks():  # type: ignore[no-untyped-def]  # no Content-Length: counted while streaming
+            for _ in range(10):
+                yield b" " * 50
+
+        streamed = client.post("/_test/echo", content=chunks(), headers=json_type)
+        small = client.post("/_test/echo", json={"n": 1})
+    assert declared.status_code == 413
+    _assert_problem(declared.json(), "payload_too_large")
+    assert streamed.status_code == 413
+    _assert_problem(streamed.json(), "payload_too_large")
+    assert small.status_code == 200
+
+
+def test_create_app_twice(settings: Settings, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    other = settings.model_copy(update={"database_url": f"sqlite:///{tmp_path / 'other.db'}"})
+    upgrade(settings.database_url)
+    upgrade(other.database_url)
+    first, second = create_app(settings), create_app(other)
+    assert first is not second
+    with TestClient(first) as c1, TestClient(second) as c2:
+        assert c1.get("/healthz").status_code == 200
+        assert c2.get("/healthz").status_code == 200
+        assert c1.app.state.engine is not c2.app.state.engine  # type: ignore[attr-defined]
+
+
+def test_run_migrations_at_startup(settings: Settings) -> None:
+    app = create_app(settings, run_migrations=True)
+    with TestClient(app) as client:
+        assert client.get("/healthz").json()["database"] == "ok"
+
+
+def test_api_does_not_import_torch(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Serving never imports torch (DESIGN.md): starting the app and answering a request must not."""
+    import os
+    import subprocess
+
+    code = (
+        "import sys\n"
+        "from fastapi.testclient import TestClient\n"
+        "from app.main import create_app\n"
+        "with TestClient(create_app(run_migrations=True)) as c:\n"
+        "    assert c.get('/healthz').status_code == 200\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    )
+    env = {**os.environ, "LAYERCAST_DATABASE_URL": f"sqlite:///{tmp_path / 'notorch.db'}"}
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False
+    )
+    assert result.returncode == 0, result.stderr[-3000:]

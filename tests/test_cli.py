@@ -1,0 +1,41 @@
+"""The ``layercast`` command line (no server started: ``serve`` is exercised by the app tests)."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import create_engine, inspect, pool
+
+from app.cli import format_table, main
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["version"]) == 0
+    assert capsys.readouterr().out.startswith("layercast ")
+
+
+def test_migrate_and_downgrade(monkeypatch: pytest.MonkeyPatch, sqlite_url: str) -> None:
+    monkeypatch.setenv("LAYERCAST_DATABASE_URL", sqlite_url)
+    assert main(["migrate"]) == 0
+    engine = create_engine(sqlite_url, poolclass=pool.NullPool)
+    assert "measurements" in inspect(engine).get_table_names()
+    assert main(["downgrade", "base"]) == 0
+    assert "measurements" not in inspect(engine).get_table_names()
+    engine.dispose()
+
+
+def test_unknown_command_exits_2() -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["frobnicate"])
+    assert info.value.code == 2
+
+
+def test_format_table() -> None:
+    table = format_table([("a100", 19.5e0), ("cpu", None)], ("id", "tflops"))
+    assert table.splitlines() == ["id    tflops", "----  ------", "a100  19.5", "cpu"]
+
+
+def test_hardware_list(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["hardware", "list"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:3] == ["id", "name", "kind"]
+    assert any(line.startswith("p100 ") for line in out)
