@@ -32,5 +32,6 @@ def get_predictor(request: Request) -> Any:
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
-SessionDep = Annotated[Session, Depends(get_session)]
+# scope="function": commit before the response is sent, so a failed commit is never answered 200
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 PredictorDep = Annotated[Any, Depends(get_predictor)]

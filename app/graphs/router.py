@@ -13,7 +13,7 @@ from app.deps import SessionDep, SettingsDep
 from app.errors import InvalidGraph, InvalidRequest, PayloadTooLarge
 from app.graphs import service
 from app.graphs.models import StoredGraph
-from app.graphs.schemas import GraphLayers, GraphList, GraphRead, JsonGraphCreate, LayerCostRead
+from app.graphs.schemas import GraphLayers, GraphList, GraphRead, GraphSummary, JsonGraphCreate, LayerCostRead
 from app.schemas import ErrorResponse
 
 router = APIRouter(prefix="/v1/graphs", tags=["graphs"])
@@ -185,4 +185,5 @@ def graph_layers(graph_id: str, session: SessionDep, batch_size: BatchQuery = 1,
         )
         for layer, c in zip(analysis.graph.layers, analysis.costs, strict=True)
     ]
-    return GraphLayers(graph_id=row.id, batch_size=batch_size, layers=layers, summary=service.summarize(analysis))
+    summary = GraphSummary.model_validate(service.summarize(analysis))
+    return GraphLayers(graph_id=row.id, batch_size=batch_size, layers=layers, summary=summary)

@@ -6,13 +6,12 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from app.core.costs import OPTIMIZERS
 from app.graphs.schemas import JsonGraphCreate
 from app.hardware.schemas import HardwareCreate
 from app.schemas import Schema
 
 Mode = Literal["training", "inference"]
-Optimizer = Literal[tuple(OPTIMIZERS)]  # type: ignore[valid-type]
+Optimizer = Literal["none", "sgd", "momentum", "nesterov", "adagrad", "adadelta", "rmsprop", "adam", "adamw"]
 Precision = Literal["fp32", "tf32", "fp16", "bf16"]
 
 

@@ -80,7 +80,8 @@ def test_layers_endpoint_at_requested_batch(client: TestClient) -> None:
 
 
 def test_onnx_that_does_not_parse_is_422_and_stores_nothing(client: TestClient, session: Session) -> None:
-    r = client.post("/v1/graphs", files={"file": ("x.onnx", b"this is not protobuf \x00\xff", "application/octet-stream")})
+    junk = ("x.onnx", b"this is not protobuf \x00\xff", "application/octet-stream")
+    r = client.post("/v1/graphs", files={"file": junk})
     assert r.status_code == 422
     assert r.json()["error"]["code"] == "invalid_graph"
     assert session.scalar(select(func.count()).select_from(StoredGraph)) == 0

@@ -14,7 +14,8 @@ IMAGENET = 1_281_167
 
 @pytest.fixture
 def resnet_id(client: TestClient) -> str:
-    r = client.post("/v1/graphs", files={"file": ("resnet50.onnx", light_model("resnet50"), "application/octet-stream")})
+    upload = ("resnet50.onnx", light_model("resnet50"), "application/octet-stream")
+    r = client.post("/v1/graphs", files={"file": upload})
     assert r.status_code == 201, r.text
     return str(r.json()["id"])
 

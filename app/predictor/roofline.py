@@ -1,0 +1,180 @@
+"""Roofline fallback predictor: datasheet peaks, a per-layer overhead floor and an efficiency factor.
+
+For a pass with ``F`` FLOPs and ``B`` bytes on a device with peak ``P`` FLOP/s and bandwidth ``W`` B/s,
+
+    time_ms = max(F / P, B / W) · 1e3 / efficiency + floor_ms(pass)
+
+``max(F/P, B/W)`` is the roofline bound (Williams et al. 2009, :mod:`app.core.roofline`);
+``efficiency`` is the achieved fraction of the roof for layers large enough that the floor does not
+matter; ``floor_ms`` is the per-layer overhead floor (kernel launch, framework dispatch, session
+overhead; DESIGN.md), one value for a forward pass and one for a whole training step. The constants are
+fitted on the Justus et al. 2018 training rows by :func:`fit_roofline_constants` and stored in the model
+metadata (``metadata["roofline"]``); :data:`DEFAULT_CONSTANTS` is used only without metadata.
+
+Training steps: total = roofline of forward + backward + optimizer update (``optimizer_update_cost``)
+with the train-step floor; forward = forward roofline with the forward floor; update = the update's
+roofline time / efficiency; backward = the rest (:func:`app.predictor.base.split_training_step`, never
+less than the backward pass's own roofline time).
+
+Intervals: ``p10 = total · interval_low``, ``p90 = total · interval_high``, the 10th and 90th
+percentiles of measured / predicted time on held-out Justus rows (so the 80 % interval is calibrated
+for conv/dense layers on the five Justus GPUs and only indicative elsewhere).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from app.core.costs import optimizer_update_cost
+from app.core.roofline import roofline_time_s
+from app.predictor.base import LayerTimeEstimate, LayerTimeQuery, split_training_step
+
+
+@dataclass(frozen=True, slots=True)
+class RooflineConstants:
+    """Fitted constants of the roofline predictor (see module docstring); ``source`` says where from."""
+
+    efficiency: float
+    floor_forward_ms: float
+    floor_train_step_ms: float
+    interval_low: float
+    interval_high: float
+    source: str = "default"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready mapping of the fields."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RooflineConstants:
+        """Inverse of :meth:`to_dict`; raises ``KeyError`` for a missing field."""
+        return cls(
+            efficiency=float(data["efficiency"]),
+            floor_forward_ms=float(data["floor_forward_ms"]),
+            floor_train_step_ms=float(data["floor_train_step_ms"]),
+            interval_low=float(data["interval_low"]),
+            interval_high=float(data["interval_high"]),
+            source=str(data.get("source", "metadata")),
+        )
+
+
+# Used only when no metadata is available: efficiency 0.5 and floors of 0.1 / 0.3 ms are mid-range
+# values of the Justus data (DESIGN.md: floor ≈ 0.1-0.5 ms); a ×3 interval either side.
+DEFAULT_CONSTANTS = RooflineConstants(0.5, 0.1, 0.3, 1 / 3, 3.0, "default (DESIGN.md ranges, not fitted)")
+
+
+def fit_roofline_constants(
+    *,
+    roofline_ms: np.ndarray,
+    time_ms: np.ndarray,
+    is_train: np.ndarray,
+    calib_roofline_ms: np.ndarray,
+    calib_time_ms: np.ndarray,
+    calib_is_train: np.ndarray,
+    source: str,
+) -> RooflineConstants:
+    """Fit :class:`RooflineConstants` on measured rows (all arrays ``[N]``, times in ms).
+
+    * floors: per pass, the median measured time of the 5 % of rows with the smallest roofline time;
+    * efficiency: median of ``roofline / (time − floor)`` over the rows whose roofline time is at least
+      10× their floor (large layers, where the floor is negligible);
+    * interval: 10th/90th percentile of ``time / predicted`` on the calibration rows (held out).
+
+    Raises ``ValueError`` when a pass has no rows.
+    """
+    roofline_ms = np.asarray(roofline_ms, dtype=np.float64)
+    time_ms = np.asarray(time_ms, dtype=np.float64)
+    is_train = np.asarray(is_train, dtype=bool)
+    floors = []
+    for sel in (~is_train, is_train):
+        if not sel.any():
+            raise ValueError("fit_roofline_constants needs forward and train_step rows")
+        r, t = roofline_ms[sel], time_ms[sel]
+        small = r <= np.quantile(r, 0.05)
+        floors.append(float(np.median(t[small])))
+    floor = np.where(is_train, floors[1], floors[0])
+    big = (roofline_ms >= 10 * floor) & (time_ms > floor)
+    if big.sum() < 10:
+        big = time_ms > floor
+    eff = float(np.median(roofline_ms[big] / (time_ms[big] - floor[big])))
+    eff = min(max(eff, 1e-3), 1.0)
+    c_floor = np.where(np.asarray(calib_is_train, dtype=bool), floors[1], floors[0])
+    pred = np.asarray(calib_roofline_ms, dtype=np.float64) / eff + c_floor
+    ratio = np.asarray(calib_time_ms, dtype=np.float64) / pred
+    lo, hi = np.quantile(ratio, [0.1, 0.9])
+    return RooflineConstants(eff, floors[0], floors[1], float(min(lo, 1.0)), float(max(hi, 1.0)), source)
+
+
+def predict_total_ms(roofline_ms: np.ndarray, is_train: np.ndarray, constants: RooflineConstants) -> np.ndarray:
+    """Vectorised point estimate ``roofline / efficiency + floor(pass)`` in ms, ``[N]``."""
+    floor = np.where(np.asarray(is_train, dtype=bool), constants.floor_train_step_ms, constants.floor_forward_ms)
+    return np.asarray(roofline_ms, dtype=np.float64) / constants.efficiency + floor
+
+
+class RooflinePredictor:
+    """Fallback :class:`~app.predictor.base.Predictor` for every supported op kind and any device.
+
+    Raises ``ValueError`` for a query whose ``cost.supported`` is False (callers list unsupported ops
+    separately and never pass them), an unknown mode, or a device without an fp32 peak.
+    ``out_of_distribution`` is True on CPU devices (the constants were fitted on GPUs only).
+    """
+
+    def __init__(self, constants: RooflineConstants = DEFAULT_CONSTANTS, *, version: str = "roofline") -> None:
+        self.constants = constants
+        self.version = version
+
+    def _one(self, q: LayerTimeQuery) -> LayerTimeEstimate:
+        c = q.cost
+        if not c.supported:
+            raise ValueError(f"layer {c.name!r} ({c.op_type}) is unsupported; list it, do not estimate it")
+        hw = q.hardware
+        try:
+            peak = float(hw.peak_for(q.precision))
+        except KeyError as exc:
+            raise ValueError(f"hardware {hw.id!r} lists no peak for {q.precision!r} or fp32") from exc
+        bw = float(hw.memory_bandwidth_bytes_per_s)
+        k = self.constants
+
+        def roof_ms(flops: float, nbytes: float) -> float:
+            return roofline_time_s(flops, nbytes, peak_flops_per_s=peak, bandwidth_bytes_per_s=bw) * 1e3
+
+        notes: list[str] = [f"roofline/efficiency {k.efficiency:.3g} + per-layer floor ({k.source})"]
+        ood = hw.kind != "gpu"
+        if ood:
+            notes.append("floor and efficiency were fitted on GPUs; CPU estimate is indicative only")
+        fwd = roof_ms(c.forward_flops, c.forward_bytes) / k.efficiency + k.floor_forward_ms
+        if q.mode == "inference":
+            total, f, b, u = fwd, fwd, 0.0, 0.0
+        elif q.mode == "training":
+            upd_flops, upd_bytes = optimizer_update_cost(c.params, q.optimizer)
+            upd = roof_ms(upd_flops, upd_bytes) / k.efficiency
+            total = (
+                roof_ms(
+                    c.forward_flops + c.backward_flops + upd_flops,
+                    c.forward_bytes + c.backward_bytes + upd_bytes,
+                )
+                / k.efficiency
+                + k.floor_train_step_ms
+            )
+            bwd_min = roof_ms(c.backward_flops, c.backward_bytes) if c.backward_flops or c.backward_bytes else 0.0
+            f, b, u = split_training_step(total_ms=total, forward_ms=fwd, update_ms=upd, backward_min_ms=bwd_min)
+        else:
+            raise ValueError(f"mode must be 'training' or 'inference', got {q.mode!r}")
+        return LayerTimeEstimate(
+            forward_ms=f,
+            backward_ms=b,
+            update_ms=u,
+            total_ms_p10=total * k.interval_low,
+            total_ms_p90=total * k.interval_high,
+            method="roofline",
+            out_of_distribution=ood,
+            notes=tuple(notes),
+        )
+
+    def estimate(self, queries: Sequence[LayerTimeQuery]) -> list[LayerTimeEstimate]:
+        """One estimate per query, in order (see class docstring for errors)."""
+        return [self._one(q) for q in queries]

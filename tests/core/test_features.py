@@ -1,0 +1,151 @@
+"""Tests of the one feature function (app.core.features) and the Justus loader that uses it."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import gzip
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.core.costs import layer_cost
+from app.core.features import (
+    FEATURE_NAMES,
+    RAW_FIELDS,
+    FeatureInput,
+    features_from_raw,
+    layer_features,
+    layer_features_batch,
+)
+from app.hardware.catalog import load_catalog
+from app.training.justus import (
+    GPU_IDS,
+    conv_layer,
+    conv_output_size,
+    dense_layer,
+    load_justus,
+    row_layer,
+    split_by_config,
+)
+
+DATA_DIR = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "justus2018"
+needs_data = pytest.mark.skipif(not DATA_DIR.is_dir(), reason="../shared/data/justus2018 not present")
+
+
+def _conv() -> FeatureInput:
+    layer = conv_layer(
+        batch=16,
+        size=56,
+        kernel=3,
+        stride=1,
+        c_in=64,
+        c_out=64,
+        padding="same",
+        use_bias=True,
+        activation="relu",
+    )
+    return FeatureInput(layer, layer_cost(layer), load_catalog()["p100"], "train_step", "adam", "fp32")
+
+
+def test_feature_vector_shape_dtype_and_finite() -> None:
+    q = _conv()
+    f = layer_features(
+        layer=q.layer,
+        cost=q.cost,
+        hardware=q.hardware,
+        pass_=q.pass_,
+        optimizer=q.optimizer,
+        precision="fp32",
+    )
+    assert f.shape == (len(FEATURE_NAMES),)
+    assert f.dtype == np.float32
+    assert np.isfinite(f).all()
+    assert f[FEATURE_NAMES.index("is_train")] == 1.0
+    assert f[FEATURE_NAMES.index("opt_adam")] == 1.0
+    assert f[FEATURE_NAMES.index("act_relu")] == 1.0
+
+
+def test_only_bandwidth_change_moves_memory_roofline_not_compute() -> None:
+    q = _conv()
+    slow = dataclasses.replace(q.hardware, memory_bandwidth_bytes_per_s=q.hardware.memory_bandwidth_bytes_per_s / 4)
+    a = layer_features_batch([q])[0]
+    b = layer_features_batch([q._replace(hardware=slow)])[0]
+    mem = FEATURE_NAMES.index("log_memory_ms")
+    assert b[mem] == pytest.approx(a[mem] + np.log(4), abs=1e-5)
+    assert b[FEATURE_NAMES.index("log_compute_ms")] == a[FEATURE_NAMES.index("log_compute_ms")]
+    assert b[FEATURE_NAMES.index("log_flops")] == a[FEATURE_NAMES.index("log_flops")]
+
+
+def test_forward_pass_ignores_optimizer() -> None:
+    q = _conv()._replace(pass_="forward", optimizer="none")
+    f = layer_features_batch([q])[0]
+    assert f[FEATURE_NAMES.index("is_train")] == 0.0
+    assert all(f[FEATURE_NAMES.index(n)] == 0.0 for n in FEATURE_NAMES if n.startswith("opt_"))
+
+
+def test_rejects_bad_raw_shape_and_pass() -> None:
+    with pytest.raises(ValueError):
+        features_from_raw(np.zeros((2, len(RAW_FIELDS) - 1)))
+    with pytest.raises(ValueError):
+        layer_features_batch([_conv()._replace(pass_="backward")])
+
+
+def test_tf_padding_output_sizes() -> None:
+    assert conv_output_size(7, 3, 2, "same") == 4
+    assert conv_output_size(7, 3, 2, "valid") == 3
+    assert conv_output_size(5, 5, 1, "valid") == 1
+
+
+def test_dense_layer_macs_and_geometry() -> None:
+    layer = dense_layer(batch=8, in_features=100, out_features=30, activation="none")
+    cost = layer_cost(layer)
+    assert cost.forward_macs == 8 * 100 * 30
+    assert cost.params == 100 * 30 + 30
+    f = layer_features(
+        layer=layer,
+        cost=cost,
+        hardware=load_catalog()["k40"],
+        pass_="forward",
+        optimizer="none",
+        precision="fp32",
+    )
+    assert f[FEATURE_NAMES.index("log_c_in")] == pytest.approx(np.log(100))
+    assert f[FEATURE_NAMES.index("log_batch")] == pytest.approx(np.log(8))
+
+
+@needs_data
+def test_loader_vectorised_features_equal_row_by_row_layer_features() -> None:
+    """The loader's batched path equals layer_features row by row (one definition of each feature)."""
+    data = load_justus(DATA_DIR, sample=40, seed=3)
+    catalog = load_catalog()
+    assert len(data) == 400
+    assert np.isfinite(data.features).all()
+    rows_by_file = []
+    for f in data.files:
+        with gzip.open(DATA_DIR / f.name, "rt", newline="") as fh:
+            rows_by_file.append(list(csv.DictReader(fh)))
+    for i in range(len(data)):
+        file_idx, row_idx = data.source[i]
+        row = rows_by_file[file_idx][row_idx]
+        layer, cfg = row_layer(data.files[file_idx].name.split("_", 1)[0], row)
+        assert cfg == data.config[i]
+        one = layer_features(
+            layer=layer,
+            cost=layer_cost(layer),
+            hardware=catalog[GPU_IDS[row["gpu"]]],
+            pass_=row["pass"],
+            optimizer=row["optimizer"],
+            precision="fp32",
+        )
+        np.testing.assert_array_equal(one, data.features[i])
+        assert data.time_ms[i] == float(row["time_ms_median"])
+
+
+def test_split_keeps_a_configuration_on_one_side() -> None:
+    config = np.array(["a", "b", "a", "c", "d", "b", "e", "a"] * 5)
+    split = split_by_config(config, seed=1)
+    for key in np.unique(config):
+        assert len(np.unique(split[config == key])) == 1
+    assert set(np.unique(split)) <= {0, 1, 2}

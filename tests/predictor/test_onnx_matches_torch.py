@@ -1,0 +1,65 @@
+"""The exported ONNX graph and the torch model agree on the same feature rows (DESIGN.md), and the
+training command runs end to end on a small subsample. Needs torch (the ``train`` extra)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+onnx = pytest.importorskip("onnx")
+
+from app.core.features import FEATURE_NAMES  # noqa: E402
+from app.predictor.registry import list_versions, load_predictor  # noqa: E402
+from app.training.justus import load_justus  # noqa: E402
+from app.training.train import OPSET, calibrate, export_onnx, main, predict, train_model  # noqa: E402
+
+DATA_DIR = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "justus2018"
+pytestmark = pytest.mark.skipif(not DATA_DIR.is_dir(), reason="../shared/data/justus2018 not present")
+
+
+def test_onnxruntime_matches_torch_on_the_same_rows(tmp_path: Path) -> None:
+    import onnxruntime as ort
+
+    data = load_justus(DATA_DIR, sample=60, seed=1)
+    x = data.features
+    y = np.log(data.time_ms)
+    model = train_model(x, y, epochs=3, seed=1, hidden=32, depth=2, batch_size=128, log=lambda s: None)
+    calibrate(model, x, y)
+    path = tmp_path / "m.onnx"
+    export_onnx(model, path)
+
+    proto = onnx.load(str(path))
+    onnx.checker.check_model(proto)
+    assert max(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")) >= OPSET
+    dim0 = proto.graph.input[0].type.tensor_type.shape.dim[0]
+    assert dim0.dim_param  # symbolic (dynamic) batch axis
+    assert proto.graph.input[0].type.tensor_type.shape.dim[1].dim_value == len(FEATURE_NAMES)
+
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    got = sess.run(None, {"features": x.astype(np.float32)})[0]
+    want = predict(model, x)
+    assert got.shape == (len(x), 3)
+    np.testing.assert_allclose(np.exp(got), np.exp(want), rtol=1e-4)
+    assert (got[:, 0] <= got[:, 1]).all() and (got[:, 1] <= got[:, 2]).all()
+    # one row and many rows give the same answer (dynamic batch axis)
+    np.testing.assert_allclose(sess.run(None, {"features": x[:1]})[0], got[:1], rtol=1e-5)
+
+
+def test_train_command_writes_a_loadable_versioned_artifact(tmp_path: Path) -> None:
+    rc = main(
+        ["--data-dir", str(DATA_DIR), "--out-dir", str(tmp_path), "--sample", "80", "--epochs", "2",
+         "--hidden", "16", "--depth", "1", "--version", "t1", "--no-logo"]
+    )  # fmt: skip
+    assert rc == 0
+    assert (tmp_path / "CURRENT").read_text().strip() == "layer-time-mlp-t1"
+    versions = list_versions(tmp_path)
+    assert [v.stem for v in versions] == ["layer-time-mlp-t1"] and versions[0].current
+    predictor = load_predictor(tmp_path)
+    assert predictor.version == "layer-time-mlp-t1"
+    meta = predictor.learned.metadata
+    assert meta["feature_names"] == list(FEATURE_NAMES)
+    assert meta["metrics_test"]["learned"]["mape_pct"] > 0
+    assert len(meta["training_data"]["files"]) == 10
