@@ -47,7 +47,7 @@ ROUTERS: tuple[tuple[str, str], ...] = (
 
 #: While the domains are being written in parallel, a missing router, catalog seeder or predictor
 #: registry only logs a warning. Set to True once they all exist, so a missing one fails startup.
-REQUIRE_COMPONENTS = False
+REQUIRE_COMPONENTS = True
 
 _HTTP_CODES: dict[int, str] = {
     400: "bad_request",

@@ -1,0 +1,40 @@
+"""Roofline fallback: streaming ops are bandwidth-bound kernels, views are free."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.core.costs import layer_cost
+from app.core.json_import import import_json
+from app.hardware.catalog import load_catalog
+from app.predictor.base import LayerTimeQuery
+from app.predictor.roofline import KERNEL_FLOOR_MS, STREAM_EFFICIENCY, RooflinePredictor
+
+
+def _queries(mode: str):
+    g = import_json(
+        {"input_shape": [64, 56, 56], "layers": [{"op": "batchnorm"}, {"op": "relu"}, {"op": "flatten"}]},
+        batch_size=32,
+    )
+    hw = load_catalog()["p100"]
+    return hw, g, [LayerTimeQuery(layer=x, cost=layer_cost(x), hardware=hw, mode=mode, optimizer="sgd")
+                   for x in g.layers]
+
+
+def test_streaming_op_time_is_bytes_over_achievable_bandwidth() -> None:
+    hw, g, qs = _queries("inference")
+    bn, relu, flatten = RooflinePredictor().estimate(qs)
+    relu_bytes = layer_cost(g.layers[1]).forward_bytes
+    expected = relu_bytes / (hw.memory_bandwidth_bytes_per_s * STREAM_EFFICIENCY) * 1e3 + KERNEL_FLOOR_MS
+    assert relu.forward_ms == pytest.approx(expected)
+    assert relu.method == "roofline" and relu.backward_ms == 0
+    assert flatten.forward_ms == 0 and flatten.total_ms_p90 == 0  # a view launches no kernel
+    assert bn.forward_ms > relu.forward_ms  # BN reads its parameters and buffers too
+
+
+def test_training_adds_backward_and_update_for_parametrised_ops_only() -> None:
+    _, _, qs = _queries("training")
+    bn, relu, _ = RooflinePredictor().estimate(qs)
+    assert bn.backward_ms > 0 and bn.update_ms > 0
+    assert relu.backward_ms > 0 and relu.update_ms == 0
+    assert bn.total_ms_p10 < bn.forward_ms + bn.backward_ms + bn.update_ms < bn.total_ms_p90
