@@ -45,10 +45,6 @@ ROUTERS: tuple[tuple[str, str], ...] = (
     ("app.predictions.router", "router"),
 )
 
-#: While the domains are being written in parallel, a missing router, catalog seeder or predictor
-#: registry only logs a warning. Set to True once they all exist, so a missing one fails startup.
-REQUIRE_COMPONENTS = True
-
 _HTTP_CODES: dict[int, str] = {
     400: "bad_request",
     401: "unauthorized",
@@ -77,22 +73,6 @@ def problem(status_code: int, code: str, message: str, detail: dict[str, Any] | 
     """A problem-document response (the one error shape of the API)."""
     body = {"error": {"code": code, "message": message, "detail": detail or {}}}
     return JSONResponse(body, status_code=status_code, headers=headers)
-
-
-def _import_optional(module: str, what: str) -> Any | None:
-    """Import ``module``, or return None while the domains are still being written.
-
-    With :data:`REQUIRE_COMPONENTS` False (development), a module that is missing, or that cannot be
-    imported because something *it* imports is missing, is skipped with a warning that names the error.
-    With it True, both raise :class:`RuntimeError`. Any other exception at import always propagates.
-    """
-    try:
-        return importlib.import_module(module)
-    except ImportError as exc:
-        if REQUIRE_COMPONENTS:
-            raise RuntimeError(f"{what}: cannot import {module}: {exc}") from exc
-        logger.warning("%s: cannot import %s (%s); skipped (development mode)", what, module, exc)
-        return None
 
 
 # --------------------------------------------------------------------------------------------- errors
@@ -195,33 +175,17 @@ class BodySizeLimit:
 
 def _seed_catalog(app: FastAPI) -> None:
     """Insert/refresh the built-in hardware catalog in one committed session."""
-    module = _import_optional("app.hardware.service", "hardware catalog seeding")
-    if module is None:
-        return
-    seed: Callable[..., Any] | None = getattr(module, "seed_builtin", None)
-    if seed is None:
-        raise RuntimeError("app.hardware.service has no seed_builtin(session); cannot seed the catalog")
+    from app.hardware.service import seed_builtin
+
     with app.state.sessionmaker.begin() as session:
-        seed(session)
+        seed_builtin(session)
 
 
 def _load_predictor(settings: Settings) -> Any:
-    """The active predictor from ``settings.models_dir``.
+    """The active predictor from ``settings.models_dir``; raises ``FileNotFoundError`` without one."""
+    from app.predictor.registry import load_predictor
 
-    In development (:data:`REQUIRE_COMPONENTS` False) a missing registry module or a models folder
-    without an active artifact (``FileNotFoundError``) gives None and a warning; otherwise both fail
-    startup.
-    """
-    module = _import_optional("app.predictor.registry", "predictor loading")
-    if module is None:
-        return None
-    try:
-        return module.load_predictor(settings.models_dir)
-    except FileNotFoundError as exc:
-        if REQUIRE_COMPONENTS:
-            raise
-        logger.warning("predictor loading: %s; no predictor loaded (development mode)", exc)
-        return None
+    return load_predictor(settings.models_dir)
 
 
 def _make_lifespan(settings: Settings, run_migrations: bool) -> Callable[[FastAPI], Any]:
@@ -297,7 +261,5 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = False
         return JSONResponse(body, status_code=200 if database == "ok" else 503)
 
     for module_name, attribute in ROUTERS:
-        module = _import_optional(module_name, "router")
-        if module is not None:
-            app.include_router(getattr(module, attribute))
+        app.include_router(getattr(importlib.import_module(module_name), attribute))
     return app
