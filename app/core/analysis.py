@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from app.core.costs import LayerCost, layer_cost
-from app.core.ir import Graph, Layer
+from app.core.ir import Graph, Layer, OpKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,3 +80,21 @@ def analyze(graph: Graph) -> GraphAnalysis:
         forward_bytes=sum(c.forward_bytes for c in ok),
         saved_activation_bytes=sum(c.saved_activation_bytes for c in ok),
     )
+
+
+# Cost families whose FLOPs are 2 × MACs: the ops ``torch.utils.flop_counter.FlopCounterMode`` counts.
+MAC_CLASS_KINDS = frozenset(
+    {OpKind.CONV, OpKind.CONV_TRANSPOSE, OpKind.GEMM, OpKind.MATMUL, OpKind.RECURRENT, OpKind.ATTENTION}
+)
+
+
+def mac_class_flops(analysis: GraphAnalysis) -> int:
+    """Forward FLOPs (2 × MACs) of the MAC-class layers only (conv, conv_transpose, gemm, matmul, recurrent,
+    fused attention's two products).
+
+    This is the figure comparable with ``torch.utils.flop_counter.FlopCounterMode``, which counts
+    ``2 × MACs`` of matmul/addmm/bmm/baddbmm/convolution/scaled-dot-product-attention kernels and nothing
+    else (no bias adds, norms, activations, softmax, pooling, elementwise ops). It equals
+    ``2 × analysis.forward_macs``; ``analysis.forward_flops`` additionally counts the per-element ops.
+    """
+    return sum(2 * c.forward_macs for c in analysis.costs if c.supported and c.kind in MAC_CLASS_KINDS)

@@ -36,6 +36,9 @@ ACTIVATION_FLOPS_PER_ELEMENT: dict[str, float] = {
     "Cast": 0, "Pow": 1, "Softsign": 3,
 }
 
+# Tensors the size of the output sequence a recurrent layer saves for backward (gates and states).
+_RECURRENT_SAVED_PER_OUTPUT: dict[str, int] = {"LSTM": 6, "GRU": 5, "RNN": 1}
+
 # Views that frameworks implement without copying memory (0 bytes moved).
 VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
 
@@ -123,7 +126,7 @@ def _mac_count(layer: Layer) -> int:
         return int(x[0] * x[1] * prod(x[2:]) * prod(w.shape[1:]))
     if kind in (OpKind.GEMM, OpKind.MATMUL):
         return int(layer.attrs["macs"])
-    if kind is OpKind.RECURRENT:
+    if kind in (OpKind.RECURRENT, OpKind.ATTENTION):
         return int(layer.attrs["macs"])
     return 0
 
@@ -179,7 +182,21 @@ def layer_cost(layer: Layer) -> LayerCost:
     needs_input_grad = bool(layer.attrs.get("needs_input_grad", True))
 
     macs = _mac_count(layer)
-    if kind in (OpKind.CONV, OpKind.CONV_TRANSPOSE, OpKind.GEMM, OpKind.MATMUL, OpKind.RECURRENT):
+    if kind is OpKind.ATTENTION:
+        # fused softmax(Q·Kᵀ)·V (+ packed projection for com.microsoft Attention): 2 × MACs of the products
+        # plus the softmax (5 FLOPs per score). Backward: dQ, dK, dV, dA are four products of the forward
+        # attention size (2 × its forward), softmax backward 1.5 × forward; the projection is a Gemm.
+        proj = int(layer.attrs.get("proj_macs", 0))
+        scores = int(layer.attrs.get("score_elems", 0))
+        attn_bwd = 4 * (macs - proj) + int(round(7.5 * scores))
+        fwd = 2 * macs + 5 * scores
+        if proj:
+            b_in = attn_bwd + (2 * proj if needs_input_grad else 0)
+            b_w = 2 * proj
+        else:
+            b_in = attn_bwd if needs_input_grad else 0
+            b_w = 0
+    elif kind in (OpKind.CONV, OpKind.CONV_TRANSPOSE, OpKind.GEMM, OpKind.MATMUL, OpKind.RECURRENT):
         fwd = 2 * macs
         if kind is OpKind.MATMUL:
             # both operands are activations: two input gradients, no weight gradient
@@ -223,6 +240,12 @@ def layer_cost(layer: Layer) -> LayerCost:
         bw_read = out_bytes + in_bytes + w_bytes  # grad_out, saved input, weights
         bw_write = (in_bytes if needs_input_grad else 0) + w_bytes
         saved = in_bytes if kind not in (OpKind.DATA_MOVEMENT,) else 0
+        if kind is OpKind.RECURRENT:
+            # autograd keeps every timestep's gates and states: LSTM 4 gates + c + h, GRU 3 gates + h + r·h,
+            # RNN h, each the size of the output sequence (T·B·dirs·H); plus the input
+            saved = in_bytes + out_bytes * _RECURRENT_SAVED_PER_OUTPUT.get(layer.op_type, 1)
+        if kind is OpKind.ATTENTION:
+            saved = in_bytes + out_bytes  # flash-style: Q, K, V and the output (scores are recomputed)
         if kind is OpKind.ACTIVATION and layer.op_type == "Relu":
             saved = out_bytes  # Relu saves its output (or a mask) for backward
         if kind is OpKind.DATA_MOVEMENT:

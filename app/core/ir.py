@@ -33,6 +33,7 @@ class OpKind(StrEnum):
     DATA_MOVEMENT = "data_movement"  # Concat, Reshape, Flatten, Transpose, ... (bytes only)
     EMBEDDING = "embedding"  # Gather on a weight table
     RECURRENT = "recurrent"  # LSTM, GRU, RNN
+    ATTENTION = "attention"  # fused softmax(Q·Kᵀ)·V (ONNX Attention, com.microsoft (MultiHead)Attention)
     UNSUPPORTED = "unsupported"
 
 
@@ -118,6 +119,7 @@ class Graph:
     source_format: str = "onnx"
     opset: int | None = None
     warnings: tuple[str, ...] = ()
+    shared_weights: tuple[str, ...] = ()
 
     @property
     def params(self) -> int:

@@ -32,7 +32,8 @@ _ACTIVATIONS = {
 SUPPORTED_OPS: tuple[str, ...] = (
     "conv1d", "conv2d", "conv3d", "conv", "linear", "dense", "batchnorm", "layernorm", "groupnorm",
     "instancenorm", "maxpool", "avgpool", "global_avgpool", "global_maxpool", "flatten", "dropout",
-    "softmax", "embedding", "lstm", "gru", "rnn", *_ACTIVATIONS,
+    "softmax", "embedding", "lstm", "gru", "rnn", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
+    "conv_transpose", "upsample", "multihead_attention", *_ACTIVATIONS,
 )
 
 
@@ -94,9 +95,10 @@ def import_json(doc: Mapping[str, Any], *, batch_size: int = 1) -> Graph:
             raise _err(i, "each layer must be an object with a string 'op'")
         op = spec["op"].lower()
         name = str(spec.get("name") or f"{op}_{i}")
-        layer = _build(i, op, name, spec, x, act_dtype, first=(i == 0))
-        layers.append(layer)
-        x = layer.outputs[0]
+        built = _build(i, op, name, spec, x, act_dtype, first=(i == 0))
+        block = built if isinstance(built, list) else [built]
+        layers.extend(block)
+        x = block[-1].outputs[0]
     return Graph(
         name=str(doc.get("name") or "json-model"),
         layers=tuple(layers),
@@ -114,7 +116,9 @@ def _conv_out(size: int, k: int, s: int, p: int, d: int, i: int) -> int:
     return out
 
 
-def _build(i: int, op: str, name: str, spec: Mapping[str, Any], x: Tensor, dt: str, *, first: bool) -> Layer:
+def _build(
+    i: int, op: str, name: str, spec: Mapping[str, Any], x: Tensor, dt: str, *, first: bool
+) -> Layer | list[Layer]:
     b = x.shape[0]
     attrs: dict[str, Any] = {"needs_input_grad": not first}
 
@@ -156,17 +160,17 @@ def _build(i: int, op: str, name: str, spec: Mapping[str, Any], x: Tensor, dt: s
             raise _err(i, f"{op} needs a channel axis")
         c = x.shape[-1] if op == "layernorm" else x.shape[1]
         affine = bool(spec.get("affine", True))
-        weights = (t("weight", (c,)), t("bias", (c,))) if affine else ()
+        norm_w: tuple[Tensor, ...] = (t("weight", (c,)), t("bias", (c,))) if affine else ()
         if op == "batchnorm":
             bufs = (t("running_mean", (c,)), t("running_var", (c,)))
-            return Layer(name, "BatchNormalization", OpKind.BATCHNORM, (x,), (t("out", x.shape),), weights, bufs, attrs)
+            return Layer(name, "BatchNormalization", OpKind.BATCHNORM, (x,), (t("out", x.shape),), norm_w, bufs, attrs)
         onnx_op = {"instancenorm": "InstanceNormalization", "groupnorm": "GroupNormalization",
                    "layernorm": "LayerNormalization"}[op]
         if op == "groupnorm":
             g = _int(spec, "num_groups", i)
             if c % g:
                 raise _err(i, f"num_groups={g} must divide channels={c}")
-        return Layer(name, onnx_op, OpKind.NORM, (x,), (t("out", x.shape),), weights, (), attrs)
+        return Layer(name, onnx_op, OpKind.NORM, (x,), (t("out", x.shape),), norm_w, (), attrs)
     if op in ("maxpool", "avgpool"):
         nd = len(x.shape) - 2
         if nd < 1:
@@ -195,19 +199,119 @@ def _build(i: int, op: str, name: str, spec: Mapping[str, Any], x: Tensor, dt: s
         return Layer(name, "Gather", OpKind.EMBEDDING, (idx,), (t("out", (*x.shape, dim)),),
                      (t("weight", (n, dim)),), (), attrs)
     if op in ("lstm", "gru", "rnn"):
-        if len(x.shape) != 3:
-            raise _err(i, f"{op} expects (seq, features) per sample, got {x.shape[1:]}")
-        hidden = _int(spec, "hidden_size", i)
-        dirs = 2 if spec.get("bidirectional", False) else 1
-        gates = {"lstm": 4, "gru": 3, "rnn": 1}[op]
-        seq, f_in = x.shape[1], x.shape[2]
-        onnx_op = op.upper()
-        weights = (
-            t("W", (dirs, gates * hidden, f_in)),
-            t("R", (dirs, gates * hidden, hidden)),
-            t("B", (dirs, 2 * gates * hidden)),
-        )
-        attrs["macs"] = seq * b * dirs * gates * hidden * (f_in + hidden)
-        attrs["layout"] = 1
-        return Layer(name, onnx_op, OpKind.RECURRENT, (x,), (t("out", (b, seq, dirs * hidden)),), weights, (), attrs)
+        return _recurrent(i, op, name, spec, x, dt, attrs)
+    if op in ("conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "conv_transpose"):
+        return _conv_transpose(i, op, name, spec, x, dt, attrs)
+    if op == "upsample":
+        nd = len(x.shape) - 2
+        if nd < 1:
+            raise _err(i, f"upsample expects (C, *spatial) per sample, got {x.shape[1:]}")
+        scale = _tuple(spec, "scale_factor", nd, i, 2)
+        attrs["mode"] = str(spec.get("mode", "nearest"))
+        out = (b, x.shape[1], *(x.shape[2 + j] * scale[j] for j in range(nd)))
+        return Layer(name, "Resize", OpKind.DATA_MOVEMENT, (x,), (t("out", out),), (), (), attrs)
+    if op == "multihead_attention":
+        return _attention(i, name, spec, x, dt, attrs)
     raise _err(i, f"unknown op '{op}'; supported: {', '.join(SUPPORTED_OPS)}")
+
+
+def _recurrent(i: int, op: str, name: str, spec: Mapping[str, Any], x: Tensor, dt: str,
+               attrs: dict[str, Any]) -> list[Layer]:
+    """``num_layers`` stacked LSTM/GRU/RNN layers (ONNX weight layout), ``bidirectional`` optional.
+
+    Layer ℓ > 0 reads the ``dirs × hidden`` features of layer ℓ−1. MACs per layer:
+    ``seq · batch · dirs · gates · H · (I + H)`` (gates: LSTM 4, GRU 3, RNN 1).
+    """
+    if len(x.shape) != 3:
+        raise _err(i, f"{op} expects (seq, features) per sample, got {x.shape[1:]}")
+    hidden = _int(spec, "hidden_size", i)
+    num_layers = _int(spec, "num_layers", i, 1)
+    dirs = 2 if spec.get("bidirectional", False) else 1
+    gates = {"lstm": 4, "gru": 3, "rnn": 1}[op]
+    b, seq = x.shape[0], x.shape[1]
+    layers: list[Layer] = []
+    for ell in range(num_layers):
+        lname = name if num_layers == 1 else f"{name}.l{ell}"
+        f_in = x.shape[2]
+        weights = tuple(
+            Tensor(f"{lname}.{k}", shp, dt)
+            for k, shp in (("W", (dirs, gates * hidden, f_in)), ("R", (dirs, gates * hidden, hidden)),
+                           ("B", (dirs, 2 * gates * hidden)))
+        )
+        a = dict(attrs, macs=seq * b * dirs * gates * hidden * (f_in + hidden), layout=1, direction=dirs,
+                 hidden_size=hidden, needs_input_grad=attrs["needs_input_grad"] or ell > 0)
+        out = Tensor(f"{lname}.out", (b, seq, dirs * hidden), dt)
+        layers.append(Layer(lname, op.upper(), OpKind.RECURRENT, (x,), (out,), weights, (), a))
+        x = out
+    return layers
+
+
+def _conv_transpose(i: int, op: str, name: str, spec: Mapping[str, Any], x: Tensor, dt: str,
+                    attrs: dict[str, Any]) -> Layer:
+    """ConvTranspose: out = (in − 1)·s − 2p + d·(k − 1) + output_padding + 1 (PyTorch/ONNX)."""
+    nd = {"conv_transpose1d": 1, "conv_transpose2d": 2, "conv_transpose3d": 3}.get(op, len(x.shape) - 2)
+    if len(x.shape) != nd + 2:
+        raise _err(i, f"{op} expects an input of rank {nd + 1} per sample (C, *spatial), got {x.shape[1:]}")
+    c_in = x.shape[1]
+    c_out = _int(spec, "out_channels", i)
+    k = _tuple(spec, "kernel_size", nd, i, 1)
+    s = _tuple(spec, "stride", nd, i, 1)
+    p = _tuple(spec, "padding", nd, i, 0, minimum=0)
+    op_ = _tuple(spec, "output_padding", nd, i, 0, minimum=0)
+    d = _tuple(spec, "dilation", nd, i, 1)
+    groups = _int(spec, "groups", i, 1)
+    if c_in % groups or c_out % groups:
+        raise _err(i, f"groups={groups} must divide in_channels={c_in} and out_channels={c_out}")
+    spatial = [(x.shape[2 + j] - 1) * s[j] - 2 * p[j] + d[j] * (k[j] - 1) + op_[j] + 1 for j in range(nd)]
+    if any(v <= 0 for v in spatial):
+        raise _err(i, f"padding {p} leaves no output")
+    weights = [Tensor(f"{name}.weight", (c_in, c_out // groups, *k), dt)]
+    if spec.get("bias", True):
+        weights.append(Tensor(f"{name}.bias", (c_out,), dt))
+    attrs.update(kernel_shape=k, strides=s, pads=p + p, dilations=d, group=groups, output_padding=op_)
+    out = Tensor(f"{name}.out", (x.shape[0], c_out, *spatial), dt)
+    return Layer(name, "ConvTranspose", OpKind.CONV_TRANSPOSE, (x,), (out,), tuple(weights), (), attrs)
+
+
+def _attention(i: int, name: str, spec: Mapping[str, Any], x: Tensor, dt: str, attrs: dict[str, Any]) -> list[Layer]:
+    """Multi-head self-attention block on (seq, embed_dim) samples, expanded to the layers an export has.
+
+    Q, K, V projections (Gemm E→E each), ``Q·Kᵀ`` per head (MatMul, B·h·S·S·d MACs), Softmax over
+    (B, h, S, S), ``A·V`` (MatMul, B·h·S·S·d MACs) and the output projection (Gemm E→E), with
+    ``d = E / num_heads``; ``bias`` (default true) adds the projection biases. Layout and head
+    reshapes are views (0 bytes) and are omitted.
+    """
+    if len(x.shape) != 3:
+        raise _err(i, f"multihead_attention expects (seq, embed_dim) per sample, got {x.shape[1:]}")
+    b, seq, e = x.shape
+    heads = _int(spec, "num_heads", i)
+    if e % heads:
+        raise _err(i, f"num_heads={heads} must divide embed_dim={e}")
+    d = e // heads
+    bias = bool(spec.get("bias", True))
+
+    def proj(suffix: str, inp: Tensor) -> Layer:
+        w = [Tensor(f"{name}.{suffix}.weight", (e, e), dt)]
+        if bias:
+            w.append(Tensor(f"{name}.{suffix}.bias", (e,), dt))
+        out = Tensor(f"{name}.{suffix}.out", (b, seq, e), dt)
+        a = dict(attrs, macs=b * seq * e * e)
+        return Layer(f"{name}.{suffix}", "Gemm", OpKind.GEMM, (inp,), (out,), tuple(w), (), a)
+
+    q, k, v = proj("q_proj", x), proj("k_proj", x), proj("v_proj", x)
+    inner = dict(attrs, needs_input_grad=True)
+    qh = Tensor(q.outputs[0].name, (b, heads, seq, d), dt)
+    kt = Tensor(k.outputs[0].name, (b, heads, d, seq), dt)
+    vh = Tensor(v.outputs[0].name, (b, heads, seq, d), dt)
+    scores = Tensor(f"{name}.scores", (b, heads, seq, seq), dt)
+    qk = Layer(f"{name}.qk", "MatMul", OpKind.MATMUL, (qh, kt), (scores,), (), (),
+               dict(inner, macs=b * heads * seq * seq * d, grad_operands=(True, True)))
+    probs = Tensor(f"{name}.probs", scores.shape, dt)
+    sm = Layer(f"{name}.softmax", "Softmax", OpKind.SOFTMAX, (scores,), (probs,), (), (), dict(inner))
+    ctx = Tensor(f"{name}.context", (b, heads, seq, d), dt)
+    av = Layer(f"{name}.av", "MatMul", OpKind.MATMUL, (probs, vh), (ctx,), (), (),
+               dict(inner, macs=b * heads * seq * seq * d, grad_operands=(True, True)))
+    merged = Tensor(ctx.name, (b, seq, e), dt)
+    o = proj("out_proj", merged)
+    o = Layer(o.name, o.op_type, o.kind, o.inputs, o.outputs, o.weights, (), dict(o.attrs, needs_input_grad=True))
+    return [q, k, v, qk, sm, av, o]

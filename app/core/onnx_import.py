@@ -28,6 +28,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper, shape_inference
 
 from app.core.ir import Graph, Layer, OpKind, Tensor
+from app.core.shape_prop import MAX_VALUE_NUMEL, propagate_shapes
 from app.errors import InvalidGraph, UnboundDimension
 
 # op_type → cost family. Anything absent is OpKind.UNSUPPORTED (listed, never counted as zero).
@@ -72,6 +73,24 @@ for _op in ("Concat", "Split", "Transpose", "Reshape", "Flatten", "Squeeze", "Un
             "ScatterND", "GatherElements"):
     OP_KINDS[_op] = OpKind.DATA_MOVEMENT
 
+OP_KINDS["Attention"] = OpKind.ATTENTION  # ai.onnx opset 23: softmax(Q·Kᵀ/√d + mask)·V on Q, K, V activations
+OP_KINDS["Einsum"] = OpKind.GEMM  # becomes MATMUL when no operand is a weight
+OP_KINDS["Upsample"] = OpKind.DATA_MOVEMENT
+# ONNX Runtime contrib ops (domain com.microsoft) that transformer exports/optimizers emit.
+MS_OP_KINDS: dict[str, OpKind] = {
+    "Attention": OpKind.ATTENTION,  # packed QKV projection + attention
+    "MultiHeadAttention": OpKind.ATTENTION,  # attention on projected Q, K, V
+    "Gelu": OpKind.ACTIVATION, "FastGelu": OpKind.ACTIVATION, "BiasGelu": OpKind.ACTIVATION,
+    "QuickGelu": OpKind.ACTIVATION,
+    "SkipLayerNormalization": OpKind.NORM, "SimplifiedLayerNormalization": OpKind.NORM,
+    "SkipSimplifiedLayerNormalization": OpKind.NORM,
+}
+_MS_WEIGHT_SLOTS: dict[str, tuple[int, ...]] = {
+    "Attention": (1, 2), "MultiHeadAttention": (3,), "FastGelu": (1,), "BiasGelu": (1,),
+    "SkipLayerNormalization": (2, 3, 4), "SimplifiedLayerNormalization": (1,),
+    "SkipSimplifiedLayerNormalization": (2,),
+}
+
 # Input slots holding trainable parameters (index → True) and non-trainable buffers.
 _WEIGHT_SLOTS: dict[str, tuple[int, ...]] = {
     "Conv": (1, 2), "ConvTranspose": (1, 2), "Gemm": (1, 2), "BatchNormalization": (1, 2),
@@ -79,9 +98,12 @@ _WEIGHT_SLOTS: dict[str, tuple[int, ...]] = {
     "PRelu": (1,), "LSTM": (1, 2, 3), "GRU": (1, 2, 3), "RNN": (1, 2, 3),
 }
 _BUFFER_SLOTS: dict[str, tuple[int, ...]] = {"BatchNormalization": (3, 4)}
+# Ops that only re-view a parameter (their output is the same trainable tensor under another name).
+_ALIAS_OPS = frozenset({"Unsqueeze", "Reshape", "Cast", "Identity", "Squeeze", "Transpose", "Flatten"})
 # Ops whose outputs are shapes/metadata, not data: their consumers treat them as static.
 _SHAPE_OPS = frozenset({"Shape", "Size", "Constant", "ConstantOfShape", "EyeLike", "Range"})
 
+_FLOAT_TYPES = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE})
 _DTYPES = {
     TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16", TensorProto.BFLOAT16: "bfloat16",
     TensorProto.DOUBLE: "float64", TensorProto.INT8: "int8", TensorProto.UINT8: "uint8",
@@ -240,6 +262,73 @@ def _rewrite_fixed_batch_reshapes(model: onnx.ModelProto, fixed_batch: int) -> N
             inits[node.input[1]].CopyFrom(new_tensor)
 
 
+def _is_float_table(entry: tuple[list[int | str | None], str] | None) -> bool:
+    if entry is None:
+        return False
+    shp, dtype = entry
+    return len(shp) == 2 and dtype.startswith(("float", "bfloat"))
+
+
+def _duplicate_initializers(g: onnx.GraphProto) -> dict[str, str]:
+    """Map initializers that are exact copies of an earlier one (same or transposed data) to it.
+
+    Exporters constant-fold ``Transpose(tied_embedding)`` into a second initializer, so the tied LM head
+    of GPT-2 arrives as a separate 38.6 M-element tensor with the embedding table's values transposed.
+    Candidates are float tensors of rank ≥ 2 with ≥ 1024 non-constant elements (so freshly initialised
+    all-ones/all-zeros tensors never match by accident), grouped by (element count, dtype, min, max),
+    which transposition preserves exactly, then compared element by element.
+    """
+    groups: dict[tuple, list[tuple[str, np.ndarray]]] = {}
+    alias: dict[str, str] = {}
+    for init in g.initializer:
+        if len(init.dims) < 2 or init.data_type not in _FLOAT_TYPES:
+            continue
+        numel = int(np.prod(init.dims))
+        if numel < 1024:
+            continue
+        arr = numpy_helper.to_array(init)
+        lo, hi = float(arr.min()), float(arr.max())
+        if lo == hi:
+            continue
+        bucket = groups.setdefault((numel, init.data_type, lo, hi), [])
+        for name, other in bucket:
+            if (other.shape == arr.shape and np.array_equal(other, arr)) or (
+                arr.ndim == 2 and other.shape == arr.shape[::-1] and np.array_equal(other, arr.T)
+            ):
+                alias[init.name] = name
+                break
+        else:
+            bucket.append((init.name, arr))
+    return alias
+
+
+def _light_copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` without the data of large initializers (they become typed graph inputs).
+
+    Whole-graph shape inference only needs the values of shape-sized tensors; copying hundreds of MB of
+    weights through it (it serializes the model) dominated the import time of BERT/GPT-2 graphs.
+    """
+    g = model.graph
+    light = onnx.ModelProto()
+    light.ir_version = max(model.ir_version, 4)
+    light.opset_import.extend(model.opset_import)
+    light.functions.extend(model.functions)
+    lg = light.graph
+    lg.name = g.name
+    lg.node.extend(g.node)
+    lg.output.extend(g.output)
+    lg.value_info.extend(g.value_info)
+    input_names = {vi.name for vi in g.input}
+    lg.input.extend(g.input)
+    for init in g.initializer:
+        numel = int(np.prod(init.dims)) if init.dims else 1
+        if numel <= MAX_VALUE_NUMEL:
+            lg.initializer.append(init)
+        elif init.name not in input_names:
+            lg.input.append(helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+    return light
+
+
 def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for a in node.attribute:
@@ -300,31 +389,56 @@ def import_onnx(
         if out.type.tensor_type.HasField("shape"):
             out.type.tensor_type.ClearField("shape")
     try:
-        inferred = shape_inference.infer_shapes(model, check_type=False, strict_mode=False, data_prop=True)
+        inferred = shape_inference.infer_shapes(
+            _light_copy(model), check_type=False, strict_mode=False, data_prop=True
+        )
     except Exception as exc:
         raise InvalidGraph(f"ONNX shape inference failed: {exc}") from exc
-    ig = inferred.graph
-
-    shapes: dict[str, tuple[list[int | str | None], str]] = {}
-    for vi in [*ig.input, *ig.value_info, *ig.output]:
-        shapes[vi.name] = (_dims(vi), _DTYPES.get(vi.type.tensor_type.elem_type, "float32"))
-    for init in ig.initializer:
-        shapes[init.name] = (list(init.dims), _DTYPES.get(init.data_type, "float32"))
+    fallback = {
+        vi.name: (tuple(_dims(vi)), vi.type.tensor_type.elem_type)
+        for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]
+        if vi.type.tensor_type.HasField("shape")
+    }
+    known: dict[str, tuple[tuple[int | str | None, ...], int]] = {}
+    for vi in g.input:
+        if vi.type.tensor_type.HasField("shape"):
+            known[vi.name] = (tuple(_dims(vi)), vi.type.tensor_type.elem_type)
+    for init in g.initializer:
+        known[init.name] = (tuple(int(d) for d in init.dims), init.data_type)
+    ig = g
+    shapes: dict[str, tuple[list[int | str | None], str]] = {
+        k: (list(shp), _DTYPES.get(elem, "float32"))  # type: ignore[call-overload]
+        for k, (shp, elem) in propagate_shapes(model, known=known, fallback=fallback).items()
+    }
 
     init_names = {i.name for i in ig.initializer}
     data_names = {vi.name for vi in data_inputs}
     static: set[str] = set(init_names) | set(param_inputs)
     # tensors that are raw parameters (possibly through Unsqueeze/Reshape/Cast/Identity of a parameter)
     param_like: set[str] = set(init_names) | set(param_inputs)
-    for node in ig.node:
+    # weight aliases: views/copies of a parameter (Transpose of a tied embedding, Identity, Cast...) and
+    # initializers that are exact (possibly transposed) copies of another one, e.g. a tied LM head
+    # constant-folded to ``Transpose(wte)`` by the exporter; all are named after their root parameter.
+    alias: dict[str, str] = _duplicate_initializers(g)
+    # Gather of a weight table with static indices (position/token-type embeddings indexed by a
+    # Range/arange of the sequence length): an embedding layer, not shape bookkeeping.
+    table_gathers: set[int] = set()
+    for idx, node in enumerate(ig.node):
         ins = [i for i in node.input if i]
+        if (
+            node.op_type == "Gather" and len(ins) == 2 and ins[0] in param_like and ins[1] in static
+            and node.domain in ("", "ai.onnx") and _is_float_table(shapes.get(ins[0]))
+        ):
+            table_gathers.add(idx)
+            continue
         if node.op_type in _SHAPE_OPS or all(i in static for i in ins):
             static.update(o for o in node.output if o)
             if node.op_type in ("ConstantOfShape", "Constant") or (
-                node.op_type in ("Unsqueeze", "Reshape", "Cast", "Identity", "Squeeze")
-                and ins and ins[0] in param_like
+                node.op_type in _ALIAS_OPS and ins and ins[0] in param_like
             ):
                 param_like.update(o for o in node.output if o)
+                if node.op_type in _ALIAS_OPS and node.output and node.output[0]:
+                    alias[node.output[0]] = alias.get(ins[0], ins[0])
 
     def tensor(name: str) -> Tensor | None:
         if name not in shapes:
@@ -344,11 +458,17 @@ def import_onnx(
     used_names: Counter[str] = Counter()
     for idx, node in enumerate(ig.node):
         ins = [i for i in node.input if i]
-        if node.op_type in _SHAPE_OPS or all(i in static for i in ins):
+        if (node.op_type in _SHAPE_OPS or all(i in static for i in ins)) and idx not in table_gathers:
             continue
         op = node.op_type
-        kind = OP_KINDS.get(op, OpKind.UNSUPPORTED) if node.domain in ("", "ai.onnx") else OpKind.UNSUPPORTED
-        weight_slots = _WEIGHT_SLOTS.get(op, ())
+        if node.domain in ("", "ai.onnx"):
+            kind = OP_KINDS.get(op, OpKind.UNSUPPORTED)
+            weight_slots = _WEIGHT_SLOTS.get(op, ())
+        elif node.domain == "com.microsoft":
+            kind = MS_OP_KINDS.get(op, OpKind.UNSUPPORTED)
+            weight_slots = _MS_WEIGHT_SLOTS.get(op, ())
+        else:
+            kind, weight_slots = OpKind.UNSUPPORTED, ()
         buffer_slots = _BUFFER_SLOTS.get(op, ())
         act_in: list[Tensor] = []
         weights: list[Tensor] = []
@@ -359,6 +479,8 @@ def import_onnx(
                 continue
             t = tensor(iname)
             is_static = iname in static
+            if t is not None and iname in alias:
+                t = Tensor(alias[iname], t.shape, t.dtype)
             if slot in weight_slots and is_static:
                 (weights.append(t) if t is not None else None)
             elif slot in buffer_slots and is_static:
@@ -375,6 +497,8 @@ def import_onnx(
                          or (op == "Gather" and slot == 0))
                 ):
                     weights.append(t)
+                elif op == "Gather" and slot == 1 and t is not None and idx in table_gathers:
+                    act_in.append(t)  # static indices of a table lookup
             else:
                 if t is None:
                     missing = True
@@ -400,6 +524,8 @@ def import_onnx(
             kind = OpKind.MATMUL
         if op == "Gather" and weights:
             kind = OpKind.EMBEDDING
+        if op == "Einsum" and not weights:
+            kind = OpKind.MATMUL
         if missing and kind is not OpKind.UNSUPPORTED:
             unknown_shape_layers.append(node.name or f"{op}_{idx}")
             kind = OpKind.UNSUPPORTED
@@ -407,7 +533,23 @@ def import_onnx(
         elif kind is OpKind.UNSUPPORTED:
             attrs["unsupported_reason"] = f"no cost formula for op '{op}' (domain '{node.domain or 'ai.onnx'}')"
 
-        if kind in (OpKind.GEMM, OpKind.MATMUL) and not missing:
+        if op == "Einsum" and not missing and kind is not OpKind.UNSUPPORTED:
+            operands = [tensor(i) for i in node.input]
+            macs = None if any(o is None for o in operands) else _einsum_macs(
+                str(attrs.get("equation", "")), [o.shape for o in operands])  # type: ignore[union-attr]
+            if macs is None:
+                kind = OpKind.UNSUPPORTED
+                attrs["unsupported_reason"] = "Einsum equation not costed (needs two explicit operands, no '...')"
+            else:
+                attrs["macs"] = macs
+                attrs["grad_operands"] = tuple(i not in static for i in node.input)
+        elif kind is OpKind.ATTENTION and not missing:
+            try:
+                attrs.update(_attention_macs(node, tensor))
+            except (TypeError, ValueError, IndexError, KeyError, ZeroDivisionError) as exc:
+                kind = OpKind.UNSUPPORTED
+                attrs["unsupported_reason"] = f"{op} layout not costed: {exc}"
+        elif kind in (OpKind.GEMM, OpKind.MATMUL) and not missing:
             a_shape = act_in[0].shape if act_in else weights[0].shape
             if op == "Gemm":
                 # Gemm: A (M,K) or transposed; B (K,N) or transposed
@@ -453,6 +595,10 @@ def import_onnx(
             f"{len(unknown_shape_layers)} layer(s) have shapes ONNX shape inference could not resolve and are "
             f"listed as unsupported: {', '.join(unknown_shape_layers[:5])}"
         )
+    weight_users = Counter(w.name for layer in layers for w in set(layer.weights))
+    shared = tuple(sorted(n for n, c in weight_users.items() if c > 1))
+    warnings.extend(_export_mode_warnings(model, layers))
+    warnings.extend(_merged_constant_warnings(g, shared))
     inputs = tuple(t for t in (tensor(vi.name) for vi in data_inputs) if t is not None)
     outputs = tuple(t for t in (tensor(o.name) for o in ig.output) if t is not None)
     return Graph(
@@ -465,7 +611,130 @@ def import_onnx(
         source_format="onnx",
         opset=_opset(model),
         warnings=tuple(warnings),
+        shared_weights=shared,
     )
+
+
+EVAL_EXPORT_WARNING = "eval-mode export"  # prefix of the warnings below; the API shows them for training
+
+
+def _export_mode_warnings(model: onnx.ModelProto, layers: list[Layer]) -> list[str]:
+    """Warnings when the graph looks exported for inference, which understates a training estimate.
+
+    Detection, from what the file can honestly tell:
+
+    * ``BatchNormalization`` nodes with ``training_mode=0`` and a single output are the inference form
+      (a training export has ``training_mode=1`` and/or the running-statistics outputs). We still cost them
+      as training-mode BN, but say so.
+    * Folded BN leaves no node behind. Its signature in a ``torch.onnx.export`` graph (producer
+      ``pytorch``) is a Conv whose weight is an exporter-generated constant named ``onnx::Conv_<n>``
+      instead of the module's parameter name: constant folding computed ``W·γ/σ`` and ``β − μ·γ/σ``.
+      A plain Conv without BN keeps its parameter name, so a BN-free CNN (VGG) is not flagged. Graphs from
+      other producers are never flagged: the evidence is not there, and guessing would be dishonest.
+    """
+    out: list[str] = []
+    bn = [n for n in model.graph.node if n.op_type == "BatchNormalization"]
+    training_bn = any(
+        any(a.name == "training_mode" and a.i == 1 for a in n.attribute) or len([o for o in n.output if o]) > 1
+        for n in bn
+    )
+    if bn and not training_bn:
+        out.append(
+            f"{EVAL_EXPORT_WARNING}: {len(bn)} BatchNormalization layer(s) were exported in inference mode "
+            "(running statistics); they are costed as training-mode BatchNormalization"
+        )
+    convs = [layer for layer in layers if layer.kind is OpKind.CONV and layer.weights]
+    folded = [layer for layer in convs if layer.weights[0].name.startswith("onnx::")]
+    if model.producer_name == "pytorch" and folded and not training_bn:
+        out.append(
+            f"{EVAL_EXPORT_WARNING}: BatchNormalization appears folded into {len(folded)} of {len(convs)} "
+            "convolutions (their weights are exporter-generated 'onnx::Conv_*' constants, the mark of "
+            "torch.onnx.export's eval-mode constant folding); the folded BN layers, their parameters, training "
+            "compute and activation memory are missing from a training estimate. Export with "
+            "training=torch.onnx.TrainingMode.TRAINING (or do_constant_folding=False) to cost them"
+        )
+    return out
+
+
+def _merged_constant_warnings(g: onnx.GraphProto, shared: tuple[str, ...]) -> list[str]:
+    """Warn when constant-valued tensors are shared: exporters merge equal initializers (untrained zero
+    biases, unit LayerNorm gains), so distinct parameters would be counted once."""
+    inits = {i.name: i for i in g.initializer}
+    merged = []
+    for name in shared:
+        if name in inits:
+            arr = numpy_helper.to_array(inits[name])
+            if arr.size > 1 and arr.min() == arr.max():
+                merged.append(name)
+    if not merged:
+        return []
+    return [
+        f"{len(merged)} constant-valued parameter tensor(s) (e.g. '{merged[0]}') are shared by several layers: "
+        "the exporter merges initializers with equal values, as in an untrained model, so distinct parameters "
+        "may be counted once"
+    ]
+
+
+def _einsum_macs(equation: str, shapes: list[tuple[int, ...]]) -> int | None:
+    """MACs of a two-operand Einsum: the product of the sizes of all distinct subscripts.
+
+    Every output element sums over the contracted subscripts, so the loop nest visits each combination of
+    all subscripts once (e.g. ``bij,bjk->bik`` = b·i·j·k, the batched MatMul). None for an equation with an
+    ellipsis, or not exactly two operands (rare in exports; listed as unsupported, not zero).
+    """
+    lhs = equation.replace(" ", "").split("->")[0]
+    terms = lhs.split(",")
+    if "." in lhs or len(terms) != 2 or len(shapes) != 2:
+        return None
+    sizes: dict[str, int] = {}
+    for term, shape in zip(terms, shapes, strict=True):
+        if len(term) != len(shape):
+            return None
+        for letter, size in zip(term, shape, strict=True):
+            sizes[letter] = max(sizes.get(letter, 1), int(size))
+    return int(np.prod(list(sizes.values()), dtype=np.int64))
+
+
+def _attention_macs(node: onnx.NodeProto, tensor: Any) -> dict[str, int]:
+    """MACs of a fused attention node: ``macs`` (total), ``proj_macs`` (weight projections), ``score_elems``.
+
+    * ai.onnx ``Attention`` (opset 23): Q (B, Hq, Lq, E) or (B, Lq, Hq·E), K (B, Hkv, Lk, E), V (B, Hkv, Lk,
+      Ev) (3-D forms with ``q_num_heads``/``kv_num_heads``), optional ``past_key``/``past_value`` that
+      lengthen Lk. Q·Kᵀ is B·Hq·Lq·Lk·E MACs and A·V is B·Hq·Lq·Lk·Ev (grouped-query heads broadcast).
+    * com.microsoft ``Attention``: X (B, S, D_in) · W (D_in, Dq+Dk+Dv) projection, then attention over S:
+      B·S·S·(Dq + Dv) MACs.
+    * com.microsoft ``MultiHeadAttention``: projected Q (B, S, D), K (B, L, D), V (B, L, Dv): B·S·L·(D + Dv).
+    ``score_elems`` (B·H·Lq·Lk) sizes the softmax. Raises ``ValueError`` for other layouts (packed QKV).
+    """
+    attrs = _attrs(node)
+    ins = list(node.input) + [""] * 6
+    op = node.op_type
+    if node.domain == "com.microsoft" and op == "Attention":
+        x, w = tensor(ins[0]).shape, tensor(ins[1]).shape
+        heads = int(attrs["num_heads"])
+        sizes = attrs.get("qkv_hidden_sizes") or (w[1] // 3,) * 3
+        b, s, d_in = x
+        proj = b * s * d_in * w[1]
+        return {"macs": proj + b * s * s * (sizes[0] + sizes[2]), "proj_macs": proj, "score_elems": b * heads * s * s}
+    if node.domain == "com.microsoft":
+        q, k, v = (tensor(i).shape if i else None for i in ins[:3])
+        if q is None or k is None or v is None or len(q) != 3 or len(k) != 3:
+            raise ValueError("only separate 3-D query, key and value are supported")
+        heads = int(attrs["num_heads"])
+        b, s, d = q
+        length = k[1]
+        return {"macs": b * s * length * (d + v[2]), "proj_macs": 0, "score_elems": b * heads * s * length}
+    q, k, v = (tensor(i).shape for i in ins[:3])
+    past = tensor(ins[4]).shape[-2] if ins[4] else 0
+    if len(q) == 4:
+        b, hq, lq, e = q
+        lk, ev = k[2] + past, v[3]
+    else:
+        hq, hkv = int(attrs["q_num_heads"]), int(attrs["kv_num_heads"])
+        b, lq, dq = q
+        lk = k[1] + past
+        e, ev = dq // hq, v[2] // hkv
+    return {"macs": b * hq * lq * lk * (e + ev), "proj_macs": 0, "score_elems": b * hq * lq * lk}
 
 
 def _recurrent_macs(op: str, act_in: list[Tensor], weights: list[Tensor], attrs: Mapping[str, Any]) -> int:

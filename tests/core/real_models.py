@@ -1,0 +1,218 @@
+"""Real architectures with random weights, exported to ONNX once per test session, with oracle figures.
+
+Every model is built from its ``transformers`` config (no download) or from ``torch.nn`` modules,
+its weights perturbed by 1e-3 Gaussian noise (the TorchScript exporter merges initializers with
+identical values, so the all-zero biases and all-one LayerNorm gains of a fresh model would otherwise
+collapse into one tensor; trained weights never coincide), and exported with
+``torch.onnx.export(..., dynamo=False)``, the stable TorchScript exporter, with its default constant
+folding, like a user would. Text models get a symbolic ``seq`` axis (bound with ``dims`` on import).
+
+The oracle is ``torch.utils.flop_counter.FlopCounterMode`` run on the same module at the same shapes.
+It counts 2 × MACs of matmul/addmm/bmm/convolution/attention kernels only, so it is compared with
+:func:`app.core.analysis.mac_class_flops`. Attention runs with ``attn_implementation="eager"`` (explicit
+``Q·Kᵀ`` and ``A·V`` bmm that the oracle counts; the CPU flash kernel behind SDPA is not registered in
+FlopCounterMode and would count as zero).
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import os
+from dataclasses import dataclass
+
+SEQ = 16
+BATCH = 1
+RNN_VOCAB, RNN_EMB, RNN_HIDDEN, RNN_LAYERS, RNN_SEQ, RNN_BATCH = 1000, 128, 256, 2, 12, 2
+
+
+@dataclass(frozen=True)
+class Exported:
+    """An exported model and what torch says about it."""
+
+    name: str
+    onnx_bytes: bytes
+    batch_size: int
+    dims: dict[str, int]
+    torch_params: int  # distinct parameters (tied weights once), from module.parameters()
+    oracle_flops: int  # FlopCounterMode total, forward, same shapes
+    oracle_by_op: dict[str, int]
+    tied: bool = False  # GPT-2: lm_head.weight is transformer.wte.weight
+
+
+def _perturb(module) -> None:  # noqa: ANN001 - torch module
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 1e-3)
+
+
+def _export(module, args, *, dynamic: dict, constant_folding: bool = True) -> bytes:  # noqa: ANN001
+    import torch
+
+    buf = io.BytesIO()
+    torch.onnx.export(
+        module, args, buf, input_names=["x"], dynamic_axes={"x": dynamic}, dynamo=False, opset_version=17,
+        do_constant_folding=constant_folding,
+    )
+    return buf.getvalue()
+
+
+def _oracle(module, args) -> tuple[int, dict[str, int]]:  # noqa: ANN001
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as fc, torch.no_grad():
+        module(*args)
+    return int(fc.get_total_flops()), {str(k): int(v) for k, v in fc.get_flop_counts()["Global"].items()}
+
+
+def _wrap(model, key: str, *, both_outputs: bool = False):  # noqa: ANN001, ANN202
+    """A module taking one positional tensor, returning plain tensors (the exporter needs no kwargs)."""
+    import torch
+
+    class Wrap(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.m = model
+
+        def forward(self, x):  # noqa: ANN001, ANN202
+            # an explicit all-ones mask keeps transformers off its packed-sequence detection (aten::diff,
+            # which the exporter cannot convert)
+            kw = {"attention_mask": torch.ones_like(x)} if key == "input_ids" else {}
+            out = self.m(**{key: x}, **kw, return_dict=False)
+            return (out[0], out[1]) if both_outputs else out[0]
+
+    return Wrap().eval()
+
+
+def hf_model(name: str):  # noqa: ANN201
+    """The transformers model for ``name`` (bert, gpt2, vit, resnet50, mobilenet_v2), random weights."""
+    import torch
+    import transformers as tf
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    torch.manual_seed(0)
+    eager = {"attn_implementation": "eager"}
+    if name == "bert":
+        return tf.BertModel(tf.BertConfig(**eager))
+    if name == "gpt2":
+        return tf.GPT2LMHeadModel(tf.GPT2Config(use_cache=False, **eager))
+    if name == "vit":
+        return tf.ViTModel(tf.ViTConfig(**eager), add_pooling_layer=False)
+    if name == "resnet50":
+        return tf.ResNetForImageClassification(tf.ResNetConfig(num_labels=1000))
+    if name == "mobilenet_v2":
+        return tf.MobileNetV2ForImageClassification(tf.MobileNetV2Config(num_labels=1000))
+    raise KeyError(name)
+
+
+@functools.cache
+def exported(name: str) -> Exported:
+    """Build, perturb, measure with the oracle and export ``name`` once per session."""
+    import torch
+
+    if name in ("lstm_lm", "lstm_bi_lm", "gru_lm"):
+        return _exported_rnn(name)
+    model = hf_model(name).eval()
+    _perturb(model)
+    text = name in ("bert", "gpt2")
+    wrapped = _wrap(model, "input_ids" if text else "pixel_values", both_outputs=(name == "bert"))
+    if text:
+        args = (torch.randint(0, 1000, (BATCH, SEQ)),)
+        dynamic, dims = {0: "batch", 1: "seq"}, {"seq": SEQ}
+    else:
+        args = (torch.randn(BATCH, 3, 224, 224),)
+        dynamic, dims = {0: "batch"}, {}
+    flops, by_op = _oracle(wrapped, args)
+    content = _export(wrapped, args, dynamic=dynamic)
+    params = sum(p.numel() for p in model.parameters())  # parameters() yields a tied tensor once
+    tied = name == "gpt2" and model.lm_head.weight is model.transformer.wte.weight
+    return Exported(name, content, BATCH, dims, params, flops, by_op, tied)
+
+
+def rnn_lm(name: str):  # noqa: ANN201
+    """Embedding → 2-layer LSTM/GRU (bidirectional for ``lstm_bi_lm``) → Linear language model."""
+    import torch
+
+    class LM(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            cell = torch.nn.GRU if name.startswith("gru") else torch.nn.LSTM
+            bi = name == "lstm_bi_lm"
+            self.emb = torch.nn.Embedding(RNN_VOCAB, RNN_EMB)
+            self.rnn = cell(RNN_EMB, RNN_HIDDEN, num_layers=RNN_LAYERS, batch_first=True, bidirectional=bi)
+            self.head = torch.nn.Linear(RNN_HIDDEN * (2 if bi else 1), RNN_VOCAB)
+
+        def forward(self, x):  # noqa: ANN001, ANN202
+            h, _ = self.rnn(self.emb(x))
+            return self.head(h)
+
+    torch.manual_seed(0)
+    return LM().eval()
+
+
+def unrolled_lstm_oracle(lm, x) -> int:  # noqa: ANN001
+    """FlopCounterMode FLOPs of ``lm`` with its fused LSTM replaced by the same weights in LSTMCell steps.
+
+    ``torch.nn.LSTM`` runs as one fused kernel that FlopCounterMode does not count (it reports only the
+    head). ``LSTMCell`` decomposes into counted matmuls, so unrolling every layer, direction and
+    timestep with the LSTM's own weights gives an independent count; the unrolled output is checked
+    against the fused one so the two are the same computation.
+    """
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    rnn = lm.rnn
+    dirs = 2 if rnn.bidirectional else 1
+    cells = {}
+    for layer in range(rnn.num_layers):
+        for d in range(dirs):
+            sfx = f"_l{layer}" + ("_reverse" if d else "")
+            in_size = rnn.input_size if layer == 0 else rnn.hidden_size * dirs
+            cell = torch.nn.LSTMCell(in_size, rnn.hidden_size)
+            with torch.no_grad():
+                cell.weight_ih.copy_(getattr(rnn, "weight_ih" + sfx))
+                cell.weight_hh.copy_(getattr(rnn, "weight_hh" + sfx))
+                cell.bias_ih.copy_(getattr(rnn, "bias_ih" + sfx))
+                cell.bias_hh.copy_(getattr(rnn, "bias_hh" + sfx))
+            cells[layer, d] = cell
+
+    def forward(tokens):  # noqa: ANN001, ANN202
+        h = lm.emb(tokens)
+        b, t = tokens.shape
+        for layer in range(rnn.num_layers):
+            outs = []
+            for d in range(dirs):
+                hx = torch.zeros(b, rnn.hidden_size)
+                cx = torch.zeros(b, rnn.hidden_size)
+                steps = range(t - 1, -1, -1) if d else range(t)
+                seq = [None] * t
+                for s in steps:
+                    hx, cx = cells[layer, d](h[:, s], (hx, cx))
+                    seq[s] = hx
+                outs.append(torch.stack(seq, 1))
+            h = torch.cat(outs, -1)
+        return lm.head(h)
+
+    with torch.no_grad():
+        torch.testing.assert_close(forward(x), lm(x), rtol=1e-4, atol=1e-5)
+        with FlopCounterMode(display=False) as fc:
+            forward(x)
+    return int(fc.get_total_flops())
+
+
+def _exported_rnn(name: str) -> Exported:
+    import torch
+
+    lm = rnn_lm(name)
+    x = torch.randint(0, RNN_VOCAB, (RNN_BATCH, RNN_SEQ))
+    if name.startswith("lstm"):
+        flops, by_op = unrolled_lstm_oracle(lm, x), {}
+    else:
+        flops, by_op = _oracle(lm, (x,))
+    content = _export(lm, (x,), dynamic={0: "batch", 1: "seq"})
+    params = sum(p.numel() for p in lm.parameters())
+    return Exported(name, content, RNN_BATCH, {"seq": RNN_SEQ}, params, flops, by_op)

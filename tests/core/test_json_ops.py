@@ -1,0 +1,75 @@
+"""JSON layer-list vocabulary beyond the sequential CNN: attention, recurrent stacks, transposed conv,
+upsample, embeddings, conv1d/3d; each equivalent to the layers an ONNX export would have."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.core.analysis import analyze, mac_class_flops
+from app.core.ir import OpKind
+from app.core.json_import import import_json
+from app.errors import InvalidGraph
+
+
+def test_multihead_attention_expands_to_projections_and_batched_products() -> None:
+    s, e, h, b = 10, 32, 4, 2
+    g = import_json({"input_shape": [s, e], "layers": [{"op": "layernorm"},
+                    {"op": "multihead_attention", "num_heads": h}]}, batch_size=b)
+    a = analyze(g)
+    ops = [(layer.op_type, layer.kind) for layer in g.layers[1:]]
+    assert ops == [("Gemm", OpKind.GEMM)] * 3 + [("MatMul", OpKind.MATMUL), ("Softmax", OpKind.SOFTMAX),
+                                                 ("MatMul", OpKind.MATMUL), ("Gemm", OpKind.GEMM)]
+    proj, attn = 4 * b * s * e * e, 2 * b * s * s * e
+    assert a.forward_macs == proj + attn
+    assert mac_class_flops(a) == 2 * (proj + attn)
+    assert a.params == 2 * e + 4 * (e * e + e)
+    assert g.outputs[0].shape == (b, s, e)
+    qk = a.costs[4]
+    assert qk.backward_input_flops == 2 * qk.forward_flops and qk.backward_weight_flops == 0
+
+
+def test_lstm_stack_bidirectional_with_layers() -> None:
+    t, emb, hid = 12, 64, 128
+    g = import_json({"input_shape": [t], "input_dtype": "int64", "layers": [
+        {"op": "embedding", "num_embeddings": 1000, "embedding_dim": emb},
+        {"op": "lstm", "hidden_size": hid, "num_layers": 2, "bidirectional": True},
+        {"op": "linear", "out_features": 1000}]}, batch_size=2)
+    a = analyze(g)
+    rec = [c for c in a.costs if c.kind is OpKind.RECURRENT]
+    assert len(rec) == 2
+    assert rec[0].forward_macs == t * 2 * 2 * 4 * hid * (emb + hid)
+    assert rec[1].forward_macs == t * 2 * 2 * 4 * hid * (2 * hid + hid)
+    assert g.outputs[0].shape == (2, t, 1000)
+    assert a.params == 1000 * emb + 2 * 4 * hid * (emb + hid + 2) + 2 * 4 * hid * (2 * hid + hid + 2) + (
+        2 * hid * 1000 + 1000)
+
+
+def test_gru_rnn_gate_counts() -> None:
+    for op, gates in (("gru", 3), ("rnn", 1)):
+        g = import_json({"input_shape": [5, 8], "layers": [{"op": op, "hidden_size": 16}]}, batch_size=1)
+        assert analyze(g).forward_macs == 5 * gates * 16 * (8 + 16)
+
+
+def test_conv_transpose_and_upsample() -> None:
+    g = import_json({"input_shape": [8, 7, 7], "layers": [
+        {"op": "conv_transpose2d", "out_channels": 4, "kernel_size": 3, "stride": 2, "padding": 1,
+         "output_padding": 1},
+        {"op": "upsample", "scale_factor": 2}]}, batch_size=2)
+    ct, up = g.layers
+    assert ct.outputs[0].shape == (2, 4, 14, 14)
+    assert up.outputs[0].shape == (2, 4, 28, 28)
+    a = analyze(g)
+    assert a.costs[0].forward_macs == 2 * 8 * 49 * 4 * 9
+    assert a.costs[1].forward_flops == 0 and a.costs[1].forward_bytes == (2 * 4 * 196 + 2 * 4 * 784) * 4
+
+
+@pytest.mark.parametrize(("op", "shape", "out"),
+                         [("conv1d", [4, 20], (1, 8, 18)), ("conv3d", [4, 6, 6, 6], (1, 8, 4, 4, 4))])
+def test_conv1d_conv3d(op: str, shape: list[int], out: tuple[int, ...]) -> None:
+    g = import_json({"input_shape": shape, "layers": [{"op": op, "out_channels": 8, "kernel_size": 3}]})
+    assert g.layers[0].outputs[0].shape == out
+
+
+def test_attention_heads_must_divide_width() -> None:
+    with pytest.raises(InvalidGraph):
+        import_json({"input_shape": [4, 30], "layers": [{"op": "multihead_attention", "num_heads": 4}]})
