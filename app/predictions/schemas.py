@@ -102,13 +102,20 @@ class JobPrediction(Schema):
 
 
 class MemoryPrediction(Schema):
+    """Footprint of one step by component (Hestness et al. 2019). Mixed precision (fp16/bf16) keeps
+    2-byte weights, gradients and activations plus fp32 master weights and fp32 optimizer state."""
+
+    precision: str
     weights_bytes: int
+    master_weights_bytes: int
     gradients_bytes: int
     optimizer_state_bytes: int
     activations_bytes: int
     total_bytes: int
     device_memory_bytes: float
+    usable_fraction: float = Field(description="share of device memory counted as usable (context, workspaces)")
     fits: bool
+    largest_batch_size_that_fits: int = Field(description="activations scale linearly with the batch")
 
 
 class Totals(Schema):

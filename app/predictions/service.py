@@ -17,7 +17,8 @@ from sqlalchemy.orm import Session
 from app.core.analysis import GraphAnalysis, analyze
 from app.core.costs import LayerCost
 from app.core.hardware import HardwareSpec
-from app.core.memory import HEADROOM, fits, footprint
+from app.core.memory import HEADROOM, fits, footprint, largest_batch_that_fits
+from app.core.onnx_import import EVAL_EXPORT_WARNING
 from app.graphs import service as graphs
 from app.hardware import service as hardware_service
 from app.predictions.schemas import (
@@ -82,7 +83,10 @@ def estimate(
     """Combine analytical costs and per-layer predictions into the response (pure, no database)."""
     training = request.mode == "training"
     optimizer = request.optimizer if training else "none"
-    warnings: list[str] = list(analysis.graph.warnings)
+    # an eval-mode export (BatchNorm folded or in inference form) only matters when training it
+    warnings: list[str] = [
+        w for w in analysis.graph.warnings if training or not w.startswith(EVAL_EXPORT_WARNING)
+    ]
     layers = analysis.graph.layers
     queries = [
         LayerTimeQuery(layer=layer, cost=cost, hardware=hw, mode=request.mode, optimizer=optimizer,
@@ -170,15 +174,22 @@ def estimate(
                 time_s_p90=request.epochs * epoch.time_s_p90,
                 time_h=request.epochs * epoch.time_s / 3600,
             )
-    fp = footprint(analysis, mode=request.mode, optimizer=optimizer, bytes_per_param=4)
+    fp = footprint(analysis, mode=request.mode, optimizer=optimizer, precision=request.precision)
     memory = MemoryPrediction(
+        precision=request.precision,
         weights_bytes=fp.weights_bytes,
+        master_weights_bytes=fp.master_weights_bytes,
         gradients_bytes=fp.gradients_bytes,
         optimizer_state_bytes=fp.optimizer_state_bytes,
         activations_bytes=fp.activations_bytes,
         total_bytes=fp.total_bytes,
         device_memory_bytes=hw.memory_bytes,
+        usable_fraction=HEADROOM,
         fits=fits(fp, hw.memory_bytes),
+        largest_batch_size_that_fits=largest_batch_that_fits(
+            analysis, memory_bytes=hw.memory_bytes, mode=request.mode, optimizer=optimizer,
+            precision=request.precision,
+        ),
     )
     if not memory.fits:
         warnings.append(
@@ -222,7 +233,8 @@ def estimate(
                          "inter-layer overlap, single device",
             "interval": "p10/p90 of the iteration are sums of per-layer p10/p90 (errors assumed correlated)",
             "epoch": "ceil(dataset_size / batch_size) iterations (last partial batch counted as full)",
-            "memory": "fp32 weights/gradients/optimizer state; activations saved for backward; "
-                      f"fits = total <= {HEADROOM:.0%} of device memory",
+            "memory": "weights, gradients, optimizer state (fp32 master copy and state under fp16/bf16 mixed "
+                      "precision), activations saved for backward; fits = total <= "
+                      f"{HEADROOM:.0%} of device memory",
         },
     )

@@ -147,3 +147,45 @@ def test_unbound_symbolic_dimension_is_422_naming_it(client: TestClient) -> None
     r = _predict(client, graph_id=ok.json()["id"], hardware_id="p100", batch_size=8, dims={"seq": 64})
     assert r.status_code == 200
     assert r.json()["totals"]["forward_macs"] == 8 * 64 * 16 * 4
+
+
+def test_memory_footprint_by_precision_and_largest_batch(client: TestClient, resnet_id: str) -> None:
+    fp32 = _predict(client, graph_id=resnet_id, hardware_id="v100-sxm2-16gb", batch_size=32, optimizer="adam").json()
+    mixed = _predict(client, graph_id=resnet_id, hardware_id="v100-sxm2-16gb", batch_size=32, optimizer="adam",
+                     precision="fp16").json()
+    m32, m16 = fp32["memory"], mixed["memory"]
+    params = fp32["totals"]["params"]
+    assert m32["weights_bytes"] == m32["gradients_bytes"] == 4 * params and m32["master_weights_bytes"] == 0
+    assert m32["optimizer_state_bytes"] == 2 * 4 * params  # Adam: two fp32 moments
+    assert m16["weights_bytes"] == 2 * params and m16["master_weights_bytes"] == 4 * params
+    assert m16["optimizer_state_bytes"] == m32["optimizer_state_bytes"]  # state stays fp32
+    assert m16["activations_bytes"] * 2 == m32["activations_bytes"]
+    assert m16["largest_batch_size_that_fits"] > m32["largest_batch_size_that_fits"] > 32
+    assert m32["total_bytes"] == sum(m32[k] for k in ("weights_bytes", "master_weights_bytes", "gradients_bytes",
+                                                     "optimizer_state_bytes", "activations_bytes"))
+    big = m32["largest_batch_size_that_fits"] * 2
+    over = _predict(client, graph_id=resnet_id, hardware_id="v100-sxm2-16gb", batch_size=big, optimizer="adam").json()
+    assert over["memory"]["fits"] is False
+    assert any("exceeds" in w for w in over["warnings"])
+
+
+def test_eval_mode_export_warning_only_when_training(client: TestClient, resnet_id: str) -> None:
+    train = _predict(client, graph_id=resnet_id, hardware_id="p100", batch_size=8, mode="training").json()
+    infer = _predict(client, graph_id=resnet_id, hardware_id="p100", batch_size=8, mode="inference").json()
+    assert any(w.startswith("eval-mode export") for w in train["warnings"])
+    assert not any(w.startswith("eval-mode export") for w in infer["warnings"])
+
+
+def test_repeated_predictions_are_identical(client: TestClient, resnet_id: str) -> None:
+    body = {"graph_id": resnet_id, "hardware_id": "p100", "batch_size": 16}
+    first, second = _predict(client, **body).json(), _predict(client, **body).json()
+    assert first == second
+
+
+def test_optimizer_choices_match_the_cost_model() -> None:
+    import typing
+
+    from app.core.costs import OPTIMIZERS
+    from app.predictions.schemas import Optimizer
+
+    assert set(typing.get_args(Optimizer)) == set(OPTIMIZERS)
