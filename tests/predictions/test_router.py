@@ -189,3 +189,14 @@ def test_optimizer_choices_match_the_cost_model() -> None:
     from app.predictions.schemas import Optimizer
 
     assert set(typing.get_args(Optimizer)) == set(OPTIMIZERS)
+
+
+def test_per_layer_roofline_bound_and_intensity(client: TestClient, resnet_id: str) -> None:
+    body = _predict(client, graph_id=resnet_id, hardware_id="a100-sxm4-40gb", batch_size=32, mode="inference").json()
+    rows = {r["op_type"]: r for r in body["layers"]}
+    conv, relu = rows["Conv"], rows["Relu"]
+    assert conv["bound"] == "compute" and relu["bound"] == "memory"
+    assert conv["operational_intensity_flops_per_byte"] > 50 > 1 > relu["operational_intensity_flops_per_byte"]
+    peak, bw = 19.5e12, 1555e9  # A100 40 GB datasheet: fp32 19.5 TFLOP/s, 1555 GB/s
+    expected_relu_ms = max(relu["forward_flops"] / peak, (relu["bytes_read"] + relu["bytes_written"]) / bw) * 1e3
+    assert relu["roofline_ms"] == pytest.approx(expected_relu_ms, rel=1e-6)
