@@ -5,11 +5,13 @@ Subcommands::
     layercast serve [--host 127.0.0.1] [--port 8000] [--reload]   migrate, then run the API (uvicorn)
     layercast migrate [--revision head]                            apply migrations
     layercast downgrade REVISION                                   revert migrations ("base" drops all)
-    layercast train ...                                            train a predictor (needs the train extra)
+    layercast train|evaluate|finetune|profile ...                  predictor work (needs the train extra)
+    layercast import justus|deepbench                              import public measurements
     layercast hardware list                                        print the built-in hardware catalog
     layercast version                                              print the version
 
-Only ``train`` may import torch, and only when it runs. Settings come from the environment
+Only the delegated training/profiling commands may import torch, and only when they run. Settings come
+from the environment
 (``LAYERCAST_*``, see :class:`app.config.Settings`).
 """
 
@@ -40,10 +42,8 @@ def _build_parser() -> argparse.ArgumentParser:
     downgrade = sub.add_parser("downgrade", help="revert database migrations")
     downgrade.add_argument("revision", help='target revision, e.g. "base" to drop every table')
 
-    sub.add_parser(
-        "train", help="train a predictor (needs `pip install -e .[train]`); arguments go to the trainer",
-        add_help=False,
-    )
+    for name, (_, help_text) in DELEGATED.items():
+        sub.add_parser(name, help=f"{help_text}; `layercast {name} --help` for its options", add_help=False)
 
     hardware = sub.add_parser("hardware", help="hardware catalog")
     hw_sub = hardware.add_subparsers(dest="hardware_command", required=True, metavar="ACTION")
@@ -75,17 +75,30 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def _train(argv: list[str]) -> int:
+#: Subcommands whose arguments all belong to another module's ``main(argv)`` (imported only when run,
+#: so that torch is loaded by the training and profiling commands alone).
+DELEGATED: dict[str, tuple[str, str]] = {
+    "train": ("app.training.train", "train a predictor from scratch (needs the train extra)"),
+    "evaluate": ("app.training.evaluate", "evaluate the shipped predictor against baselines; writes a report"),
+    "finetune": ("app.training.finetune", "fine-tune the predictor to a new device from a few measurements"),
+    "profile": ("app.profiler.run", "measure per-layer times on this machine with torch (train extra)"),
+    "import": ("app.measurements.cli", "import public measurements (justus, deepbench) into the database"),
+}
+
+
+def _delegate(command: str, argv: list[str]) -> int:
+    import importlib
+
+    module_name, _ = DELEGATED[command]
     try:
-        from app.training.train import main as train_main
+        module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         if exc.name == "torch":
-            print("layercast train needs torch: pip install -e '.[train]'", file=sys.stderr)
+            print(f"layercast {command} needs torch: pip install -e '.[train]'", file=sys.stderr)
         else:
-            print(f"layercast train is unavailable: {exc}", file=sys.stderr)
+            print(f"layercast {command} is unavailable: {exc}", file=sys.stderr)
         return 2
-    result = train_main(argv)
-    return int(result or 0)
+    return int(module.main(argv) or 0)
 
 
 def _fmt(value: Any) -> str:
@@ -131,8 +144,8 @@ def _hardware_list() -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``layercast`` console script; returns the process exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "train":  # everything after "train" belongs to the trainer, --help included
-        return _train(argv[1:])
+    if argv and argv[0] in DELEGATED:  # everything after the command belongs to it, --help included
+        return _delegate(argv[0], argv[1:])
     args = _build_parser().parse_args(argv)
     settings = Settings()
 

@@ -43,6 +43,7 @@ ROUTERS: tuple[tuple[str, str], ...] = (
     ("app.hardware.router", "router"),
     ("app.graphs.router", "router"),
     ("app.predictions.router", "router"),
+    ("app.measurements.router", "router"),
 )
 
 _HTTP_CODES: dict[int, str] = {

@@ -1,0 +1,122 @@
+"""API schemas of measurements: ``MeasurementCreate`` (a reported time), ``MeasurementRead``,
+``MeasurementList`` (one page) and ``ImportReport`` (what an import read, stored and skipped).
+
+Units are in the names: milliseconds (``_ms``), samples (``batch_size``). The JSON field of the pass is
+``pass`` (``pass_`` in Python, a keyword otherwise).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import AwareDatetime, ConfigDict, Field
+
+from app.hardware.catalog import HARDWARE_ID_PATTERN
+from app.hardware.schemas import Precision
+from app.profiler import TIMED_PASSES
+from app.schemas import Schema
+
+Pass = Literal["forward", "train_forward", "backward", "update", "train_step", "backward_input", "backward_weight"]
+if set(get_args(Pass)) != set(TIMED_PASSES):  # pragma: no cover - keeps the two lists in step
+    raise RuntimeError("app.measurements.schemas.Pass differs from app.profiler.TIMED_PASSES")
+
+Name = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")]
+PositiveMs = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
+class MeasurementCreate(Schema):
+    """A measured time reported by a client (a profiler run, a CI job, a cluster scheduler).
+
+    ``time_ms_median`` must be positive (ms); ``hardware_id`` must name a stored device (404 otherwise).
+    ``config`` describes what ran: a layer (``{"input_shape": [...], "layer": {"op": ...}}`` in the JSON
+    layer vocabulary), a model, or a whole job. ``context`` holds the measurement conditions (framework
+    and version, driver, threads, clocks, host): a measurement without its context cannot be trusted.
+    ``source`` names the reporter; the import sources (``justus2018``, ``deepbench``) are reserved.
+    """
+
+    hardware_id: str = Field(pattern=HARDWARE_ID_PATTERN, examples=["a100-sxm4-40gb"])
+    source: Name = Field(default="reported", max_length=64, examples=["ci", "scheduler", "profiler"])
+    op_kind: Name = Field(max_length=32, examples=["conv", "gemm", "iteration"],
+                          description="cost family (app.core.ir.OpKind values) or 'iteration'/'job'")
+    pass_: Pass = Field(alias="pass", examples=["forward"])
+    optimizer: Name = Field(default="none", max_length=16, examples=["none", "sgd", "adam"])
+    precision: Precision = "fp32"
+    batch_size: int = Field(gt=0, description="samples per batch")
+    config: dict[str, Any] = Field(min_length=1, description="what was measured (layer, model or job)")
+    time_ms_median: PositiveMs
+    time_ms_std: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    repetitions: int | None = Field(default=None, gt=0)
+    context: dict[str, Any] = Field(default_factory=dict, description="framework, driver, threads, clocks, ...")
+    measured_at: AwareDatetime | None = None
+
+
+class MeasurementRead(Schema):
+    """A stored measurement (imported or reported)."""
+
+    model_config = ConfigDict(from_attributes=True, populate_by_name=True)
+
+    id: int
+    hardware_id: str
+    source: str
+    op_kind: str
+    pass_: str = Field(alias="pass")
+    optimizer: str
+    precision: str
+    batch_size: int
+    config: dict[str, Any]
+    time_ms_median: float
+    time_ms_std: float | None
+    repetitions: int | None
+    context: dict[str, Any]
+    measured_at: datetime | None
+    created_at: datetime
+
+
+class MeasurementList(Schema):
+    """``GET /v1/measurements``: one page by ascending id; ``total`` matches the filters."""
+
+    items: list[MeasurementRead]
+    count: int
+    total: int
+    limit: int
+    offset: int
+
+
+class ImportReport(Schema):
+    """What an import did. Counts are measurements (a DeepBench conv row holds up to three), except
+    ``rows_read`` (data rows of the files).
+
+    ``replaced``: rows of earlier imports of the same files deleted before inserting (re-import);
+    ``skipped_by_device``: the file's own device name → reason → count (``hardware_not_in_catalog``,
+    ``unknown_device``, ``missing_time``, ``non_positive_time``, ``unknown_precision``).
+    """
+
+    source_files: list[str] = Field(default_factory=list)
+    rows_read: int = 0
+    imported: int = 0
+    replaced: int = 0
+    skipped: int = 0
+    imported_by_hardware: dict[str, int] = Field(default_factory=dict)
+    skipped_by_reason: dict[str, int] = Field(default_factory=dict)
+    skipped_by_device: dict[str, dict[str, int]] = Field(default_factory=dict)
+
+    def merge(self, other: ImportReport) -> ImportReport:
+        """A new report adding ``other``'s counts to these."""
+
+        def add(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
+            return {k: a.get(k, 0) + b.get(k, 0) for k in sorted(set(a) | set(b))}
+
+        devices = sorted(set(self.skipped_by_device) | set(other.skipped_by_device))
+        return ImportReport(
+            source_files=[*self.source_files, *(f for f in other.source_files if f not in self.source_files)],
+            rows_read=self.rows_read + other.rows_read,
+            imported=self.imported + other.imported,
+            replaced=self.replaced + other.replaced,
+            skipped=self.skipped + other.skipped,
+            imported_by_hardware=add(self.imported_by_hardware, other.imported_by_hardware),
+            skipped_by_reason=add(self.skipped_by_reason, other.skipped_by_reason),
+            skipped_by_device={
+                d: add(self.skipped_by_device.get(d, {}), other.skipped_by_device.get(d, {})) for d in devices
+            },
+        )

@@ -1,0 +1,184 @@
+"""Measurement use cases on a migrated SQLite file with the built-in catalog seeded (no app started)."""
+
+from __future__ import annotations
+
+import gzip
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app.config import Settings
+from app.db import make_engine, make_sessionmaker
+from app.errors import HardwareNotFound, InvalidRequest
+from app.hardware.service import seed_builtin
+from app.measurements import service
+from app.measurements.importers import (
+    ImportFormatError,
+    MeasurementRecord,
+    iter_deepbench_conv,
+    iter_deepbench_rnn,
+    iter_justus,
+)
+from app.measurements.models import Measurement
+from app.measurements.schemas import MeasurementCreate
+from app.migrate import upgrade
+from tests.helpers import SHARED_DATA
+
+JUSTUS_K80 = SHARED_DATA / "justus2018" / "dense_Tesla_K80.csv.gz"
+DEEPBENCH = SHARED_DATA / "deepbench"
+
+
+@pytest.fixture
+def session(settings: Settings) -> Iterator[Session]:
+    """A session on this test's migrated SQLite file, catalog seeded and committed; rolled back after."""
+    upgrade(settings.database_url)
+    engine = make_engine(settings.database_url)
+    factory = make_sessionmaker(engine)
+    with factory.begin() as seeding:
+        seed_builtin(seeding, include_local=False)
+    db = factory()
+    try:
+        yield db
+    finally:
+        db.rollback()
+        db.close()
+        engine.dispose()
+
+
+def _count(session: Session, **where: str) -> int:
+    stmt = select(func.count()).select_from(Measurement)
+    for key, value in where.items():
+        stmt = stmt.where(getattr(Measurement, key) == value)
+    return int(session.scalar(stmt) or 0)
+
+
+def _head(src: Path, dst: Path, n: int, *, extra: str = "") -> Path:
+    """The header and first ``n`` rows of gzip CSV ``src`` written to ``dst`` (plus ``extra`` lines)."""
+    with gzip.open(src, "rt", newline="") as fh:
+        lines = [next(fh) for _ in range(n + 1)]
+    with gzip.open(dst, "wt", newline="") as out:
+        out.write("".join(lines) + extra)
+    return dst
+
+
+def _reported(**overrides: object) -> MeasurementCreate:
+    body = {
+        "hardware_id": "a100-sxm4-40gb", "source": "ci", "op_kind": "conv", "pass": "forward",
+        "batch_size": 32, "config": {"input_shape": [3, 32, 32], "layer": {"op": "conv2d", "out_channels": 8}},
+        "time_ms_median": 1.5, "context": {"framework": "torch 2.5", "driver": "550.54"},
+    }
+    body.update(overrides)
+    return MeasurementCreate.model_validate(body)
+
+
+def test_import_justus_file_counts_and_is_idempotent(session: Session) -> None:
+    report = service.import_records(session, records=iter_justus(JUSTUS_K80, limit=2000), batch_size=700)
+    assert report.rows_read == 2000 and report.imported == 2000 and report.skipped == 0
+    assert report.replaced == 0
+    assert report.imported_by_hardware == {"k80": 2000}
+    assert report.source_files == ["dense_Tesla_K80.csv.gz"]
+    assert _count(session, source="justus2018", hardware_id="k80") == 2000
+    row = session.scalars(select(Measurement).order_by(Measurement.id).limit(1)).one()
+    assert row.context["source_row"] == 0 and row.repetitions == 5 and row.measured_at is not None
+
+    again = service.import_records(session, records=iter_justus(JUSTUS_K80, limit=2000))
+    assert again.imported == 2000 and again.replaced == 2000
+    assert _count(session, source="justus2018") == 2000
+
+
+def test_reimport_keeps_other_files_and_reported_rows(session: Session) -> None:
+    service.create_measurement(session, data=_reported())
+    service.import_records(session, records=iter_justus(JUSTUS_K80, limit=50))
+    service.import_records(session, records=iter_deepbench_rnn(DEEPBENCH / "deepbench_rnn.csv"))
+    n_rnn = _count(session, source="deepbench")
+    service.import_records(session, records=iter_justus(JUSTUS_K80, limit=20))
+    assert _count(session, source="justus2018") == 20
+    assert _count(session, source="deepbench") == n_rnn > 0
+    assert _count(session, source="ci") == 1
+
+
+def test_deepbench_conv_report_counts_skips_per_device(session: Session) -> None:
+    report = service.import_records(session, records=iter_deepbench_conv(DEEPBENCH / "deepbench_conv.csv"))
+    assert report.rows_read == 1277
+    assert report.imported == _count(session, source="deepbench", op_kind="conv")
+    assert set(report.imported_by_hardware) == {"p100", "gtx-1080-ti", "titan-xp"}
+    assert report.skipped == sum(report.skipped_by_reason.values()) > 0
+    assert report.skipped_by_device["NV_M40"] == {"hardware_not_in_catalog": 282}
+    assert sum(sum(r.values()) for r in report.skipped_by_device.values()) == report.skipped
+    passes = set(session.scalars(select(Measurement.pass_).where(Measurement.source == "deepbench")))
+    assert passes == {"forward", "backward_input", "backward_weight"}
+
+
+def test_corrupt_file_raises_and_leaves_existing_rows(session: Session, tmp_path: Path) -> None:
+    path = _head(JUSTUS_K80, tmp_path / "dense_Tesla_K80.csv.gz", 300)
+    service.import_records(session, records=iter_justus(path))
+    session.commit()
+    ids = set(session.scalars(select(Measurement.id)))
+    assert len(ids) == 300
+
+    _head(JUSTUS_K80, path, 500, extra="12,oops,7,Tesla K80,none,32,1,1,1,0,x.pkl,none,forward\n")
+    with pytest.raises(ImportFormatError, match=r"dense_Tesla_K80\.csv\.gz: line 502: column 'in_features'"):
+        service.import_records(session, records=iter_justus(path))
+    assert set(session.scalars(select(Measurement.id))) == ids  # nothing of the bad file was written
+    session.rollback()
+    assert set(session.scalars(select(Measurement.id))) == ids
+
+
+def _record(**overrides: object) -> MeasurementRecord:
+    values: dict[str, object] = {
+        "hardware_id": "k80", "source": "justus2018", "op_kind": "gemm", "pass_": "forward", "optimizer": "none",
+        "precision": "fp32", "batch_size": 1, "config": {}, "time_ms_median": 1.0, "time_ms_std": None,
+        "repetitions": None, "context": {"source_file": "x.csv", "source_row": 0},
+    }
+    values.update(overrides)
+    return MeasurementRecord(**values)  # type: ignore[arg-type]
+
+
+def test_import_rejects_bad_records(session: Session) -> None:
+    with pytest.raises(HardwareNotFound):
+        service.import_records(session, records=[_record(hardware_id="no-such-gpu")])
+    with pytest.raises(ValueError, match="source_file"):
+        service.import_records(session, records=[_record(context={})])
+    with pytest.raises(ValueError, match="duplicate"):
+        service.import_records(session, records=[_record(), _record()])
+    with pytest.raises(ValueError, match="positive"):
+        service.import_records(session, records=[_record(time_ms_median=0.0)])
+    assert _count(session) == 0
+
+
+def test_create_and_list(session: Session) -> None:
+    created = service.create_measurement(session, data=_reported())
+    assert created.id > 0 and created.pass_ == "forward" and created.context["driver"] == "550.54"
+    service.create_measurement(session, data=_reported(hardware_id="h100-sxm", op_kind="gemm"))
+    service.import_records(session, records=iter_justus(JUSTUS_K80, limit=30))
+
+    page = service.list_measurements(session, source="justus2018", limit=10, offset=5)
+    assert page.total == 30 and page.count == 10 and page.items[0].context["source_row"] == 5
+    assert service.list_measurements(session, hardware_id="h100-sxm").total == 1
+    assert service.list_measurements(session, source="ci", op_kind="conv").total == 1
+    with pytest.raises(InvalidRequest):
+        service.list_measurements(session, limit=0)
+
+
+def test_create_rejects_unknown_hardware_and_reserved_source(session: Session) -> None:
+    with pytest.raises(HardwareNotFound):
+        service.create_measurement(session, data=_reported(hardware_id="no-such-gpu"))
+    with pytest.raises(InvalidRequest, match="reserved"):
+        service.create_measurement(session, data=_reported(source="deepbench"))
+
+
+def test_cli_import_deepbench(sqlite_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from app.measurements.cli import main
+
+    argv = ["deepbench", "--database-url", sqlite_url, "--kinds", "allreduce", "gemm", "--limit", "60"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "2 files, 120 rows read" in out and "skipped per device:" in out and "IA_KNL7250" in out
+    assert main(argv) == 0
+    assert "replaced from earlier imports" in capsys.readouterr().out
+
+    assert main(["justus", "--database-url", sqlite_url, "--data-dir", str(tmp_path)]) == 1
+    assert "no Justus CSVs" in capsys.readouterr().err
