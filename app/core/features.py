@@ -21,6 +21,13 @@ roofline times of the pass (Williams et al. 2009), so a model that predicts log-
 figures (peak FLOP/s, bandwidth, memory, SM count, clock), never a device id, for the same reason
 (Syed & Srinivasan 2021; Justus et al. 2018 use the same kind of hardware features).
 
+Feature schemas: :data:`FEATURE_NAMES` is every feature this module defines. An artifact stores the
+(ordered) subset its model reads in its metadata (``feature_names``) and :func:`select_features` picks
+those columns, so older artifacts keep working when features are added (every name keeps its
+definition forever; new features are appended). :data:`FEATURE_NAMES_V1` is the 34-feature schema of
+``layer-time-mlp-1`` (conv/gemm on GPUs); the op-kind, grouping, precision and CPU features after it
+were added for the multi-op, GPU + CPU predictor.
+
 Passes: ``"forward"`` is one forward pass; ``"train_step"`` is forward + backward + the optimizer update
 of the layer's parameters (the Justus et al. 2018 ``train_step`` measurement). Logs are natural logs of
 values clipped below at :data:`LOG_FLOOR` (so zero work gives a finite feature).
@@ -57,6 +64,28 @@ LOG_FLOOR = 1e-9
 # Clock assumed when a HardwareSpec lists neither boost nor base clock (MHz).
 DEFAULT_CLOCK_MHZ = 1000.0
 
+# Op kinds with their own one-hot flag after conv/gemm (``is_conv``/``is_gemm`` are the v1 flags).
+EXTRA_KINDS: tuple[OpKind, ...] = (
+    OpKind.CONV_TRANSPOSE,
+    OpKind.MATMUL,
+    OpKind.RECURRENT,
+    OpKind.ATTENTION,
+    OpKind.BATCHNORM,
+    OpKind.NORM,
+    OpKind.POOL,
+    OpKind.GLOBAL_POOL,
+    OpKind.ACTIVATION,
+    OpKind.ELEMENTWISE,
+    OpKind.SOFTMAX,
+    OpKind.REDUCE,
+    OpKind.DROPOUT,
+    OpKind.DATA_MOVEMENT,
+    OpKind.EMBEDDING,
+)
+
+# Precisions stored in 2 bytes (their own flag; fp32/tf32 are 0).
+HALF_PRECISIONS: frozenset[str] = frozenset({"fp16", "bf16"})
+
 RAW_FIELDS: tuple[str, ...] = (
     "is_conv",  # 1 for OpKind.CONV
     "is_gemm",  # 1 for OpKind.GEMM
@@ -81,6 +110,16 @@ RAW_FIELDS: tuple[str, ...] = (
     "memory_bytes",
     "compute_units",
     "clock_mhz",  # boost clock, else base clock, else DEFAULT_CLOCK_MHZ
+    # --- added after v1 (multi-op, CPU) ---
+    *(f"is_{k.value}" for k in EXTRA_KINDS),
+    "groups",  # conv groups (1 otherwise)
+    "seq_len",  # recurrent: time steps; matmul: rows M of the left operand; 1 otherwise
+    "in_elems",  # elements of all activation inputs
+    "out_elems",  # elements of all outputs
+    "needs_input_grad",  # 1 when backward computes the input gradient (inner layer)
+    "is_half",  # precision in HALF_PRECISIONS
+    "is_cpu",  # HardwareSpec.kind == "cpu"
+    "l2_cache_bytes",  # HardwareSpec.l2_cache_bytes (0 when unknown)
 )
 _R = {name: i for i, name in enumerate(RAW_FIELDS)}
 
@@ -112,8 +151,21 @@ FEATURE_NAMES: tuple[str, ...] = (
     "hw_log_memory_bytes",
     "hw_log_compute_units",
     "hw_log_clock_mhz",
+    # --- added after v1 ---
+    *(f"is_{k.value}" for k in EXTRA_KINDS),
+    "log_groups",
+    "is_depthwise",  # groups > 1 and groups == c_in
+    "log_seq_len",
+    "log_in_elems",
+    "log_out_elems",
+    "needs_input_grad",
+    "is_half",
+    "is_cpu",
+    "hw_log_ridge_flops_per_byte",  # ln peak / bandwidth (roofline ridge point)
+    "hw_log_l2_cache_bytes",  # ln L2 bytes (LOG_FLOOR when unknown)
 )
 ROOFLINE_FEATURE_INDEX = 0
+FEATURE_NAMES_V1: tuple[str, ...] = FEATURE_NAMES[: FEATURE_NAMES.index("hw_log_clock_mhz") + 1]
 
 
 class FeatureInput(NamedTuple):
@@ -168,7 +220,53 @@ def _geometry(layer: Layer) -> tuple[float, float, float, float, float, float, f
         n_out = layer.outputs[0].shape[-1] if layer.outputs else 1
         batch = prod(x[:-1]) if len(x) > 1 else 1
         return float(batch), 1.0, 1.0, float(k_in), float(n_out), 1.0, 1.0
-    return float(x[0] if x else 1), 1.0, 1.0, 1.0, 1.0, 1.0, 1.0
+    return _geometry_other(layer)
+
+
+def _geometry_other(layer: Layer) -> tuple[float, float, float, float, float, float, float]:
+    """Geometry of the kinds added after v1 (same tuple as :func:`_geometry`).
+
+    MatMul ``(..., M, K) @ (..., K, N)``: batch = product of the leading dims, c_in = K, c_out = N,
+    spatial = M. Recurrent: batch, c_in = input features, c_out = hidden, spatial = time steps
+    (``attrs["layout"]`` 1 = batch-first, else ONNX seq-first). Embedding: batch = number of indices,
+    c_in = vocabulary, c_out = embedding dim. Everything else (norms, pooling, activations...):
+    channels-first ``(N, C, *spatial)``: batch = N, c_in = C, c_out = output C, spatial = elements per
+    channel, kernel/stride from ``kernel_shape``/``strides``.
+    """
+    x = layer.inputs[0].shape if layer.inputs else (1,)
+    y = layer.outputs[0].shape if layer.outputs else (1,)
+    if layer.kind is OpKind.MATMUL and len(layer.inputs) >= 2 and len(x) >= 2:
+        b = layer.inputs[1].shape
+        return (
+            float(prod(x[:-2]) if len(x) > 2 else 1),
+            1.0,
+            1.0,
+            float(x[-1]),
+            float(b[-1]),
+            float(x[-2]),
+            float(x[-2]),
+        )
+    if layer.kind is OpKind.RECURRENT and len(x) == 3:
+        batch, seq = (x[0], x[1]) if int(layer.attrs.get("layout", 0)) == 1 else (x[1], x[0])
+        hidden = int(layer.attrs.get("hidden_size", 0)) or (layer.weights[1].shape[-1] if len(layer.weights) > 1 else 1)
+        return float(batch), 1.0, 1.0, float(x[2]), float(hidden), float(seq), float(seq)
+    if layer.kind is OpKind.EMBEDDING and layer.weights:
+        vocab, dim = layer.weights[0].shape[0], layer.weights[0].shape[-1]
+        return float(prod(x) if x else 1), 1.0, 1.0, float(vocab), float(dim), 1.0, 1.0
+    n = x[0] if x else 1
+    c_in = x[1] if len(x) > 1 else 1
+    c_out = y[1] if len(y) > 1 else 1
+    in_sp = prod(x) / max(n * c_in, 1)
+    out_sp = prod(y) / max(y[0] * c_out, 1) if y else 1
+    ks = tuple(layer.attrs.get("kernel_shape", ()) or ()) or (1,)
+    st = tuple(layer.attrs.get("strides", ()) or ()) or (1,)
+    kernel = prod(ks) ** (1.0 / len(ks))
+    stride = prod(st) ** (1.0 / len(st))
+    return float(n), float(kernel), float(stride), float(c_in), float(c_out), float(in_sp), float(out_sp)
+
+
+def _needs_input_grad(layer: Layer) -> bool:
+    return bool(layer.attrs.get("needs_input_grad", True))
 
 
 def raw_quantities(
@@ -192,6 +290,8 @@ def raw_quantities(
     act = str(layer.attrs.get("activation", "none")).lower()
     opt_key = OPTIMIZER_ALIASES.get(opt, opt)
     has_bias = 1.0 if len(layer.weights) > 1 else 0.0
+    groups = int(layer.attrs.get("group", 1)) if layer.kind in (OpKind.CONV, OpKind.CONV_TRANSPOSE) else 1
+    seq = out_sp if layer.kind in (OpKind.MATMUL, OpKind.RECURRENT) else 1.0
     return (
         float(layer.kind is OpKind.CONV),
         float(layer.kind is OpKind.GEMM),
@@ -212,6 +312,15 @@ def raw_quantities(
         float(train),
         *(float(opt_key == o) for o in TRAINED_OPTIMIZERS),
         *hardware_raw(hardware, precision),
+        *(float(layer.kind is k) for k in EXTRA_KINDS),
+        float(groups),
+        float(seq),
+        float(sum(t.numel for t in layer.inputs)),
+        float(sum(t.numel for t in layer.outputs)),
+        float(_needs_input_grad(layer)),
+        float(precision in HALF_PRECISIONS),
+        float(hardware.kind == "cpu"),
+        float(hardware.l2_cache_bytes or 0.0),
     )
 
 
@@ -265,6 +374,18 @@ def features_from_raw(raw: np.ndarray) -> np.ndarray:
         _log(c("memory_bytes")),
         _log(c("compute_units")),
         _log(c("clock_mhz")),
+        # --- added after v1 ---
+        *(c(f"is_{k.value}") for k in EXTRA_KINDS),
+        _log(c("groups")),
+        ((c("groups") > 1) & (c("groups") == c("c_in"))).astype(np.float64),
+        _log(c("seq_len")),
+        _log(c("in_elems")),
+        _log(c("out_elems")),
+        c("needs_input_grad"),
+        c("is_half"),
+        c("is_cpu"),
+        _log(peak) - _log(bw),
+        _log(c("l2_cache_bytes")),
     ]
     out = np.stack(cols, axis=1).astype(np.float32)
     assert out.shape[1] == len(FEATURE_NAMES)
@@ -318,6 +439,24 @@ def roofline_ms_from_raw(raw: np.ndarray) -> np.ndarray:
     compute = raw[:, _R["pass_flops"]] / raw[:, _R["peak_flops_per_s"]]
     memory = raw[:, _R["pass_bytes"]] / raw[:, _R["bandwidth_bytes_per_s"]]
     return np.maximum(compute, memory) * 1e3
+
+
+def select_features(features: np.ndarray, names: Iterable[str]) -> np.ndarray:
+    """Columns ``names`` (in that order) of a full feature matrix ``[N, len(FEATURE_NAMES)]``.
+
+    This is how an artifact trained on a subset of the features (its metadata ``feature_names``) reads
+    its input. Raises ``KeyError`` for a name this module does not define.
+    """
+    idx = [feature_index(n) for n in names]
+    return np.ascontiguousarray(np.asarray(features)[:, idx], dtype=np.float32)
+
+
+_F = {name: i for i, name in enumerate(FEATURE_NAMES)}
+
+
+def feature_index(name: str) -> int:
+    """Column of ``name`` in :data:`FEATURE_NAMES`; raises ``KeyError`` for an unknown name."""
+    return _F[name]
 
 
 def raw_index(name: str) -> int:

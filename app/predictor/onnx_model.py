@@ -1,9 +1,21 @@
 """Learned per-layer runtime predictor: the ONNX MLP exported by :mod:`app.training.train`, served with
 onnxruntime (no torch).
 
-Applies to 2-D, ungrouped convolutions (:attr:`OpKind.CONV` with a 4-D weight) and fully connected
-layers (:attr:`OpKind.GEMM`) on GPU devices; :meth:`LearnedPredictor.applies` says why not otherwise and
-the registry routes such layers to the roofline fallback.
+What it applies to comes from the artifact's metadata (``applies_to``), per hardware kind: for
+``layer-time-mlp-2`` on GPUs 2-D ungrouped convolutions and fully connected layers (Justus et al. 2018
+data), on CPUs every op kind of the CPU seed dataset (convolutions 1-D/2-D incl. grouped and depthwise,
+linear, batched matmul, LSTM/GRU, norms, pooling, activations, softmax, dropout, embedding).
+:meth:`LearnedPredictor.applies` says why not otherwise and the registry routes such layers to the
+roofline fallback. (Artifacts of the v1 schema: conv/gemm on GPUs only.)
+
+Input columns: the metadata's ``feature_names``, a subset of :data:`app.core.features.FEATURE_NAMES`
+picked with :func:`app.core.features.select_features`, so artifacts of older feature schemas keep
+loading.
+
+CPU hardware: a CPU spec whose identity (name, cores, vector width) equals a CPU in the metadata's
+``training_hardware`` is featurised with the stored spec, not with the one detected now, so serving on
+the training machine sees exactly the training features (the measured bandwidth of
+:func:`app.hardware.local.detect_local_cpu` varies between runs). Any other CPU is unseen hardware.
 
 The model predicts ln ms at p10/p50/p90 of either a forward pass or a whole training step (forward +
 backward + optimizer update), the two things the Justus et al. 2018 data measure. A training query is
@@ -23,6 +35,7 @@ activation that was never measured, or dilated convolutions.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -37,7 +50,9 @@ from app.core.features import (
     FEATURE_NAMES,
     FeatureInput,
     layer_features_batch,
+    select_features,
 )
+from app.core.hardware import HardwareSpec
 from app.core.ir import OpKind
 from app.core.roofline import roofline_time_s
 from app.predictor.base import LayerTimeEstimate, LayerTimeQuery, split_training_step
@@ -54,10 +69,13 @@ class LearnedPredictor:
     """
 
     def __init__(self, onnx_path: Path, metadata: Mapping[str, Any], *, threads: int = 1) -> None:
-        if tuple(metadata["feature_names"]) != FEATURE_NAMES:
+        names = tuple(metadata["feature_names"])
+        unknown = [n for n in names if n not in FEATURE_NAMES]
+        if unknown:
             raise ValueError(
-                f"model {onnx_path.name} was trained on other features than app.core.features.FEATURE_NAMES"
+                f"model {onnx_path.name} reads features app.core.features does not define: {', '.join(unknown)}"
             )
+        self.feature_names = names
         if not onnx_path.is_file():
             raise FileNotFoundError(onnx_path)
         opts = ort.SessionOptions()
@@ -72,47 +90,73 @@ class LearnedPredictor:
         span = np.maximum(fmax - fmin, 1e-6)
         self._lo = fmin - RANGE_MARGIN * span
         self._hi = fmax + RANGE_MARGIN * span
-        self._train_hw = frozenset(metadata.get("training_hardware", {}))
-        applies = metadata.get("applies_to", {})
-        self._optimizers = frozenset(applies.get("optimizers", ()))
-        self._precisions = frozenset(applies.get("precision", ("fp32",)))
+        train_hw: dict[str, Any] = dict(metadata.get("training_hardware", {}))
+        self._train_hw = frozenset(train_hw)
+        # stored CPU specs, by identity (name, cores, vector width): serving on the training CPU reuses them
+        self._cpu_specs: dict[tuple[str, int, int | None], HardwareSpec] = {}
+        for hw_id, d in train_hw.items():
+            if isinstance(d, Mapping) and d.get("kind") == "cpu":
+                spec = _spec_from_snapshot(hw_id, d)
+                self._cpu_specs[_cpu_identity(spec)] = spec
+        self._scope = _applies_to(metadata.get("applies_to", {}))
         self._ood_scale = tuple(float(v) for v in metadata.get("ood_hardware_interval_scale", (1.0, 1.0)))
 
-    @staticmethod
-    def applies(query: LayerTimeQuery) -> str | None:
+    def applies(self, query: LayerTimeQuery) -> str | None:
         """``None`` when this predictor can serve ``query``, else the reason it cannot."""
         layer, cost = query.layer, query.cost
         if not cost.supported:
             return "unsupported op"
-        if query.hardware.kind != "gpu":
-            return "learned model covers GPUs only"
-        if layer.kind is OpKind.GEMM:
-            return None if layer.inputs and layer.outputs else "gemm without shapes"
+        scope = self._scope.get(query.hardware.kind)
+        if scope is None:
+            return f"learned model has no measurements on {query.hardware.kind} devices"
+        if layer.kind.value not in scope["op_kinds"]:
+            return f"no measurements for op kind {layer.kind.value} on {query.hardware.kind}"
+        if not layer.inputs or not layer.outputs:
+            return "layer without shapes"
         if layer.kind is OpKind.CONV:
-            if not layer.weights or len(layer.weights[0].shape) != 4:
-                return "learned model covers 2-D convolutions only"
-            if int(layer.attrs.get("group", 1)) != 1:
+            if not layer.weights or len(layer.weights[0].shape) - 2 not in scope["conv_spatial_dims"]:
+                return "convolution rank was not measured"
+            if int(layer.attrs.get("group", 1)) != 1 and not scope["grouped_conv"]:
                 return "grouped/depthwise convolutions were not measured"
-            return None
-        return f"no measurements for op kind {layer.kind.value}"
+        if layer.kind is OpKind.MATMUL and len(layer.inputs) < 2:
+            return "matmul without two operands"
+        return None
+
+    def _canonical(self, hw: HardwareSpec) -> tuple[HardwareSpec, bool]:
+        """(spec to featurise with, whether the device is in the training data)."""
+        if hw.kind == "cpu":
+            stored = self._cpu_specs.get(_cpu_identity(hw))
+            if stored is None:
+                return hw, False
+            return dataclasses.replace(stored, id=hw.id, sources=hw.sources), True
+        return hw, hw.id in self._train_hw
 
     def run_features(self, features: np.ndarray) -> np.ndarray:
-        """Raw model output for a feature matrix ``[N, F]``: ln ms quantiles ``[N, 3]`` (one session.run)."""
-        x = np.ascontiguousarray(features, dtype=np.float32)
+        """Raw model output, ln ms quantiles ``[N, 3]`` (one session.run), for a full feature matrix
+        ``[N, len(FEATURE_NAMES)]`` (the artifact's columns are selected here) or one that already holds
+        exactly the artifact's ``feature_names`` columns."""
+        if features.shape[1] == len(FEATURE_NAMES):
+            x = select_features(features, self.feature_names)
+        elif features.shape[1] == len(self.feature_names):
+            x = np.ascontiguousarray(features, dtype=np.float32)
+        else:
+            raise ValueError(f"features must have {len(FEATURE_NAMES)} or {len(self.feature_names)} columns")
         if x.shape[0] == 0:
             return np.zeros((0, 3), dtype=np.float32)
         return self._session.run(None, {self._input: x})[0]
 
-    def _ood_notes(self, q: LayerTimeQuery, feats: np.ndarray) -> list[str]:
+    def _ood_notes(self, q: LayerTimeQuery, feats: np.ndarray, seen: bool) -> list[str]:
         notes: list[str] = []
-        if q.hardware.id not in self._train_hw:
-            notes.append(f"hardware {q.hardware.id!r} was not in the training data")
-        out = np.nonzero((feats < self._lo) | (feats > self._hi))[0]
+        if not seen:
+            notes.append(f"hardware {q.hardware.id!r} ({q.hardware.name}) was not in the training data")
+        x = select_features(feats[None, :], self.feature_names)[0]
+        out = np.nonzero((x < self._lo) | (x > self._hi))[0]
         if len(out):
-            notes.append("features outside the training range: " + ", ".join(FEATURE_NAMES[i] for i in out))
-        if q.mode == "training" and q.optimizer not in self._optimizers:
+            notes.append("features outside the training range: " + ", ".join(self.feature_names[i] for i in out))
+        scope = self._scope.get(q.hardware.kind, {})
+        if q.mode == "training" and q.optimizer not in scope.get("optimizers", ()) and q.cost.params:
             notes.append(f"optimizer {q.optimizer!r} was not measured")
-        if q.precision not in self._precisions:
+        if q.precision not in scope.get("precision", ("fp32",)):
             notes.append(f"precision {q.precision!r} was not measured")
         act = str(q.layer.attrs.get("activation", "none")).lower()
         if act not in ACTIVATIONS and act != "none":
@@ -127,19 +171,23 @@ class LearnedPredictor:
         Raises ``ValueError`` for a query :meth:`applies` rejects or with an unknown mode.
         """
         rows: list[FeatureInput] = []
+        seen_l: list[bool] = []
         for q in queries:
             reason = self.applies(q)
             if reason is not None:
                 raise ValueError(f"LearnedPredictor cannot estimate {q.layer.name!r}: {reason}")
             if q.mode not in ("training", "inference"):
                 raise ValueError(f"mode must be 'training' or 'inference', got {q.mode!r}")
-            rows.append(FeatureInput(q.layer, q.cost, q.hardware, "forward", "none", q.precision))
+            hw, seen = self._canonical(q.hardware)
+            seen_l.append(seen)
+            rows.append(FeatureInput(q.layer, q.cost, hw, "forward", "none", q.precision))
             if q.mode == "training":
-                rows.append(FeatureInput(q.layer, q.cost, q.hardware, "train_step", q.optimizer, q.precision))
+                opt = q.optimizer if q.cost.params else "none"
+                rows.append(FeatureInput(q.layer, q.cost, hw, "train_step", opt, q.precision))
         feats = layer_features_batch(rows)
         out_ln = self.run_features(feats).astype(np.float64)
         # Unseen hardware: widen the ln-space interval offsets by the leave-one-GPU-out scale.
-        unseen = np.array([q.hardware.id not in self._train_hw for q in queries for _ in range(
+        unseen = np.array([not s for q, s in zip(queries, seen_l, strict=True) for _ in range(
             1 if q.mode == "inference" else 2)], dtype=bool)  # fmt: skip
         if unseen.any():
             p50 = out_ln[unseen, 1]
@@ -148,21 +196,21 @@ class LearnedPredictor:
         out_ms = np.exp(out_ln)
         results: list[LayerTimeEstimate] = []
         i = 0
-        for q in queries:
+        for q, seen in zip(queries, seen_l, strict=True):
             f_row = i
             fwd = float(out_ms[f_row, 1])
             if q.mode == "inference":
                 i += 1
                 p10, p90 = float(out_ms[f_row, 0]), float(out_ms[f_row, 2])
-                notes = self._ood_notes(q, feats[f_row])
+                notes = self._ood_notes(q, feats[f_row], seen)
                 parts = (fwd, 0.0, 0.0)
             else:
                 t_row = i + 1
                 i += 2
                 total = float(out_ms[t_row, 1])
                 p10, p90 = float(out_ms[t_row, 0]), float(out_ms[t_row, 2])
-                notes = self._ood_notes(q, feats[t_row])
-                notes += [n for n in self._ood_notes(q, feats[f_row]) if n not in notes]
+                notes = self._ood_notes(q, feats[t_row], seen)
+                notes += [n for n in self._ood_notes(q, feats[f_row], seen) if n not in notes]
                 parts = self._split(q, total=total, forward=fwd)
             p10 = min(p10, sum(parts))
             p90 = max(p90, sum(parts))
@@ -192,6 +240,47 @@ class LearnedPredictor:
             roofline_time_s(c.backward_flops, c.backward_bytes, peak_flops_per_s=peak, bandwidth_bytes_per_s=bw) * 1e3
         )
         return split_training_step(total_ms=total, forward_ms=forward, update_ms=update, backward_min_ms=bwd_min)
+
+
+def _cpu_identity(hw: HardwareSpec) -> tuple[str, int, int | None]:
+    return (hw.name, int(hw.compute_units), hw.vector_width_bits)
+
+
+def _spec_from_snapshot(hw_id: str, d: Mapping[str, Any]) -> HardwareSpec:
+    """A :class:`HardwareSpec` from a ``training_hardware`` snapshot (``app.training.seed.hardware_to_dict``)."""
+    return HardwareSpec(
+        id=str(d.get("id", hw_id)),
+        name=str(d.get("name", hw_id)),
+        vendor=str(d.get("vendor", "")),
+        kind=d.get("kind", "gpu"),
+        peak_flops_per_s={str(k): float(v) for k, v in d.get("peak_flops_per_s", {}).items()},
+        memory_bytes=float(d.get("memory_bytes", 0.0)),
+        memory_bandwidth_bytes_per_s=float(d.get("memory_bandwidth_bytes_per_s", 0.0)),
+        compute_units=int(d.get("compute_units", 1)),
+        base_clock_mhz=d.get("base_clock_mhz"),
+        boost_clock_mhz=d.get("boost_clock_mhz"),
+        tdp_w=d.get("tdp_w"),
+        l2_cache_bytes=d.get("l2_cache_bytes"),
+        vector_width_bits=d.get("vector_width_bits"),
+        architecture=d.get("architecture"),
+    )
+
+
+def _applies_to(applies: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Scope per hardware kind from the metadata's ``applies_to`` (v2: keyed by kind; v1: one flat GPU scope)."""
+    if "op_kinds" in applies:  # v1 schema
+        applies = {str(applies.get("hardware_kind", "gpu")): applies}
+    out: dict[str, dict[str, Any]] = {}
+    for kind, a in applies.items():
+        dims = a.get("conv_spatial_dims", [2])
+        out[str(kind)] = {
+            "op_kinds": frozenset(a.get("op_kinds", ())),
+            "conv_spatial_dims": frozenset(dims if isinstance(dims, list) else [dims]),
+            "grouped_conv": bool(a.get("grouped_conv", False)),
+            "optimizers": frozenset(a.get("optimizers", ())),
+            "precision": frozenset(a.get("precision", ("fp32",))),
+        }
+    return out
 
 
 def read_metadata(path: Path) -> dict[str, Any]:

@@ -112,6 +112,8 @@ def list_versions(models_dir: Path) -> list[ModelVersion]:
         if "onnx_file" not in meta or not (models_dir / meta["onnx_file"]).is_file():
             continue
         mape = meta.get("metrics_test", {}).get("learned", {}).get("mape_pct")
+        if mape is None:  # v2 metadata: held-out GPU (Justus) rows
+            mape = meta.get("metrics_test_summary", {}).get("gpu", {}).get("mape_pct")
         found.append(
             ModelVersion(
                 stem=path.stem,

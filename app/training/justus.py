@@ -84,7 +84,7 @@ def conv_layer(
 ) -> Layer:
     """Layer IR of one Justus convolution row (NHWC, TensorFlow padding; see module docstring)."""
     out = conv_output_size(size, kernel, stride, padding)
-    weights = (Tensor(f"{name}.weight", (c_out, c_in, kernel, kernel)),)
+    weights: tuple[Tensor, ...] = (Tensor(f"{name}.weight", (c_out, c_in, kernel, kernel)),)
     if use_bias:
         weights += (Tensor(f"{name}.bias", (c_out,)),)
     return Layer(
@@ -152,9 +152,15 @@ class JustusData:
     features: np.ndarray
     source: np.ndarray  # [N, 2] int64: index into ``files``, row index within that file
     files: list[JustusFile] = field(default_factory=list)
+    precision: np.ndarray | None = None  # [N] "fp32"/"bf16"...; None means all fp32
 
     def __len__(self) -> int:
         return int(self.time_ms.shape[0])
+
+    @property
+    def precisions(self) -> np.ndarray:
+        """Precision of every row (``"fp32"`` where not recorded)."""
+        return self.precision if self.precision is not None else np.full(len(self), "fp32")
 
     def subset(self, mask: np.ndarray) -> JustusData:
         """Rows selected by a boolean mask or index array (``files`` is kept as is)."""
@@ -167,7 +173,27 @@ class JustusData:
             self.config[mask],
             self.raw[mask],
             self.features[mask],
+            self.source[mask],
             self.files,
+            None if self.precision is None else self.precision[mask],
+        )
+
+    @staticmethod
+    def concat(parts: Sequence[JustusData]) -> JustusData:
+        """Rows of ``parts`` one after the other (``files`` concatenated; ``source`` file indices shifted)."""
+        offsets = np.cumsum([0] + [len(p.files) for p in parts[:-1]])
+        return JustusData(
+            np.concatenate([p.family.astype(str) for p in parts]),
+            np.concatenate([p.gpu.astype(str) for p in parts]),
+            np.concatenate([p.pass_.astype(str) for p in parts]),
+            np.concatenate([p.optimizer.astype(str) for p in parts]),
+            np.concatenate([p.time_ms for p in parts]),
+            np.concatenate([p.config.astype(str) for p in parts]),
+            np.concatenate([p.raw for p in parts]),
+            np.concatenate([p.features for p in parts]),
+            np.concatenate([p.source + np.array([o, 0]) for p, o in zip(parts, offsets, strict=True)]),
+            [f for p in parts for f in p.files],
+            np.concatenate([p.precisions.astype(str) for p in parts]),
         )
 
 

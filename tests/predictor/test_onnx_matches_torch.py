@@ -14,9 +14,19 @@ onnx = pytest.importorskip("onnx")
 from app.core.features import FEATURE_NAMES  # noqa: E402
 from app.predictor.registry import list_versions, load_predictor  # noqa: E402
 from app.training.justus import load_justus  # noqa: E402
-from app.training.train import OPSET, calibrate, export_onnx, main, predict, train_model  # noqa: E402
+from app.training.train import (  # noqa: E402
+    MODEL_FEATURES,
+    OPSET,
+    calibrate,
+    export_onnx,
+    main,
+    model_inputs,
+    predict,
+    train_ensemble,
+)
+from tests.helpers import SHARED_DATA  # noqa: E402
 
-DATA_DIR = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "justus2018"
+DATA_DIR = SHARED_DATA / "justus2018"
 pytestmark = pytest.mark.skipif(not DATA_DIR.is_dir(), reason="../shared/data/justus2018 not present")
 
 
@@ -24,19 +34,20 @@ def test_onnxruntime_matches_torch_on_the_same_rows(tmp_path: Path) -> None:
     import onnxruntime as ort
 
     data = load_justus(DATA_DIR, sample=60, seed=1)
-    x = data.features
+    x = model_inputs(data)
     y = np.log(data.time_ms)
-    model = train_model(x, y, epochs=3, seed=1, hidden=32, depth=2, batch_size=128, log=lambda s: None)
+    # an ensemble of two members, as shipped: one ONNX graph averages them
+    model = train_ensemble(x, y, n=2, epochs=3, seed=1, hidden=32, depth=2, batch_size=128, log=lambda s: None)
     calibrate(model, x, y)
     path = tmp_path / "m.onnx"
-    export_onnx(model, path)
+    export_onnx(model, path, len(MODEL_FEATURES))
 
     proto = onnx.load(str(path))
     onnx.checker.check_model(proto)
     assert max(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")) >= OPSET
     dim0 = proto.graph.input[0].type.tensor_type.shape.dim[0]
     assert dim0.dim_param  # symbolic (dynamic) batch axis
-    assert proto.graph.input[0].type.tensor_type.shape.dim[1].dim_value == len(FEATURE_NAMES)
+    assert proto.graph.input[0].type.tensor_type.shape.dim[1].dim_value == len(MODEL_FEATURES)
 
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     got = sess.run(None, {"features": x.astype(np.float32)})[0]
@@ -50,8 +61,8 @@ def test_onnxruntime_matches_torch_on_the_same_rows(tmp_path: Path) -> None:
 
 def test_train_command_writes_a_loadable_versioned_artifact(tmp_path: Path) -> None:
     rc = main(
-        ["--data-dir", str(DATA_DIR), "--out-dir", str(tmp_path), "--sample", "80", "--epochs", "2",
-         "--hidden", "16", "--depth", "1", "--version", "t1", "--no-logo"]
+        ["--data-dir", str(DATA_DIR), "--no-cpu", "--out-dir", str(tmp_path), "--sample", "80", "--epochs", "2",
+         "--hidden", "16", "--depth", "1", "--ensemble", "1", "--version", "t1", "--no-logo"]
     )  # fmt: skip
     assert rc == 0
     assert (tmp_path / "CURRENT").read_text().strip() == "layer-time-mlp-t1"
@@ -60,6 +71,8 @@ def test_train_command_writes_a_loadable_versioned_artifact(tmp_path: Path) -> N
     predictor = load_predictor(tmp_path)
     assert predictor.version == "layer-time-mlp-t1"
     meta = predictor.learned.metadata
-    assert meta["feature_names"] == list(FEATURE_NAMES)
-    assert meta["metrics_test"]["learned"]["mape_pct"] > 0
+    assert meta["feature_names"] == list(MODEL_FEATURES)
+    assert set(meta["feature_names"]) <= set(FEATURE_NAMES)
+    assert meta["metrics_test_summary"]["gpu"]["mape_pct"] > 0
     assert len(meta["training_data"]["files"]) == 10
+    assert (tmp_path / meta["weights_file"]).is_file()  # torch weights for layercast finetune

@@ -87,21 +87,63 @@ def test_larger_layer_takes_longer(predictor) -> None:
 
 
 @pytest.mark.parametrize("layer", [_softmax(), _lstm()], ids=["softmax", "lstm"])
-def test_other_op_kinds_fall_back_to_roofline(predictor, layer: Layer) -> None:
+def test_other_op_kinds_on_gpu_fall_back_to_roofline(predictor, layer: Layer) -> None:
     (est,) = predictor.estimate([_q(layer, "p100")])
     assert est.method == "roofline"
     assert est.total_ms > 0 and est.total_ms_p10 < est.total_ms < est.total_ms_p90
 
 
-def test_cpu_falls_back_to_roofline(predictor) -> None:
+def _training_cpu(predictor) -> HardwareSpec:
+    from app.predictor.onnx_model import _spec_from_snapshot
+
+    (hw_id, snap), = [(k, v) for k, v in predictor.learned.metadata["training_hardware"].items()
+                      if v.get("kind") == "cpu"]  # fmt: skip
+    return _spec_from_snapshot(hw_id, snap)
+
+
+def test_training_cpu_is_learned_and_in_distribution(predictor) -> None:
+    hw = _training_cpu(predictor)
+    layer = _conv()
+    (est,) = predictor.estimate([LayerTimeQuery(layer, layer_cost(layer), hw, "training", "adam")])
+    assert est.method == "learned" and not any("hardware" in n for n in est.notes), est.notes
+    assert est.forward_ms > 0 and est.backward_ms > 0
+
+
+def test_same_cpu_detected_again_uses_the_stored_spec(predictor) -> None:
+    """A re-detected local CPU (bandwidth measured anew) gets exactly the training features."""
+    import dataclasses
+
+    hw = _training_cpu(predictor)
+    again = dataclasses.replace(hw, memory_bandwidth_bytes_per_s=hw.memory_bandwidth_bytes_per_s * 0.9)
+    layer = _conv()
+    a, b = predictor.estimate([LayerTimeQuery(layer, layer_cost(layer), h, "inference", "none") for h in (hw, again)])
+    assert a.total_ms == b.total_ms and not b.out_of_distribution
+
+
+def test_unseen_cpu_is_learned_but_flagged(predictor) -> None:
     hw = HardwareSpec(
-        id="local", name="test CPU", vendor="x", kind="cpu", peak_flops_per_s={"fp32": 5e11},
+        id="other-cpu", name="test CPU", vendor="x", kind="cpu", peak_flops_per_s={"fp32": 5e11},
         memory_bytes=16e9, memory_bandwidth_bytes_per_s=20e9, compute_units=8,
     )  # fmt: skip
     layer = _conv()
     (est,) = predictor.estimate([LayerTimeQuery(layer, layer_cost(layer), hw, "inference", "none")])
-    assert est.method == "roofline"
+    assert est.method == "learned" and est.out_of_distribution
     assert est.forward_ms > 0
+
+
+def test_cpu_ops_without_measurements_fall_back(predictor) -> None:
+    hw = _training_cpu(predictor)
+    x = Tensor("x", (8, 64))
+    add = Layer("add", "Add", OpKind.ELEMENTWISE, (x, x), (Tensor("y", (8, 64)),))
+    (est,) = predictor.estimate([LayerTimeQuery(add, layer_cost(add), hw, "inference", "none")])
+    assert est.method == "roofline"
+
+
+def test_old_versions_stay_loadable() -> None:
+    for v in list_versions(MODELS_DIR):
+        p = load_predictor(MODELS_DIR, stem=v.stem)
+        (est,) = p.estimate([_q(_conv(), "p100")])
+        assert est.method == "learned" and est.total_ms > 0
 
 
 def test_unseen_gpu_is_flagged_out_of_distribution(predictor) -> None:
@@ -124,16 +166,35 @@ def test_unsupported_layer_is_rejected(predictor) -> None:
         RooflinePredictor().estimate([_q(layer, "p100")])
 
 
-def test_shipped_metadata_reports_held_out_metrics_better_than_baselines(predictor) -> None:
+def test_shipped_metadata_lists_scope_and_held_out_metrics(predictor) -> None:
     meta = predictor.learned.metadata
-    test = meta["metrics_test"]
-    learned = test["learned"]["mape_pct"]
-    assert 0 < learned < test["baseline_flop_linear_per_gpu"]["mape_pct"]
-    assert learned < test["baseline_roofline_fitted"]["mape_pct"]
-    assert test["learned"]["n"] == test["baseline_flop_linear_per_gpu"]["n"]  # same rows
-    assert 60 <= test["learned"]["coverage_80_pct"] <= 95
-    assert set(meta["metrics_leave_one_gpu_out"]) >= {"k40", "k80", "m60", "gtx-1080-ti", "p100"}
+    test = meta["metrics_test_summary"]
+    assert 0 < test["gpu"]["mape_pct"] < 15 and 0 < test["cpu"]["mape_pct"] < 40
+    assert 70 <= test["gpu"]["coverage_80_pct"] <= 90 and 70 <= test["cpu"]["coverage_80_pct"] <= 90
+    assert set(meta["applies_to"]) == {"gpu", "cpu"}
+    assert {"conv", "gemm", "matmul", "recurrent", "batchnorm", "embedding"} <= set(
+        meta["applies_to"]["cpu"]["op_kinds"]
+    )
     assert sum(1 for v in list_versions(MODELS_DIR) if v.current) == 1
+
+
+def test_evaluation_report_describes_the_shipped_predictor(predictor) -> None:
+    """reports/evaluation.json (``layercast evaluate``) was made with the active artifact, and the learned
+    model beats the FLOP-linear, roofline and lookup baselines on the same held-out rows."""
+    import json
+
+    rep = json.loads((MODELS_DIR.parent / "reports" / "evaluation.json").read_text())
+    assert rep["predictor"] == predictor.version
+    for kind in ("gpu", "cpu"):
+        b = rep["held_out"][kind]
+        learned = b["learned"]["mape_pct"]
+        assert b["learned"]["n"] == b["flop_linear"]["n"] == b["roofline_fitted"]["n"]
+        assert learned < b["flop_linear"]["mape_pct"] and learned < b["roofline_fitted"]["mape_pct"]
+        assert learned < b["lookup_nn"]["mape_pct"]
+    # leave-one-GPU-out was run for every Justus GPU and beats the roofline fitted on the other four
+    assert set(rep["logo"]["per_gpu"]) == {"k40", "k80", "m60", "gtx-1080-ti", "p100"}
+    assert rep["logo"]["mean_mape_pct"] < rep["logo"]["mean_roofline_mape_pct"]
+    assert 70 <= rep["held_out"]["all_coverage_80_pct"] <= 90
 
 
 def test_split_training_step_keeps_components_positive() -> None:

@@ -17,8 +17,11 @@ def _queries(mode: str):
         batch_size=32,
     )
     hw = load_catalog()["p100"]
-    return hw, g, [LayerTimeQuery(layer=x, cost=layer_cost(x), hardware=hw, mode=mode, optimizer="sgd")
-                   for x in g.layers]
+    return (
+        hw,
+        g,
+        [LayerTimeQuery(layer=x, cost=layer_cost(x), hardware=hw, mode=mode, optimizer="sgd") for x in g.layers],
+    )
 
 
 def test_streaming_op_time_is_bytes_over_achievable_bandwidth() -> None:

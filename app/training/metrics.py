@@ -1,0 +1,183 @@
+"""Accuracy metrics and the baselines every learned predictor is compared with (DESIGN.md "Judging accuracy").
+
+Metrics (on ms, never on logs): MAPE, RMSPE, share of rows within ±10 %, Spearman rank correlation, and
+for intervals the share of truths inside ``[p10, p90]`` (and below / above it).
+
+Baselines, fitted on training rows only and evaluated on the same held-out rows as the learned model:
+
+* **FLOP-linear per hardware** — least squares ``time_ms = a + b · pass_flops`` for each device
+  (Justus et al. 2018's linear baseline);
+* **roofline** — pure ``max(F/P, B/W)`` (Williams et al. 2009) and the fitted fallback of
+  :mod:`app.predictor.roofline` (efficiency + per-pass floor, fitted per hardware kind);
+* **lookup table (nearest neighbour)** — the measured time of the closest *measured* configuration on the
+  same device, op family, pass and precision (distance over standardised log geometry, FLOPs and
+  optimizer), i.e. a latency lookup table that answers unseen configurations with its nearest entry
+  (the ProxylessNAS-style table Syed & Srinivasan 2021 compare against).
+
+Pure numpy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from app.core.features import feature_index, raw_index, roofline_ms_from_raw
+from app.training.justus import JustusData
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman rank correlation (ties broken by order; NaN for fewer than 2 rows)."""
+    if len(a) < 2:
+        return float("nan")
+    ra = np.argsort(np.argsort(a)).astype(np.float64)
+    rb = np.argsort(np.argsort(b)).astype(np.float64)
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def metrics(
+    true_ms: np.ndarray, pred_ms: np.ndarray, lo_ms: np.ndarray | None = None, hi_ms: np.ndarray | None = None
+) -> dict[str, float]:
+    """MAPE, RMSPE, within ±10 % (all in %), Spearman; plus 80 % interval coverage when bounds are given."""
+    true_ms = np.asarray(true_ms, dtype=np.float64)
+    pred_ms = np.asarray(pred_ms, dtype=np.float64)
+    if len(true_ms) == 0:
+        return {"n": 0}
+    rel = (pred_ms - true_ms) / true_ms
+    out: dict[str, float] = {
+        "n": int(len(true_ms)),
+        "mape_pct": float(np.mean(np.abs(rel)) * 100),
+        "rmspe_pct": float(np.sqrt(np.mean(rel**2)) * 100),
+        "within_10pct": float(np.mean(np.abs(rel) <= 0.10) * 100),
+        "spearman": spearman(true_ms, pred_ms),
+    }
+    if lo_ms is not None and hi_ms is not None:
+        out["coverage_80_pct"] = float(np.mean((true_ms >= lo_ms) & (true_ms <= hi_ms)) * 100)
+        out["below_p10_pct"] = float(np.mean(true_ms < lo_ms) * 100)
+        out["above_p90_pct"] = float(np.mean(true_ms > hi_ms) * 100)
+    return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in out.items()}
+
+
+def grouped(
+    data: JustusData,
+    pred: np.ndarray,
+    lo: np.ndarray | None = None,
+    hi: np.ndarray | None = None,
+    *,
+    by: Sequence[str] = ("op", "pass", "hardware", "precision"),
+) -> dict[str, Any]:
+    """:func:`metrics` per op family, pass, hardware id and precision (keys of ``by``)."""
+    cols: dict[str, np.ndarray] = {
+        "op": data.family,
+        "pass": data.pass_,
+        "hardware": data.gpu,
+        "precision": data.precisions,
+    }
+    out: dict[str, Any] = {}
+    for name in by:
+        values = cols[name]
+        out[name] = {}
+        for v in np.unique(values):
+            m = values == v
+            out[name][str(v)] = metrics(
+                data.time_ms[m], pred[m], None if lo is None else lo[m], None if hi is None else hi[m]
+            )
+    return out
+
+
+# ---------------------------------------------------------------- baselines
+
+
+def flop_linear_fit(data: JustusData) -> dict[str, tuple[float, float]]:
+    """Least squares ``time_ms = a + b · pass_flops`` per hardware id (Justus et al. 2018's linear baseline)."""
+    flops = data.raw[:, raw_index("pass_flops")]
+    coef: dict[str, tuple[float, float]] = {}
+    for g in np.unique(data.gpu):
+        m = data.gpu == g
+        a_mat = np.stack([np.ones(int(m.sum())), flops[m]], axis=1)
+        sol, *_ = np.linalg.lstsq(a_mat, data.time_ms[m], rcond=None)
+        coef[str(g)] = (float(sol[0]), float(sol[1]))
+    return coef
+
+
+def flop_linear_predict(data: JustusData, coef: Mapping[str, tuple[float, float]]) -> np.ndarray:
+    """Predictions of :func:`flop_linear_fit` in ms (may be ≤ 0, as the linear model allows).
+
+    A device without coefficients gets NaN (the baseline cannot answer for unseen hardware).
+    """
+    flops = data.raw[:, raw_index("pass_flops")]
+    a = np.array([coef[g][0] if g in coef else np.nan for g in data.gpu])
+    b = np.array([coef[g][1] if g in coef else np.nan for g in data.gpu])
+    return a + b * flops
+
+
+def pure_roofline_ms(data: JustusData) -> np.ndarray:
+    """Pure roofline time of each row's pass in ms (100 % of peak, no floor)."""
+    return roofline_ms_from_raw(data.raw)
+
+
+# Columns of the lookup-table distance: log geometry, log FLOPs, optimizer one-hots.
+_NN_FEATURES: tuple[str, ...] = (
+    "log_batch",
+    "log_kernel",
+    "log_stride",
+    "log_c_in",
+    "log_c_out",
+    "log_in_spatial",
+    "log_out_spatial",
+    "log_groups",
+    "log_seq_len",
+    "log_in_elems",
+    "log_forward_flops",
+    "has_bias",
+    "opt_sgd",
+    "opt_momentum",
+    "opt_adagrad",
+    "opt_adadelta",
+    "opt_adam",
+    "opt_rmsprop",
+)
+
+
+def _nn_key(data: JustusData) -> np.ndarray:
+    return np.char.add(
+        np.char.add(np.char.add(data.gpu.astype(str), "|"), np.char.add(data.family.astype(str), "|")),
+        np.char.add(np.char.add(data.pass_.astype(str), "|"), data.precisions.astype(str)),
+    )
+
+
+def nearest_neighbour_predict(train: JustusData, test: JustusData, *, chunk: int = 2048) -> np.ndarray:
+    """Lookup-table baseline: measured time of the nearest training row with the same device, family,
+    pass and precision (Euclidean distance over standardised :data:`_NN_FEATURES`). Rows whose key has
+    no training row get NaN (a lookup table cannot answer for an unmeasured device/op).
+    """
+    cols = [feature_index(n) for n in _NN_FEATURES]
+    xtr = train.features[:, cols].astype(np.float64)
+    xte = test.features[:, cols].astype(np.float64)
+    std = xtr.std(axis=0)
+    std = np.where(std > 1e-9, std, 1.0)
+    xtr, xte = xtr / std, xte / std
+    ktr, kte = _nn_key(train), _nn_key(test)
+    out = np.full(len(test), np.nan)
+    for key in np.unique(kte):
+        itr = np.nonzero(ktr == key)[0]
+        ite = np.nonzero(kte == key)[0]
+        if len(itr) == 0:
+            continue
+        a = xtr[itr]
+        a2 = (a**2).sum(axis=1)
+        for s in range(0, len(ite), chunk):
+            b = xte[ite[s : s + chunk]]
+            d = a2[None, :] - 2 * b @ a.T
+            out[ite[s : s + chunk]] = train.time_ms[itr[np.argmin(d, axis=1)]]
+    return out
+
+
+def finite_metrics(true_ms: np.ndarray, pred_ms: np.ndarray) -> dict[str, float]:
+    """:func:`metrics` over the rows where ``pred_ms`` is finite, with ``answered_pct`` (share of rows)."""
+    ok = np.isfinite(pred_ms)
+    out = metrics(true_ms[ok], pred_ms[ok])
+    out["answered_pct"] = round(float(ok.mean() * 100), 4) if len(ok) else 0.0
+    return out
