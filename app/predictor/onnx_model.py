@@ -28,6 +28,13 @@ Intervals are the model's calibrated p10/p90; on hardware absent from the traini
 offsets from p50 are widened by ``metadata["ood_hardware_interval_scale"]`` (calibrated by
 leave-one-GPU-out in :mod:`app.training.train`).
 
+GPUs outside the training set that are faster than all of them (fp32 peak or bandwidth more than
+:data:`app.predictor.transfer.EXTRAPOLATION_MARGIN` above every training GPU's: V100, A100, H100...): the
+learned model extrapolates badly there, so each row is predicted on the training GPUs (in distribution)
+and scaled by the ratio of roofline times, overhead floor unscaled (:func:`app.predictor.transfer.served_transfer`,
+Habitat-style wave scaling; note "transferred from ... by roofline ratio"). Other unseen GPUs keep the
+learned model's own prediction. Chosen leave-one-GPU-out (:mod:`app.training.evaluate`).
+
 Out of distribution (flag + note): hardware id not among the training GPUs, any feature outside the
 training range widened by :data:`RANGE_MARGIN` of its span on each side, an optimizer, precision or
 activation that was never measured, or dilated convolutions.
@@ -49,13 +56,15 @@ from app.core.features import (
     ACTIVATIONS,
     FEATURE_NAMES,
     FeatureInput,
-    layer_features_batch,
+    features_from_raw,
+    raw_matrix,
     select_features,
 )
 from app.core.hardware import HardwareSpec
 from app.core.ir import OpKind
 from app.core.roofline import roofline_time_s
 from app.predictor.base import LayerTimeEstimate, LayerTimeQuery, split_training_step
+from app.predictor.transfer import served_transfer
 
 RANGE_MARGIN = 0.05
 
@@ -100,6 +109,13 @@ class LearnedPredictor:
                 self._cpu_specs[_cpu_identity(spec)] = spec
         self._scope = _applies_to(metadata.get("applies_to", {}))
         self._ood_scale = tuple(float(v) for v in metadata.get("ood_hardware_interval_scale", (1.0, 1.0)))
+        self._gpu_refs = [
+            _spec_from_snapshot(hw_id, d)
+            for hw_id, d in train_hw.items()
+            if isinstance(d, Mapping) and d.get("kind", "gpu") == "gpu"
+        ]
+        roof = metadata.get("roofline") or {}
+        self._floor_ms = (float(roof.get("floor_forward_ms", 0.0)), float(roof.get("floor_train_step_ms", 0.0)))
 
     def applies(self, query: LayerTimeQuery) -> str | None:
         """``None`` when this predictor can serve ``query``, else the reason it cannot."""
@@ -184,8 +200,11 @@ class LearnedPredictor:
             if q.mode == "training":
                 opt = q.optimizer if q.cost.params else "none"
                 rows.append(FeatureInput(q.layer, q.cost, hw, "train_step", opt, q.precision))
-        feats = layer_features_batch(rows)
+        raw = raw_matrix(rows)
+        feats = features_from_raw(raw)
         out_ln = self.run_features(feats).astype(np.float64)
+        row_q = np.array([k for k, q in enumerate(queries) for _ in range(1 if q.mode == "inference" else 2)])
+        transfer_notes = self._transfer(queries, seen_l, rows, raw, row_q, out_ln)
         # Unseen hardware: widen the ln-space interval offsets by the leave-one-GPU-out scale.
         unseen = np.array([not s for q, s in zip(queries, seen_l, strict=True) for _ in range(
             1 if q.mode == "inference" else 2)], dtype=bool)  # fmt: skip
@@ -212,6 +231,8 @@ class LearnedPredictor:
                 notes = self._ood_notes(q, feats[t_row], seen)
                 notes += [n for n in self._ood_notes(q, feats[f_row], seen) if n not in notes]
                 parts = self._split(q, total=total, forward=fwd)
+            if q.hardware.id in transfer_notes:
+                notes.append(transfer_notes[q.hardware.id])
             p10 = min(p10, sum(parts))
             p90 = max(p90, sum(parts))
             results.append(
@@ -227,6 +248,40 @@ class LearnedPredictor:
                 )
             )
         return results
+
+    def _transfer(
+        self,
+        queries: Sequence[LayerTimeQuery],
+        seen_l: Sequence[bool],
+        rows: Sequence[FeatureInput],
+        raw: np.ndarray,
+        row_q: np.ndarray,
+        out_ln: np.ndarray,
+    ) -> dict[str, str]:
+        """Rows on a GPU outside the training set that extrapolates beyond it: replace ``out_ln`` (in
+        place) by the roofline-ratio transfer from the training GPUs (:mod:`app.predictor.transfer`).
+        Returns a note per transferred hardware id."""
+        notes: dict[str, str] = {}
+        if not len(raw) or not self._gpu_refs:
+            return notes
+        by_hw: dict[str, list[int]] = {}
+        for k, (q, seen) in enumerate(zip(queries, seen_l, strict=True)):
+            if not seen and q.hardware.kind == "gpu":
+                by_hw.setdefault(q.hardware.id, []).append(k)
+        for hw_id, ks in by_hw.items():
+            idx = np.nonzero(np.isin(row_q, ks))[0]
+            t = served_transfer(
+                lambda x: self.run_features(x).astype(np.float64),
+                raw[idx],
+                target=queries[ks[0]].hardware,
+                refs=self._gpu_refs,
+                floor_ms=self._floor_ms,
+                precisions=[rows[int(i)].precision for i in idx],
+            )
+            if t is not None:
+                out_ln[idx] = t.ln_ms
+                notes[hw_id] = f"transferred from {', '.join(t.references)} by roofline ratio"
+        return notes
 
     @staticmethod
     def _split(q: LayerTimeQuery, *, total: float, forward: float) -> tuple[float, float, float]:

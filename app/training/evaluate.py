@@ -14,7 +14,11 @@ What it measures (DESIGN.md "Judging accuracy"), all on rows the shipped model n
 2. **Leave-one-GPU-out** — for each of the five Justus GPUs, the artifact's recipe (metadata ``recipe``)
    retrained without any row of that GPU (training, normalisation, calibration), tested on its test
    configurations; the roofline fitted on the other four is the baseline (FLOP-linear and lookup tables
-   are per-device and cannot answer for an unseen GPU).
+   are per-device and cannot answer for an unseen GPU). The headline (``learned``, ``mean_mape_pct``) is
+   what serving does for a GPU outside the training set (:func:`app.predictor.transfer.served_transfer`:
+   roofline-ratio transfer from the four training GPUs when the held-out GPU extrapolates beyond them,
+   else the fold model); the plain fold model (``learned_plain_ood_widened``) and the transfer variants
+   of :data:`TRANSFER_VARIANTS` are reported alongside.
 3. **End-to-end training iterations on the CPU** — each whole model of the profiler's e2e records is
    exported to ONNX (:func:`app.profiler.e2e.export_onnx`), imported with
    :func:`app.core.onnx_import.import_onnx` at the measured batch size, analysed with
@@ -321,15 +325,26 @@ def markdown(report: dict[str, Any]) -> str:
     logo = report.get("logo")
     if logo:
         lines += ["## Leave-one-GPU-out (recipe retrained without the GPU; its test configurations)", "",
-                  "| held-out GPU | n | learned MAPE | within ±10 % | Spearman | coverage (OOD-widened) | "
-                  "roofline fitted on the others |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+                  "Served path (LearnedPredictor for a GPU outside its training set): the learned model, or, when "
+                  "the GPU's fp32 peak or bandwidth exceeds every training GPU's by > 25 %, the learned "
+                  "prediction on the training GPUs scaled by the roofline ratio (app.predictor.transfer).", "",
+                  "| held-out GPU | n | served MAPE | within ±10 % | Spearman | coverage (OOD-widened) | "
+                  "plain learned MAPE | roofline fitted on the others | served path |",
+                  "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for g, m in logo["per_gpu"].items():
             lines.append(f"| {g} | {m['learned']['n']} | {_fmt(m['learned']['mape_pct'])} | "
                          f"{_fmt(m['learned']['within_10pct'])} | {_fmt(m['learned']['spearman'], False)} | "
                          f"{_fmt(m['learned_ood_widened']['coverage_80_pct'])} | "
-                         f"{_fmt(m['roofline_fitted']['mape_pct'])} |")  # fmt: skip
+                         f"{_fmt(m['learned_plain_ood_widened']['mape_pct'])} | "
+                         f"{_fmt(m['roofline_fitted']['mape_pct'])} | {m['served_path']} |")  # fmt: skip
         lines += [f"| **mean** | | **{_fmt(logo['mean_mape_pct'])}** | {_fmt(logo['mean_within_10pct'])} | | "
-                  f"{_fmt(logo['mean_ood_coverage_80_pct'])} | {_fmt(logo['mean_roofline_mape_pct'])} |", "",
+                  f"{_fmt(logo['mean_ood_coverage_80_pct'])} | {_fmt(logo['mean_plain_learned_mape_pct'])} | "
+                  f"{_fmt(logo['mean_roofline_mape_pct'])} | |", "",
+                  "Transfer variants (roofline-ratio scaling, Habitat-style; mean over held-out GPUs):", "",
+                  "| variant | " + " | ".join(logo["per_gpu"]) + " | mean MAPE |",
+                  "|---|" + "---|" * (len(logo["per_gpu"]) + 1),
+                  *[f"| {k} | " + " | ".join(_fmt(m[k]["mape_pct"]) for m in logo["per_gpu"].values())
+                    + f" | {_fmt(v['mean_mape_pct'])} |" for k, v in logo["transfer_variants"].items()], "",
                   "FLOP-linear and lookup-table baselines are per device: they have no answer for an unseen GPU.",
                   "Paper (Justus et al. 2018): unseen GPU 39.6 % MAPE.", ""]  # fmt: skip
     e2e = report.get("e2e")
@@ -472,24 +487,38 @@ def logo_block(
     va = JustusData.concat([p[1] for p in parts.values()])
     te = JustusData.concat([p[2] for p in parts.values()])
     folds = leave_one_gpu_out(tr, va, te, recipe=recipe, seed=seed, log=log)
+    catalog = load_hardware_catalog()
     per: dict[str, Any] = {}
     gtr, gva = parts["gpu"][0], parts["gpu"][1]
     for g, f in folds.items():
         te_g = f["test"]
-        p = f["pred_ln"]
+        p_plain = f["pred_ln"]
         s_lo, s_hi = ood_scale([folds[h]["val_ratios"] for h in folds if h != g])
+        roof, consts = _roofline_fitted(gtr.subset(gtr.gpu != g), gva.subset(gva.gpu != g), te_g, "logo")
+        refs = [h for h in folds if h != g]
+        transfers = _logo_transfers(f, g, consts, names=recipe["feature_names"], scale=(s_lo, s_hi),
+                                    catalog=catalog, refs=refs)  # fmt: skip
+        # the headline: exactly what LearnedPredictor serves for a GPU outside its training set
+        served = _served_ln(f, g, consts, names=recipe["feature_names"], catalog=catalog, refs=refs)
+        p = served.ln_ms if served is not None else p_plain
         lo = np.exp(p[:, 1] - (p[:, 1] - p[:, 0]) * s_lo)
         hi = np.exp(p[:, 1] + (p[:, 2] - p[:, 1]) * s_hi)
-        roof, _ = _roofline_fitted(gtr.subset(gtr.gpu != g), gva.subset(gva.gpu != g), te_g, "logo")
+        lo_pl = np.exp(p_plain[:, 1] - (p_plain[:, 1] - p_plain[:, 0]) * s_lo)
+        hi_pl = np.exp(p_plain[:, 1] + (p_plain[:, 2] - p_plain[:, 1]) * s_hi)
         per[g] = {
+            "served_path": (f"transferred from {', '.join(served.references)} by roofline ratio"
+                            if served is not None else "learned model"),  # fmt: skip
             "learned": metrics(te_g.time_ms, np.exp(p[:, 1]), np.exp(p[:, 0]), np.exp(p[:, 2])),
+            "learned_plain_ood_widened": metrics(te_g.time_ms, np.exp(p_plain[:, 1]), lo_pl, hi_pl),
             "learned_ood_widened": metrics(te_g.time_ms, np.exp(p[:, 1]), lo, hi),
             "learned_by_op": {
                 str(o): metrics(te_g.time_ms[te_g.family == o], np.exp(p[te_g.family == o, 1]))
                 for o in np.unique(te_g.family)
             },  # fmt: skip
             "roofline_fitted": metrics(te_g.time_ms, roof),
+            **transfers,
         }
+        log(f"LOGO {g}: " + ", ".join(f"{k} {v['mape_pct']:.1f} %" for k, v in transfers.items()))
     vals = list(per.values())
     return {
         "recipe": {k: (list(v) if isinstance(v, tuple) else v) for k, v in recipe.items() if k != "feature_names"},
@@ -500,7 +529,93 @@ def logo_block(
             float(np.mean([v["learned_ood_widened"]["coverage_80_pct"] for v in vals])), 4
         ),
         "mean_roofline_mape_pct": round(float(np.mean([v["roofline_fitted"]["mape_pct"] for v in vals])), 4),
+        "mean_plain_learned_mape_pct": round(
+            float(np.mean([v["learned_plain_ood_widened"]["mape_pct"] for v in vals])), 4
+        ),
+        "transfer_variants": {
+            k: {"mean_mape_pct": round(float(np.mean([v[k]["mape_pct"] for v in vals])), 4),
+                "mean_within_10pct": round(float(np.mean([v[k]["within_10pct"] for v in vals])), 4),
+                "mean_coverage_80_pct": round(float(np.mean([v[k]["coverage_80_pct"] for v in vals])), 4)}
+            for k in TRANSFER_VARIANTS
+        },  # fmt: skip
     }
+
+
+#: Cross-GPU transfer variants evaluated leave-one-GPU-out (:mod:`app.predictor.transfer`): name → (reference,
+#: overhead, blend weight b of the transfer in ln space (1 − b on the plain learned prediction), gate: False =
+#: always, True = target peak or bandwidth > 1.05 × every training GPU's, "1.25" = the same at 1.25 (served),
+#: "bw" = bandwidth > 1.05 × only; otherwise the plain learned prediction).
+TRANSFER_VARIANTS: dict[str, tuple[str, str, float, bool | str]] = {
+    "transfer_nearest_floor": ("nearest", "floor", 1.0, False),
+    "transfer_weighted_floor": ("weighted", "floor", 1.0, False),
+    "transfer_nearest_pure_ratio": ("nearest", "none", 1.0, False),
+    "blend_nearest": ("nearest", "floor", 0.5, False),
+    "blend_weighted": ("weighted", "floor", 0.5, False),
+    "gated105_weighted": ("weighted", "floor", 1.0, True),
+    "gated105_blend_weighted": ("weighted", "floor", 0.5, True),
+    "gated_bw_weighted": ("weighted", "floor", 1.0, "bw"),
+    "gated125_weighted": ("weighted", "floor", 1.0, "1.25"),
+}
+
+
+def _served_ln(
+    fold: Mapping[str, Any], gpu: str, consts: Any, *, names: Sequence[str], catalog: Mapping[str, Any],
+    refs: Sequence[str],
+) -> Any:
+    """:func:`app.predictor.transfer.served_transfer` on the fold (``None``: the learned prediction is served)."""
+    from app.core.features import select_features
+    from app.predictor.transfer import served_transfer
+    from app.training.train import predict
+
+    model = fold["model"]
+    return served_transfer(lambda x: predict(model, select_features(x, names)), fold["test"].raw,
+                           target=catalog[gpu], refs=[catalog[h] for h in refs],
+                           floor_ms=(consts.floor_forward_ms, consts.floor_train_step_ms))  # fmt: skip
+
+
+def _logo_transfers(
+    fold: Mapping[str, Any],
+    gpu: str,
+    consts: Any,
+    *,
+    names: Sequence[str],
+    scale: tuple[float, float],
+    catalog: Mapping[str, Any],
+    refs: Sequence[str],
+) -> dict[str, Any]:
+    """Metrics of each :data:`TRANSFER_VARIANTS` on the held-out GPU's test rows (fold model, references =
+    the fold's training GPUs, floor = the roofline fitted on them), intervals widened by the OOD scale."""
+    from app.core.features import select_features
+    from app.predictor.transfer import transfer_ln
+    from app.training.train import predict
+
+    te_g = fold["test"]
+    model = fold["model"]
+
+    def predict_ln(feats: np.ndarray) -> np.ndarray:
+        return predict(model, select_features(feats, names))
+
+    out: dict[str, Any] = {}
+    for key, (ref, ovh, b, gate) in TRANSFER_VARIANTS.items():
+        t, rs = catalog[gpu], [catalog[h] for h in refs]
+        outside = (t.peak_for("fp32") > max(r.peak_for("fp32") for r in rs) * 1.05
+                   or t.memory_bandwidth_bytes_per_s > max(r.memory_bandwidth_bytes_per_s for r in rs) * 1.05)
+        if gate == "1.25":
+            from app.predictor.transfer import extrapolates
+
+            outside = extrapolates(t, rs, 1.25)
+        if gate == "bw":
+            outside = t.memory_bandwidth_bytes_per_s > max(r.memory_bandwidth_bytes_per_s for r in rs) * 1.05
+        if gate and not outside:
+            b = 0.0
+        p = (1 - b) * fold["pred_ln"] + b * transfer_ln(
+            predict_ln, te_g.raw, target=catalog[gpu], refs=[catalog[h] for h in refs],
+            floor_ms=(consts.floor_forward_ms, consts.floor_train_step_ms), reference=ref,
+            overhead=ovh).ln_ms  # fmt: skip
+        lo = np.exp(p[:, 1] - (p[:, 1] - p[:, 0]) * scale[0])
+        hi = np.exp(p[:, 1] + (p[:, 2] - p[:, 1]) * scale[1])
+        out[key] = metrics(te_g.time_ms, np.exp(p[:, 1]), lo, hi)
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -485,9 +485,9 @@ def leave_one_gpu_out(
 ) -> dict[str, Any]:
     """For each GPU: train and calibrate the recipe without any of its rows, predict its test rows.
 
-    Returns ``{gpu: {"pred_ln": [N, 3], "test": JustusData, "val_ratios": (lo, hi)}}``; ``val_ratios`` are
-    the interval misfits on the held-out GPU's validation rows (used, pooled over the *other* folds, to
-    widen intervals on unseen hardware).
+    Returns ``{gpu: {"pred_ln": [N, 3], "test": JustusData, "model": the fold's model, "val_ratios": (lo, hi)}}``;
+    ``val_ratios`` are the interval misfits on the held-out GPU's validation rows (used, pooled over the *other*
+    folds, to widen intervals on unseen hardware).
     """
     names = tuple(recipe.get("feature_names", MODEL_FEATURES))
     gpus = list(gpus) if gpus is not None else sorted({str(g) for g in np.unique(tr.gpu) if g in GPU_IDS.values()})
@@ -502,6 +502,7 @@ def leave_one_gpu_out(
         out[g] = {
             "pred_ln": predict(model, model_inputs(te_g, names)),
             "test": te_g,
+            "model": model,
             "val_ratios": interval_ratios(predict(model, model_inputs(va_g, names)), np.log(va_g.time_ms)),
         }
         p = np.exp(out[g]["pred_ln"][:, 1])
