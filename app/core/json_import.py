@@ -109,6 +109,25 @@ def import_json(doc: Mapping[str, Any], *, batch_size: int = 1) -> Graph:
     )
 
 
+def _conv_geometry(
+    i: int, op: str, nd: int, spec: Mapping[str, Any], x: Tensor
+) -> tuple[int, int, tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...], int]:
+    """Validated ``(c_in, c_out, kernel, stride, padding, dilation, groups)`` of an ``nd``-D (transposed)
+    convolution on input ``x`` of shape ``(N, C, *spatial)``; raises :class:`InvalidGraph` naming the field."""
+    if len(x.shape) != nd + 2:
+        raise _err(i, f"{op} expects an input of rank {nd + 1} per sample (C, *spatial), got {x.shape[1:]}")
+    c_in = x.shape[1]
+    c_out = _int(spec, "out_channels", i)
+    k = _tuple(spec, "kernel_size", nd, i, 1)
+    s = _tuple(spec, "stride", nd, i, 1)
+    p = _tuple(spec, "padding", nd, i, 0, minimum=0)
+    d = _tuple(spec, "dilation", nd, i, 1)
+    groups = _int(spec, "groups", i, 1)
+    if c_in % groups or c_out % groups:
+        raise _err(i, f"groups={groups} must divide in_channels={c_in} and out_channels={c_out}")
+    return c_in, c_out, k, s, p, d, groups
+
+
 def _conv_out(size: int, k: int, s: int, p: int, d: int, i: int) -> int:
     out = (size + 2 * p - d * (k - 1) - 1) // s + 1
     if out <= 0:
@@ -127,17 +146,7 @@ def _build(
 
     if op in ("conv1d", "conv2d", "conv3d", "conv"):
         nd = {"conv1d": 1, "conv2d": 2, "conv3d": 3}.get(op, len(x.shape) - 2)
-        if len(x.shape) != nd + 2:
-            raise _err(i, f"{op} expects an input of rank {nd + 1} per sample (C, *spatial), got {x.shape[1:]}")
-        c_in = x.shape[1]
-        c_out = _int(spec, "out_channels", i)
-        k = _tuple(spec, "kernel_size", nd, i, 1)
-        s = _tuple(spec, "stride", nd, i, 1)
-        p = _tuple(spec, "padding", nd, i, 0, minimum=0)
-        d = _tuple(spec, "dilation", nd, i, 1)
-        groups = _int(spec, "groups", i, 1)
-        if c_in % groups or c_out % groups:
-            raise _err(i, f"groups={groups} must divide in_channels={c_in} and out_channels={c_out}")
+        c_in, c_out, k, s, p, d, groups = _conv_geometry(i, op, nd, spec, x)
         spatial = [_conv_out(x.shape[2 + j], k[j], s[j], p[j], d[j], i) for j in range(nd)]
         weights = [t("weight", (c_out, c_in // groups, *k))]
         if spec.get("bias", True):
@@ -250,18 +259,8 @@ def _conv_transpose(i: int, op: str, name: str, spec: Mapping[str, Any], x: Tens
                     attrs: dict[str, Any]) -> Layer:
     """ConvTranspose: out = (in − 1)·s − 2p + d·(k − 1) + output_padding + 1 (PyTorch/ONNX)."""
     nd = {"conv_transpose1d": 1, "conv_transpose2d": 2, "conv_transpose3d": 3}.get(op, len(x.shape) - 2)
-    if len(x.shape) != nd + 2:
-        raise _err(i, f"{op} expects an input of rank {nd + 1} per sample (C, *spatial), got {x.shape[1:]}")
-    c_in = x.shape[1]
-    c_out = _int(spec, "out_channels", i)
-    k = _tuple(spec, "kernel_size", nd, i, 1)
-    s = _tuple(spec, "stride", nd, i, 1)
-    p = _tuple(spec, "padding", nd, i, 0, minimum=0)
+    c_in, c_out, k, s, p, d, groups = _conv_geometry(i, op, nd, spec, x)
     op_ = _tuple(spec, "output_padding", nd, i, 0, minimum=0)
-    d = _tuple(spec, "dilation", nd, i, 1)
-    groups = _int(spec, "groups", i, 1)
-    if c_in % groups or c_out % groups:
-        raise _err(i, f"groups={groups} must divide in_channels={c_in} and out_channels={c_out}")
     spatial = [(x.shape[2 + j] - 1) * s[j] - 2 * p[j] + d[j] * (k[j] - 1) + op_[j] + 1 for j in range(nd)]
     if any(v <= 0 for v in spatial):
         raise _err(i, f"padding {p} leaves no output")
