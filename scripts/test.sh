@@ -5,15 +5,8 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-PYTHON="${PYTHON:-python3}"
-VENV="${LAYERCAST_VENV:-.venv}"
-
-if [ ! -x "$VENV/bin/python" ]; then
-  "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
-    || { echo "layercast needs Python >= 3.11 (set PYTHON=...)" >&2; exit 1; }
-  echo "==> creating $VENV"
-  "$PYTHON" -m venv "$VENV"
-fi
+# shellcheck source=scripts/venv.sh
+source scripts/venv.sh
 
 echo "==> installing layercast with the train and dev extras (torch==2.13.0)"
 "$VENV/bin/python" -m pip install --quiet --no-input -e '.[train,dev]'
