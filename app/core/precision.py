@@ -300,8 +300,9 @@ def pass_work(
     p = Pass(pass_)
     if p is Pass.UPDATE:
         op = op_precision(hw, precision, OpKind.ELEMENTWISE)
-        flops, nbytes = optimizer_update_cost(cost.params, optimizer, bytes_per_param=op.update_bytes_per_param)
-        return PassWork(float(flops), float(nbytes), op.peak_flops_per_s)
+        upd_flops, upd_bytes = optimizer_update_cost(
+            cost.params, optimizer, bytes_per_param=op.update_bytes_per_param)
+        return PassWork(float(upd_flops), float(upd_bytes), op.peak_flops_per_s)
     op = op_precision(hw, precision, layer.kind)
     c = cost_at_precision(layer, cost, precision)
     factor = min_algorithm_flops_factor(layer)
