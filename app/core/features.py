@@ -44,6 +44,7 @@ import numpy as np
 from app.core.costs import LayerCost, optimizer_update_cost
 from app.core.hardware import HardwareSpec
 from app.core.ir import Layer, OpKind
+from app.core.precision import op_precision, physics_floor_ms
 
 PASSES: tuple[str, ...] = ("forward", "train_step")
 
@@ -86,6 +87,20 @@ EXTRA_KINDS: tuple[OpKind, ...] = (
 # Precisions stored in 2 bytes (their own flag; fp32/tf32 are 0).
 HALF_PRECISIONS: frozenset[str] = frozenset({"fp16", "bf16"})
 
+#: Software stacks a measurement (or a request) may run under; the first is the serving default.
+#: ``pytorch-eager``: one CUDA-event / wall-timed op call from Python (launch and dispatch included);
+#: ``tf1-session``: a TensorFlow 1.x ``session.run`` per iteration (Justus et al. 2018: ~0.25 ms floor);
+#: ``kernel-time``: GPU kernel time only, no launch gaps (Kineto kernel sums as in Vidur, or CUDA graphs).
+STACKS: tuple[str, ...] = ("pytorch-eager", "tf1-session", "kernel-time")
+DEFAULT_STACK = STACKS[0]
+
+#: Output tile of a GEMM thread block used for wave quantisation (Habitat, Yu et al. ATC 2021; NeuSight,
+#: Lee et al. ASPLOS 2025 tile a GEMM's output into blocks and count waves of blocks over the SMs).
+GEMM_TILE = 128
+#: Elements per thread block of a memory-bound (elementwise, norm, softmax) kernel for the same count:
+#: 128 threads x 4 vectorised elements, PyTorch's ``vectorized_elementwise_kernel`` launch.
+ELEMENTWISE_TILE = 512
+
 RAW_FIELDS: tuple[str, ...] = (
     "is_conv",  # 1 for OpKind.CONV
     "is_gemm",  # 1 for OpKind.GEMM
@@ -120,6 +135,16 @@ RAW_FIELDS: tuple[str, ...] = (
     "is_half",  # precision in HALF_PRECISIONS
     "is_cpu",  # HardwareSpec.kind == "cpu"
     "l2_cache_bytes",  # HardwareSpec.l2_cache_bytes (0 when unknown)
+    # --- added for v3 (efficiency over the physics floor) ---
+    "op_peak_flops_per_s",  # peak this op may use at the precision (app.core.precision.op_precision)
+    "floor_ms",  # physics floor of the pass in ms (pass_floor_ms)
+    "gemm_batch",  # implicit-GEMM view of the op (gemm_dims()): independent products
+    "gemm_m",  # rows of the output
+    "gemm_n",  # columns of the output
+    "gemm_k",  # reduction length
+    "stack_tf1_session",  # 1 under a TensorFlow 1.x session
+    "stack_kernel_time",  # 1 when the time is GPU kernel time only (Kineto sums, CUDA graphs)
+    "fp32_peak_flops_per_s",  # the device's fp32 (CUDA-core / vector) peak
 )
 _R = {name: i for i, name in enumerate(RAW_FIELDS)}
 
@@ -163,6 +188,23 @@ FEATURE_NAMES: tuple[str, ...] = (
     "is_cpu",
     "hw_log_ridge_flops_per_byte",  # ln peak / bandwidth (roofline ridge point)
     "hw_log_l2_cache_bytes",  # ln L2 bytes (LOG_FLOOR when unknown)
+    # --- added for v3 ---
+    "log_floor_ms",  # ln physics floor of the pass (the anchor of the efficiency target)
+    "log_op_compute_ms",  # ln pass_flops / op peak
+    "log_floor_over_memory",  # ln floor_ms / memory_ms (0 when memory-bound)
+    "hw_log_op_peak_flops_per_s",  # ln peak the op may use at the precision
+    "hw_log_op_ridge_flops_per_byte",  # ln op peak / bandwidth
+    "uses_tensor_cores",  # op peak above the fp32 peak
+    "log_gemm_m",
+    "log_gemm_n",
+    "log_gemm_k",
+    "log_tiles",  # ln thread blocks of the op (GEMM_TILE^2 output tiles, or ELEMENTWISE_TILE elements)
+    "log_waves",  # ln tiles / SMs
+    "wave_efficiency",  # tiles / (ceil(tiles / SMs) * SMs): share of the last wave's SMs doing work
+    "log_work_per_sm",  # ln pass_flops / SMs
+    "log_bytes_over_l2",  # ln pass_bytes / L2 bytes
+    "stack_tf1_session",
+    "stack_kernel_time",
 )
 ROOFLINE_FEATURE_INDEX = 0
 FEATURE_NAMES_V1: tuple[str, ...] = FEATURE_NAMES[: FEATURE_NAMES.index("hw_log_clock_mhz") + 1]
@@ -177,6 +219,7 @@ class FeatureInput(NamedTuple):
     pass_: str
     optimizer: str
     precision: str = "fp32"
+    stack: str = DEFAULT_STACK
 
 
 def hardware_raw(hardware: HardwareSpec, precision: str = "fp32") -> tuple[float, float, float, float, float]:
@@ -192,6 +235,44 @@ def hardware_raw(hardware: HardwareSpec, precision: str = "fp32") -> tuple[float
         float(hardware.compute_units),
         float(clock),
     )
+
+
+def gemm_dims(layer: Layer) -> tuple[float, float, float, float]:
+    """Implicit-GEMM view ``(batch, M, N, K)`` of a layer, for wave quantisation.
+
+    Conv: ``M = N·out_spatial``, ``N = C_out/groups``, ``K = C_in/groups·∏kernel``, ``batch = groups``;
+    Gemm: ``M`` = rows, ``N`` = out features, ``K`` = in features; MatMul ``(..., M, K) @ (..., K, N)``;
+    recurrent: per time step ``M`` = batch, ``N`` = hidden, ``K`` = input + hidden, ``batch`` = steps.
+    Other ops: ``M`` = output elements, ``N = K = 1``.
+    """
+    batch, kernel, _stride, c_in, c_out, _in_sp, out_sp = _geometry(layer)
+    if layer.kind in (OpKind.CONV, OpKind.CONV_TRANSPOSE):
+        g = float(layer.attrs.get("group", 1))
+        ks = float(prod(layer.weights[0].shape[2:])) if layer.weights else kernel
+        return g, batch * out_sp, max(c_out / g, 1.0), max(c_in / g, 1.0) * ks
+    if layer.kind is OpKind.GEMM:
+        return 1.0, batch, c_out, c_in
+    if layer.kind is OpKind.MATMUL:
+        return batch, out_sp, c_out, c_in
+    if layer.kind is OpKind.RECURRENT:
+        return out_sp, batch, c_out, c_in + c_out
+    out = float(sum(t.numel for t in layer.outputs)) or 1.0
+    return 1.0, out, 1.0, 1.0
+
+
+def pass_floor_ms(
+    *, layer: Layer, cost: LayerCost, hardware: HardwareSpec, pass_: str, optimizer: str, precision: str
+) -> float:
+    """Physics floor of a feature pass in ms: :func:`app.core.precision.physics_floor_ms` of the forward pass,
+    plus those of the backward pass and the optimizer update for ``"train_step"`` (the passes run one after
+    the other, so the sum of their floors is a floor of the step). Raises like
+    :func:`app.core.precision.physics_floor_ms` (``PrecisionNotSupported`` for a precision the device lacks).
+    """
+    floor = physics_floor_ms(layer, cost, hardware, precision, "forward")
+    if pass_ == "train_step":
+        floor += physics_floor_ms(layer, cost, hardware, precision, "backward")
+        floor += physics_floor_ms(layer, cost, hardware, precision, "update", optimizer=optimizer)
+    return floor
 
 
 def _geometry(layer: Layer) -> tuple[float, float, float, float, float, float, float]:
@@ -270,17 +351,26 @@ def _needs_input_grad(layer: Layer) -> bool:
 
 
 def raw_quantities(
-    *, layer: Layer, cost: LayerCost, hardware: HardwareSpec, pass_: str, optimizer: str, precision: str
+    *,
+    layer: Layer,
+    cost: LayerCost,
+    hardware: HardwareSpec,
+    pass_: str,
+    optimizer: str,
+    precision: str,
+    stack: str = DEFAULT_STACK,
 ) -> tuple[float, ...]:
     """Physical quantities of one row, in :data:`RAW_FIELDS` order (units in the field comments).
 
     ``pass_`` is ``"forward"`` or ``"train_step"``; ``optimizer`` a key of
-    :data:`app.core.costs.OPTIMIZERS` (``"none"`` for forward). The update cost is
-    :func:`app.core.costs.optimizer_update_cost` over ``cost.params`` in fp32 (master weights).
-    Raises ``ValueError`` for an unknown pass and ``KeyError`` for an unknown optimizer.
+    :data:`app.core.costs.OPTIMIZERS` (``"none"`` for forward); ``stack`` one of :data:`STACKS`. The update
+    cost is :func:`app.core.costs.optimizer_update_cost` over ``cost.params`` in fp32 (master weights).
+    Raises ``ValueError`` for an unknown pass or stack and ``KeyError`` for an unknown optimizer.
     """
     if pass_ not in PASSES:
         raise ValueError(f"pass_ must be one of {PASSES}, got {pass_!r}")
+    if stack not in STACKS:
+        raise ValueError(f"stack must be one of {STACKS}, got {stack!r}")
     train = pass_ == "train_step"
     opt = optimizer if train else "none"
     upd_flops, upd_bytes = optimizer_update_cost(cost.params, opt)
@@ -321,7 +411,13 @@ def raw_quantities(
         float(precision in HALF_PRECISIONS),
         float(hardware.kind == "cpu"),
         float(hardware.l2_cache_bytes or 0.0),
-    )
+        op_precision(hardware, precision, layer.kind).peak_flops_per_s,
+        pass_floor_ms(layer=layer, cost=cost, hardware=hardware, pass_=pass_, optimizer=opt, precision=precision),
+        *gemm_dims(layer),
+        float(stack == "tf1-session"),
+        float(stack == "kernel-time"),
+        float(hardware.peak_flops_per_s["fp32"]),
+    )  # fmt: skip
 
 
 def _log(x: np.ndarray) -> np.ndarray:
@@ -386,14 +482,69 @@ def features_from_raw(raw: np.ndarray) -> np.ndarray:
         c("is_cpu"),
         _log(peak) - _log(bw),
         _log(c("l2_cache_bytes")),
+        # --- added for v3 ---
+        *_v3_columns(raw),
     ]
     out = np.stack(cols, axis=1).astype(np.float32)
     assert out.shape[1] == len(FEATURE_NAMES)
     return out
 
 
+def _v3_columns(raw: np.ndarray) -> list[np.ndarray]:
+    """The v3 feature columns (see :data:`FEATURE_NAMES`), vectorised over ``raw`` ``[N, len(RAW_FIELDS)]``."""
+
+    def c(name: str) -> np.ndarray:
+        return raw[:, _R[name]]
+
+    op_peak = c("op_peak_flops_per_s")
+    bw = c("bandwidth_bytes_per_s")
+    sms = np.maximum(c("compute_units"), 1.0)
+    floor = c("floor_ms")
+    memory_ms = c("pass_bytes") / bw * 1e3
+    mac = sum(c(name) for name in ("is_conv", "is_gemm", "is_conv_transpose", "is_matmul", "is_recurrent",
+                                   "is_attention")) > 0.5  # fmt: skip
+    m, n = c("gemm_m"), c("gemm_n")
+    tiles = np.where(
+        mac,
+        c("gemm_batch") * np.ceil(m / GEMM_TILE) * np.ceil(n / GEMM_TILE),
+        np.ceil(m / ELEMENTWISE_TILE),
+    )
+    tiles = np.maximum(tiles, 1.0)
+    waves = tiles / sms
+    return [
+        _log(floor),
+        _log(c("pass_flops") / op_peak * 1e3),
+        _log(floor) - _log(memory_ms),
+        _log(op_peak),
+        _log(op_peak) - _log(bw),
+        (op_peak > c("fp32_peak_flops_per_s") * 1.01).astype(np.float64),
+        _log(m),
+        _log(n),
+        _log(c("gemm_k")),
+        _log(tiles),
+        _log(waves),
+        waves / np.ceil(waves),
+        _log(c("pass_flops") / sms),
+        _log(c("pass_bytes")) - _log(c("l2_cache_bytes")),
+        c("stack_tf1_session"),
+        c("stack_kernel_time"),
+    ]
+
+
+def floor_ms_from_raw(raw: np.ndarray) -> np.ndarray:
+    """Physics floor of each row's pass in ms, ``[N]`` (the ``floor_ms`` raw column, :func:`pass_floor_ms`)."""
+    return np.asarray(raw, dtype=np.float64)[:, _R["floor_ms"]]
+
+
 def layer_features(
-    *, layer: Layer, cost: LayerCost, hardware: HardwareSpec, pass_: str, optimizer: str, precision: str
+    *,
+    layer: Layer,
+    cost: LayerCost,
+    hardware: HardwareSpec,
+    pass_: str,
+    optimizer: str,
+    precision: str,
+    stack: str = DEFAULT_STACK,
 ) -> np.ndarray:
     """Feature vector of one row, float32, shape ``(len(FEATURE_NAMES),)``.
 
@@ -401,8 +552,9 @@ def layer_features(
     :func:`layer_features_batch`.
     """
     raw = raw_quantities(
-        layer=layer, cost=cost, hardware=hardware, pass_=pass_, optimizer=optimizer, precision=precision
-    )
+        layer=layer, cost=cost, hardware=hardware, pass_=pass_, optimizer=optimizer, precision=precision,
+        stack=stack,
+    )  # fmt: skip
     return features_from_raw(np.asarray([raw]))[0]
 
 
@@ -416,6 +568,7 @@ def raw_matrix(rows: Iterable[FeatureInput]) -> np.ndarray:
             pass_=r.pass_,
             optimizer=r.optimizer,
             precision=r.precision,
+            stack=r.stack,
         )
         for r in rows
     ]
