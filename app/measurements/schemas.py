@@ -12,9 +12,9 @@ from typing import Annotated, Any
 
 from pydantic import AwareDatetime, ConfigDict, Field
 
+from app.core.vocab import Granularity, Pass, SoftwareStack
 from app.hardware.catalog import HARDWARE_ID_PATTERN
 from app.hardware.schemas import Precision
-from app.core.vocab import Granularity, Pass, SoftwareStack
 from app.schemas import Schema
 
 Name = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")]

@@ -11,8 +11,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.config import Settings
-from app.db import make_engine, make_sessionmaker
 from app.core.vocab import Granularity, SoftwareStack
+from app.db import make_engine, make_sessionmaker
 from app.errors import HardwareNotFound, InvalidRequest
 from app.hardware.service import seed_builtin
 from app.measurements import service
@@ -68,7 +68,8 @@ def _head(src: Path, dst: Path, n: int, *, extra: str = "") -> Path:
 def _reported(**overrides: object) -> MeasurementCreate:
     body = {
         "hardware_id": "a100-sxm4-40gb", "source": "ci", "op_kind": "conv", "pass": "forward",
-        "software_stack": "pytorch-eager", "granularity": "layer", "batch_size": 32, "config": {"input_shape": [3, 32, 32], "layer": {"op": "conv2d", "out_channels": 8}},
+        "software_stack": "pytorch-eager", "granularity": "layer", "batch_size": 32,
+        "config": {"input_shape": [3, 32, 32], "layer": {"op": "conv2d", "out_channels": 8}},
         "time_ms_median": 1.5, "context": {"framework": "torch 2.5", "driver": "550.54"},
     }
     body.update(overrides)
