@@ -14,6 +14,7 @@ from typing import Protocol
 from app.core.costs import LayerCost
 from app.core.hardware import HardwareSpec
 from app.core.ir import Layer
+from app.core.precision import Precision
 
 MODES: tuple[str, ...] = ("training", "inference")
 
@@ -24,7 +25,9 @@ class LayerTimeQuery:
 
     ``mode`` is ``"training"`` (forward + backward + optimizer update) or ``"inference"`` (forward only);
     ``optimizer`` a key of :data:`app.core.costs.OPTIMIZERS` (``"none"`` for inference); ``precision`` a
-    key of :data:`app.core.hardware.PRECISIONS`. ``cost`` must be ``layer_cost(layer)`` and supported.
+    :class:`app.core.precision.Precision` (its semantics, not a dtype: see that module), already checked
+    against the device (:func:`app.core.precision.check_precision`). ``cost`` must be ``layer_cost(layer)``
+    and supported (bytes at the graph's dtypes; predictors rescale them to the precision).
     """
 
     layer: Layer
@@ -32,7 +35,7 @@ class LayerTimeQuery:
     hardware: HardwareSpec
     mode: str  # "training" | "inference"
     optimizer: str  # key of app.core.costs.OPTIMIZERS ("none" for inference)
-    precision: str = "fp32"
+    precision: Precision = Precision.FP32
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +45,9 @@ class LayerTimeEstimate:
     ``forward_ms + backward_ms + update_ms`` is the point estimate (p50) of the whole step;
     ``total_ms_p10``/``total_ms_p90`` bound it (80 % interval). ``method`` says which predictor produced
     it; ``out_of_distribution`` is True when the input lies outside what that predictor was fitted on.
+    ``physics_floor_ms`` is the sum of the per-pass floors (:func:`app.core.precision.physics_floor_ms`)
+    once the serving clamp has applied them (None before); ``floor_clamped`` says whether any pass was
+    raised to its floor.
     """
 
     forward_ms: float
@@ -52,6 +58,8 @@ class LayerTimeEstimate:
     method: str  # "learned" | "roofline"
     out_of_distribution: bool
     notes: tuple[str, ...] = ()
+    physics_floor_ms: float | None = None
+    floor_clamped: bool = False
 
     @property
     def total_ms(self) -> float:
