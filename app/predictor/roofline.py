@@ -23,6 +23,12 @@ one more for backward in training). Metadata-only views (Reshape/Flatten/Squeeze
 take no time. Applying the conv/dense efficiency and TF1 session floor to them would overstate a
 ResNet-50 step by ~2× (they are ~70 % of its layers).
 
+Precision (:mod:`app.core.precision`): each op uses the peak it may use under the request's precision
+(tensor-core rates for MAC-class ops under tf32/fp16/bf16 and for cuDNN ops under fp32 on Ampere and
+newer, the fp32 vector rate for streaming ops) and moves its bytes at the precision's storage type
+(2-byte activations and weight copies under fp16/bf16 autocast, so mixed precision speeds up memory-bound
+ops too); the optimizer update streams fp32 master weights, gradients and state.
+
 Intervals: ``p10 = total · interval_low``, ``p90 = total · interval_high``, the 10th and 90th
 percentiles of measured / predicted time on held-out Justus rows (so the 80 % interval is calibrated
 for conv/dense layers on the five Justus GPUs and only indicative elsewhere).
@@ -36,8 +42,9 @@ from typing import Any
 
 import numpy as np
 
-from app.core.costs import optimizer_update_cost
+from app.core.costs import LayerCost, optimizer_update_cost
 from app.core.ir import OpKind
+from app.core.precision import UPDATE_BYTES_PER_PARAM, cost_at_precision, op_precision
 from app.core.roofline import roofline_time_s
 from app.predictor.base import LayerTimeEstimate, LayerTimeQuery, split_training_step
 
@@ -147,23 +154,24 @@ class RooflinePredictor:
         self.version = version
 
     def _one(self, q: LayerTimeQuery) -> LayerTimeEstimate:
-        c = q.cost
-        if not c.supported:
-            raise ValueError(f"layer {c.name!r} ({c.op_type}) is unsupported; list it, do not estimate it")
+        if not q.cost.supported:
+            raise ValueError(f"layer {q.cost.name!r} ({q.cost.op_type}) is unsupported; list it, do not estimate it")
         hw = q.hardware
         try:
-            peak = float(hw.peak_for(q.precision))
+            peak = op_precision(hw, q.precision, q.layer.kind).peak_flops_per_s
+            vector_peak = op_precision(hw, q.precision, OpKind.ELEMENTWISE).peak_flops_per_s
         except KeyError as exc:
-            raise ValueError(f"hardware {hw.id!r} lists no peak for {q.precision!r} or fp32") from exc
+            raise ValueError(f"hardware {hw.id!r} lists no fp32 peak") from exc
+        c = cost_at_precision(q.layer, q.cost, q.precision)
         bw = float(hw.memory_bandwidth_bytes_per_s)
         k = self.constants
 
-        def roof_ms(flops: float, nbytes: float) -> float:
-            return roofline_time_s(flops, nbytes, peak_flops_per_s=peak, bandwidth_bytes_per_s=bw) * 1e3
+        def roof_ms(flops: float, nbytes: float, rate: float = peak) -> float:
+            return roofline_time_s(flops, nbytes, peak_flops_per_s=rate, bandwidth_bytes_per_s=bw) * 1e3
 
         ood = hw.kind != "gpu"
         if c.kind not in _MAC_KINDS:
-            return self._streaming(q, peak, bw, ood)
+            return self._streaming(q, c, peak, bw, ood)
         notes: list[str] = [f"roofline/efficiency {k.efficiency:.3g} + per-layer floor ({k.source})"]
         if ood:
             notes.append("floor and efficiency were fitted on GPUs; CPU estimate is indicative only")
@@ -171,16 +179,10 @@ class RooflinePredictor:
         if q.mode == "inference":
             total, f, b, u = fwd, fwd, 0.0, 0.0
         elif q.mode == "training":
-            upd_flops, upd_bytes = optimizer_update_cost(c.params, q.optimizer)
-            upd = roof_ms(upd_flops, upd_bytes) / k.efficiency
-            total = (
-                roof_ms(
-                    c.forward_flops + c.backward_flops + upd_flops,
-                    c.forward_bytes + c.backward_bytes + upd_bytes,
-                )
-                / k.efficiency
-                + k.floor_train_step_ms
-            )
+            upd_flops, upd_bytes = optimizer_update_cost(c.params, q.optimizer, bytes_per_param=UPDATE_BYTES_PER_PARAM)
+            upd = roof_ms(upd_flops, upd_bytes, vector_peak) / k.efficiency
+            fb_roof = roof_ms(c.forward_flops + c.backward_flops, c.forward_bytes + c.backward_bytes)
+            total = fb_roof / k.efficiency + upd + k.floor_train_step_ms
             bwd_min = roof_ms(c.backward_flops, c.backward_bytes) if c.backward_flops or c.backward_bytes else 0.0
             f, b, u = split_training_step(total_ms=total, forward_ms=fwd, update_ms=upd, backward_min_ms=bwd_min)
         else:
@@ -196,9 +198,9 @@ class RooflinePredictor:
             notes=tuple(notes),
         )
 
-    def _streaming(self, q: LayerTimeQuery, peak: float, bw: float, ood: bool) -> LayerTimeEstimate:
-        """Memory-bound kernel model for non-MAC ops (see module docstring)."""
-        c = q.cost
+    def _streaming(self, q: LayerTimeQuery, c: LayerCost, peak: float, bw: float, ood: bool) -> LayerTimeEstimate:
+        """Memory-bound kernel model for non-MAC ops (see module docstring); ``c`` is the cost at the
+        query's precision, ``peak`` the fp32 vector rate."""
 
         def t_ms(flops: float, nbytes: float) -> float:
             if flops == 0 and nbytes == 0:
@@ -210,7 +212,7 @@ class RooflinePredictor:
         if q.mode == "training":
             bwd = t_ms(c.backward_flops, c.backward_bytes)
             if c.params:
-                upd = t_ms(*optimizer_update_cost(c.params, q.optimizer))
+                upd = t_ms(*optimizer_update_cost(c.params, q.optimizer, bytes_per_param=UPDATE_BYTES_PER_PARAM))
         elif q.mode != "inference":
             raise ValueError(f"mode must be 'training' or 'inference', got {q.mode!r}")
         total = fwd + bwd + upd
