@@ -37,17 +37,12 @@ from app.core.features import features_from_raw, raw_quantities
 from app.core.hardware import HardwareSpec
 from app.core.ir import Layer, OpKind, Tensor
 from app.hardware.catalog import load_catalog
+from app.measurements.importers import JUSTUS_GPU_IDS
 
 DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "justus2018"
 
-# ``gpu`` column of the CSVs → hardware catalog id (app.hardware.catalog).
-GPU_IDS: dict[str, str] = {
-    "Tesla K40": "k40",
-    "Tesla K80": "k80",
-    "Tesla M60": "m60",
-    "GTX 1080 Ti": "gtx-1080-ti",
-    "Tesla P100": "p100",
-}
+# ``gpu`` column of the CSVs → hardware catalog id (the importer's mapping).
+GPU_IDS: dict[str, str] = JUSTUS_GPU_IDS
 
 
 def load_hardware_catalog() -> dict[str, HardwareSpec]:
