@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.core.precision import Pass, physics_floor_ms
+from app.core.precision import physics_floor_ms
+from app.core.vocab import Pass
 from app.predictor.base import LayerTimeEstimate, LayerTimeQuery
 from app.predictor.onnx_model import LearnedPredictor, read_metadata
 from app.predictor.roofline import RooflineConstants, RooflinePredictor

@@ -11,7 +11,8 @@ import pytest
 from app.core.costs import layer_cost
 from app.core.ir import Layer, OpKind, Tensor
 from app.core.json_import import import_json
-from app.core.precision import Pass, Precision, PrecisionNotSupported, check_precision, physics_floor_ms
+from app.core.precision import Precision, PrecisionNotSupported, check_precision, physics_floor_ms
+from app.core.vocab import Pass
 from app.hardware.catalog import load_catalog
 from app.predictor.base import LayerTimeEstimate, LayerTimeQuery
 from app.predictor.registry import clamp_to_physics_floor, load_predictor
