@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from app.core.precision import Precision
+from app.core.vocab import SoftwareStack
 from app.graphs.schemas import JsonGraphCreate
 from app.hardware.schemas import HardwareCreate
 from app.schemas import Schema
@@ -30,6 +31,10 @@ class PredictionCreate(Schema):
         description="fp32 = PyTorch defaults (strict fp32 matmuls, TF32 cuDNN convolutions on Ampere+); "
                     "fp32-strict = no tensor cores; tf32 = matmul and conv on TF32 tensor cores; fp16/bf16 = "
                     "autocast mixed precision. A precision the device lacks is a 422 precision_not_supported.",
+    )
+    software_stack: SoftwareStack = Field(
+        default=SoftwareStack.PYTORCH_EAGER,
+        description="what launches the kernels; sets the fixed per-kernel and per-layer overheads",
     )
     dims: dict[str, int] = Field(default_factory=dict, description="symbolic dimensions other than the batch")
     dataset_size: int | None = Field(default=None, gt=0, description="samples per epoch")
@@ -150,6 +155,7 @@ class PredictionRead(Schema):
     optimizer: str
     precision: Precision
     precision_semantics: str = Field(description="what the precision meant for this answer")
+    software_stack: SoftwareStack = Field(description="the software stack the overheads assume")
     predictor_version: str
     methods: dict[str, int] = Field(description="layer count per method")
     layers: list[LayerPrediction]

@@ -120,7 +120,7 @@ def estimate(
     layers = analysis.graph.layers
     queries = [
         LayerTimeQuery(layer=layer, cost=cost, hardware=hw, mode=request.mode, optimizer=optimizer,
-                       precision=precision)
+                       precision=precision, software_stack=request.software_stack)
         for layer, cost in zip(layers, analysis.costs, strict=True)
         if cost.supported
     ]
@@ -239,6 +239,7 @@ def estimate(
         optimizer=optimizer,
         precision=precision,
         precision_semantics=PRECISION_SEMANTICS[precision],
+        software_stack=request.software_stack,
         predictor_version=predictor.version,
         methods=dict(methods),
         layers=rows,

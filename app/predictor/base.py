@@ -15,6 +15,7 @@ from app.core.costs import LayerCost
 from app.core.hardware import HardwareSpec
 from app.core.ir import Layer
 from app.core.precision import Precision
+from app.core.vocab import SoftwareStack
 
 MODES: tuple[str, ...] = ("training", "inference")
 
@@ -28,6 +29,8 @@ class LayerTimeQuery:
     :class:`app.core.precision.Precision` (its semantics, not a dtype: see that module), already checked
     against the device (:func:`app.core.precision.check_precision`). ``cost`` must be ``layer_cost(layer)``
     and supported (bytes at the graph's dtypes; predictors rescale them to the precision).
+    ``software_stack`` is the stack the layer runs under (it sets the fixed per-kernel and per-layer
+    overheads); the default is current PyTorch eager.
     """
 
     layer: Layer
@@ -36,6 +39,7 @@ class LayerTimeQuery:
     mode: str  # "training" | "inference"
     optimizer: str  # key of app.core.costs.OPTIMIZERS ("none" for inference)
     precision: Precision = Precision.FP32
+    software_stack: SoftwareStack = SoftwareStack.PYTORCH_EAGER
 
 
 @dataclass(frozen=True, slots=True)

@@ -230,3 +230,17 @@ def test_answer_names_its_precision_semantics_and_floors(client: TestClient, res
     # mixed precision moves 16-bit activations: a memory-bound Relu's roofline halves
     relu = [next(r for r in bodies[p]["layers"] if r["op_type"] == "Relu") for p in ("fp32", "bf16")]
     assert relu[1]["roofline_ms"] == pytest.approx(relu[0]["roofline_ms"] / 2, rel=1e-6)
+
+
+def test_answer_says_which_software_stack_it_assumed(client: TestClient, resnet_id: str) -> None:
+    default = _predict(client, graph_id=resnet_id, hardware_id="a100-sxm4-40gb", batch_size=1, mode="inference")
+    graphs = _predict(client, graph_id=resnet_id, hardware_id="a100-sxm4-40gb", batch_size=1, mode="inference",
+                      software_stack="pytorch-cuda-graph")
+    assert default.json()["software_stack"] == "pytorch-eager"
+    assert graphs.json()["software_stack"] == "pytorch-cuda-graph"
+    # fallback (streaming) layers pay a smaller fixed cost per kernel under CUDA graphs
+    def relu_ms(body: dict) -> float:
+        return sum(r["total_ms"] for r in body["layers"] if r["op_type"] == "Relu")
+    assert relu_ms(graphs.json()) < relu_ms(default.json())
+    bad = _predict(client, graph_id=resnet_id, hardware_id="a100-sxm4-40gb", batch_size=1, software_stack="jax")
+    assert bad.status_code == 422
