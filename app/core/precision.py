@@ -40,6 +40,7 @@ from typing import Any
 from app.core.costs import LayerCost, layer_cost, optimizer_update_cost
 from app.core.hardware import HardwareSpec
 from app.core.ir import Layer, OpKind, Tensor
+from app.core.vocab import Pass
 
 
 class Precision(StrEnum):
@@ -50,14 +51,6 @@ class Precision(StrEnum):
     TF32 = "tf32"
     FP16 = "fp16"
     BF16 = "bf16"
-
-
-class Pass(StrEnum):
-    """Part of a training step timed separately."""
-
-    FORWARD = "forward"
-    BACKWARD = "backward"
-    UPDATE = "update"
 
 
 PRECISION_SEMANTICS: Mapping[Precision, str] = {
@@ -292,21 +285,26 @@ def pass_work(
     ``cost`` is ``layer_cost(layer)`` (bytes at the graph's dtypes; rescaled here to ``precision``). The
     update pass is the optimizer step over the layer's parameters in fp32 (master weights) and runs at
     the fp32 vector peak; ``optimizer`` is a key of :data:`app.core.costs.OPTIMIZERS`.
-    Raises :class:`PrecisionNotSupported`, ``ValueError`` for an unknown pass or an unsupported cost,
-    ``KeyError`` for an unknown optimizer.
+    Raises :class:`PrecisionNotSupported`, ``ValueError`` for an unknown pass, ``train_step`` (several
+    peaks: :func:`physics_floor_ms` sums its passes), ``backward_input``/``backward_weight`` or an unsupported
+    cost, ``KeyError`` for an unknown optimizer.
     """
     if not cost.supported:
         raise ValueError(f"layer {cost.name!r} ({cost.op_type}) has no cost formula; it has no floor")
     p = Pass(pass_)
+    if p is Pass.TRAIN_STEP:
+        raise ValueError("a training step runs at several peaks; take the sum of its passes (physics_floor_ms)")
     if p is Pass.UPDATE:
         op = op_precision(hw, precision, OpKind.ELEMENTWISE)
         upd_flops, upd_bytes = optimizer_update_cost(
             cost.params, optimizer, bytes_per_param=op.update_bytes_per_param)
         return PassWork(float(upd_flops), float(upd_bytes), op.peak_flops_per_s)
+    if p in (Pass.BACKWARD_INPUT, Pass.BACKWARD_WEIGHT):
+        raise ValueError(f"pass {p.value!r} has no byte split in the cost model; use 'backward'")
     op = op_precision(hw, precision, layer.kind)
     c = cost_at_precision(layer, cost, precision)
     factor = min_algorithm_flops_factor(layer)
-    if p is Pass.FORWARD:
+    if p in (Pass.FORWARD, Pass.TRAIN_FORWARD):
         mac_flops = 2.0 * c.forward_macs
         flops = mac_flops / factor + (c.forward_flops - mac_flops)
         return PassWork(max(flops, 0.0), float(c.forward_bytes), op.peak_flops_per_s)
@@ -327,10 +325,15 @@ def physics_floor_ms(
     ``FLOPs_min`` is the FLOPs of the cheapest algorithm the library may pick
     (:func:`min_algorithm_flops_factor`), ``peak_at_precision`` the rate the op may use
     (:func:`op_precision`), ``bytes_at_precision`` its DRAM traffic with the storage types of the precision
-    (:func:`cost_at_precision`), ``bandwidth`` the datasheet DRAM bandwidth. ``pass_`` is ``forward``,
-    ``backward`` or ``update`` (the optimizer step of the layer's parameters, ``optimizer``; 0 for
-    ``"none"``). Roofline: Williams, Waterman & Patterson 2009 (CACM 52(4)). Errors as :func:`pass_work`.
+    (:func:`cost_at_precision`), ``bandwidth`` the datasheet DRAM bandwidth. ``pass_`` (a
+    :class:`app.core.vocab.Pass`) is ``forward``/``train_forward``, ``backward``, ``update`` (the optimizer
+    step of the layer's parameters, ``optimizer``; 0 for ``"none"``) or ``train_step`` (the sum of the
+    three; ``backward_input``/``backward_weight`` raise ``ValueError``: no byte split).
+    Roofline: Williams, Waterman & Patterson 2009 (CACM 52(4)). Errors as :func:`pass_work`.
     """
+    if Pass(pass_) is Pass.TRAIN_STEP:  # the passes run one after the other: the step's floor is their sum
+        return sum(physics_floor_ms(layer, cost, hw, precision, p, optimizer=optimizer)
+                   for p in (Pass.FORWARD, Pass.BACKWARD, Pass.UPDATE))
     w = pass_work(layer, cost, hw, precision, pass_, optimizer=optimizer)
     return max(w.flops_min / w.peak_flops_per_s, w.bytes_ / hw.memory_bandwidth_bytes_per_s) * 1e3
 

@@ -9,7 +9,6 @@ from app.core.ir import OpKind
 from app.core.json_import import import_json
 from app.core.precision import (
     PRECISION_SEMANTICS,
-    Pass,
     Precision,
     PrecisionNotSupported,
     check_precision,
@@ -18,6 +17,7 @@ from app.core.precision import (
     op_precision,
     physics_floor_ms,
 )
+from app.core.vocab import Pass
 from app.hardware.catalog import load_catalog
 
 CAT = load_catalog()
@@ -125,3 +125,13 @@ def test_winograd_conv_floor_is_a_quarter_of_the_direct_bound() -> None:
     direct = cost.forward_flops / v100.peak_flops_per_s["fp32"] * 1e3
     assert floor == pytest.approx(max(direct / 4, cost.forward_bytes / v100.memory_bandwidth_bytes_per_s * 1e3))
     assert floor < direct
+
+
+def test_train_step_floor_is_the_sum_of_its_passes() -> None:
+    gemm, cost = _layer({"op": "linear", "out_features": 1024}, [1024], batch=256)
+    t4 = CAT["t4"]
+    parts = [physics_floor_ms(gemm, cost, t4, "fp16", p, optimizer="adam") for p in ("forward", "backward", "update")]
+    assert physics_floor_ms(gemm, cost, t4, "fp16", Pass.TRAIN_STEP, optimizer="adam") == pytest.approx(sum(parts))
+    assert physics_floor_ms(gemm, cost, t4, "fp16", Pass.TRAIN_FORWARD) == parts[0]
+    with pytest.raises(ValueError):
+        physics_floor_ms(gemm, cost, t4, "fp16", Pass.BACKWARD_INPUT)
