@@ -15,18 +15,21 @@ Two steps, each defined exactly once:
 so training (which featurises the 250k Justus rows through the batched path) and serving compute every
 feature with the same code.
 
-Physics anchor (DESIGN.md "Anchor the learned model to physics"): the first features are the log
-roofline times of the pass (Williams et al. 2009), so a model that predicts log-time as a residual over
-``log_roofline_ms`` degrades gracefully on hardware it never saw. Hardware enters only through datasheet
-figures (peak FLOP/s, bandwidth, memory, SM count, clock), never a device id, for the same reason
+Physics anchor (DESIGN.md "Anchor the learned model to physics"): ``log_floor_ms`` is the log physics
+floor of the pass (roofline, Williams et al. 2009, at the op's peak for the precision, the cheapest
+algorithm's FLOPs and the precision's bytes: :func:`pass_floor_ms`); the v3 model predicts how far above
+it a layer lands, so it degrades gracefully on hardware it never saw and is never below it. Hardware
+enters only through datasheet figures (peak FLOP/s, bandwidth, memory, SM count, clock, L2) and wave
+quantisation, never a device id, for the same reason
 (Syed & Srinivasan 2021; Justus et al. 2018 use the same kind of hardware features).
 
 Feature schemas: :data:`FEATURE_NAMES` is every feature this module defines. An artifact stores the
 (ordered) subset its model reads in its metadata (``feature_names``) and :func:`select_features` picks
 those columns, so older artifacts keep working when features are added (every name keeps its
-definition forever; new features are appended). :data:`FEATURE_NAMES_V1` is the 34-feature schema of
-``layer-time-mlp-1`` (conv/gemm on GPUs); the op-kind, grouping, precision and CPU features after it
-were added for the multi-op, GPU + CPU predictor.
+definition forever; new features are appended): the first 34 are those of the first, conv/gemm GPU
+model; the op-kind, grouping, precision and CPU features came with v2; the columns after
+``hw_log_l2_cache_bytes`` with v3 (the physics floor at the precision and the op's peak from
+:mod:`app.core.precision`, implicit-GEMM tiles and waves over the SMs, the software stack).
 
 Passes: ``"forward"`` is one forward pass; ``"train_step"`` is forward + backward + the optimizer update
 of the layer's parameters (the Justus et al. 2018 ``train_step`` measurement). Logs are natural logs of
@@ -35,6 +38,7 @@ values clipped below at :data:`LOG_FLOOR` (so zero work gives a finite feature).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from math import prod
 from typing import NamedTuple
@@ -45,6 +49,7 @@ from app.core.costs import LayerCost, optimizer_update_cost
 from app.core.hardware import HardwareSpec
 from app.core.ir import ConvAttrs, Layer, OpKind, PoolAttrs, RecurrentAttrs
 from app.core.precision import op_precision, physics_floor_ms
+from app.core.vocab import SoftwareStack
 
 PASSES: tuple[str, ...] = ("forward", "train_step")
 
@@ -87,12 +92,13 @@ EXTRA_KINDS: tuple[OpKind, ...] = (
 # Precisions stored in 2 bytes (their own flag; fp32/tf32 are 0).
 HALF_PRECISIONS: frozenset[str] = frozenset({"fp16", "bf16"})
 
-#: Software stacks a measurement (or a request) may run under; the first is the serving default.
-#: ``pytorch-eager``: one CUDA-event / wall-timed op call from Python (launch and dispatch included);
-#: ``tf1-session``: a TensorFlow 1.x ``session.run`` per iteration (Justus et al. 2018: ~0.25 ms floor);
-#: ``kernel-time``: GPU kernel time only, no launch gaps (Kineto kernel sums as in Vidur, or CUDA graphs).
-STACKS: tuple[str, ...] = ("pytorch-eager", "tf1-session", "kernel-time")
-DEFAULT_STACK = STACKS[0]
+#: Software stacks a row may run under (:class:`app.core.vocab.SoftwareStack`); the default is the serving
+#: default, PyTorch eager. Two features carry the stack: ``stack_tf1_session`` (a TensorFlow 1.x
+#: ``session.run`` per iteration, Justus et al. 2018: ~0.25 ms floor) and ``stack_kernel_time`` (the time
+#: has no launch gaps: CUDA-graph replays, or measurements that sum kernel durations, as Vidur's Kineto
+#: sums do, ``launch_gaps=False``).
+STACKS: tuple[str, ...] = tuple(s.value for s in SoftwareStack)
+DEFAULT_STACK: str = SoftwareStack.PYTORCH_EAGER.value
 
 #: Output tile of a GEMM thread block used for wave quantisation (Habitat, Yu et al. ATC 2021; NeuSight,
 #: Lee et al. ASPLOS 2025 tile a GEMM's output into blocks and count waves of blocks over the SMs).
@@ -143,7 +149,7 @@ RAW_FIELDS: tuple[str, ...] = (
     "gemm_n",  # columns of the output
     "gemm_k",  # reduction length
     "stack_tf1_session",  # 1 under a TensorFlow 1.x session
-    "stack_kernel_time",  # 1 when the time is GPU kernel time only (Kineto sums, CUDA graphs)
+    "stack_kernel_time",  # 1 when the time has no launch gaps (CUDA graphs; Kineto kernel sums)
     "fp32_peak_flops_per_s",  # the device's fp32 (CUDA-core / vector) peak
 )
 _R = {name: i for i, name in enumerate(RAW_FIELDS)}
@@ -207,7 +213,6 @@ FEATURE_NAMES: tuple[str, ...] = (
     "stack_kernel_time",
 )
 ROOFLINE_FEATURE_INDEX = 0
-FEATURE_NAMES_V1: tuple[str, ...] = FEATURE_NAMES[: FEATURE_NAMES.index("hw_log_clock_mhz") + 1]
 
 
 class FeatureInput(NamedTuple):
@@ -260,14 +265,31 @@ def gemm_dims(layer: Layer) -> tuple[float, float, float, float]:
     return 1.0, out, 1.0, 1.0
 
 
+def precision_spec(hardware: HardwareSpec, precision: str) -> HardwareSpec:
+    """The spec whose peaks :mod:`app.core.precision` reads for ``precision``.
+
+    GPUs: ``hardware`` itself (a precision the GPU lacks raises ``PrecisionNotSupported`` there). CPUs that
+    list no peak for a 16-bit precision run it by converting to fp32 in the vector units (PyTorch's CPU
+    bf16/fp16 kernels without AMX/AVX512-FP16): the spec with that peak set to the fp32 peak.
+    """
+    if hardware.kind != "cpu" or precision in hardware.peak_flops_per_s or precision not in HALF_PRECISIONS:
+        return hardware
+    peaks = {**hardware.peak_flops_per_s, precision: float(hardware.peak_flops_per_s["fp32"])}
+    return dataclasses.replace(hardware, peak_flops_per_s=peaks)
+
+
 def pass_floor_ms(
     *, layer: Layer, cost: LayerCost, hardware: HardwareSpec, pass_: str, optimizer: str, precision: str
 ) -> float:
     """Physics floor of a feature pass in ms: :func:`app.core.precision.physics_floor_ms` of the forward pass,
     plus those of the backward pass and the optimizer update for ``"train_step"`` (the passes run one after
-    the other, so the sum of their floors is a floor of the step). Raises like
+    the other, so the sum of their floors is a floor of the step). An inference forward of a dropout layer
+    has floor 0: frameworks run it as the identity (``nn.Dropout`` in eval mode). Raises like
     :func:`app.core.precision.physics_floor_ms` (``PrecisionNotSupported`` for a precision the device lacks).
     """
+    if layer.kind is OpKind.DROPOUT and pass_ == "forward":
+        return 0.0  # an inference forward runs dropout as the identity (nn.Dropout in eval mode): no work
+    hardware = precision_spec(hardware, precision)
     floor = physics_floor_ms(layer, cost, hardware, precision, "forward")
     if pass_ == "train_step":
         floor += physics_floor_ms(layer, cost, hardware, precision, "backward")
@@ -358,12 +380,14 @@ def raw_quantities(
     optimizer: str,
     precision: str,
     stack: str = DEFAULT_STACK,
+    launch_gaps: bool = True,
 ) -> tuple[float, ...]:
     """Physical quantities of one row, in :data:`RAW_FIELDS` order (units in the field comments).
 
     ``pass_`` is ``"forward"`` or ``"train_step"``; ``optimizer`` a key of
-    :data:`app.core.costs.OPTIMIZERS` (``"none"`` for forward); ``stack`` one of :data:`STACKS`. The update
-    cost is :func:`app.core.costs.optimizer_update_cost` over ``cost.params`` in fp32 (master weights).
+    :data:`app.core.costs.OPTIMIZERS` (``"none"`` for forward); ``stack`` one of :data:`STACKS`;
+    ``launch_gaps`` False for a time that sums kernel durations only (Vidur). The update cost is
+    :func:`app.core.costs.optimizer_update_cost` over ``cost.params`` in fp32 (master weights).
     Raises ``ValueError`` for an unknown pass or stack and ``KeyError`` for an unknown optimizer.
     """
     if pass_ not in PASSES:
@@ -410,11 +434,11 @@ def raw_quantities(
         float(precision in HALF_PRECISIONS),
         float(hardware.kind == "cpu"),
         float(hardware.l2_cache_bytes or 0.0),
-        op_precision(hardware, precision, layer.kind).peak_flops_per_s,
+        op_precision(precision_spec(hardware, precision), precision, layer.kind).peak_flops_per_s,
         pass_floor_ms(layer=layer, cost=cost, hardware=hardware, pass_=pass_, optimizer=opt, precision=precision),
         *gemm_dims(layer),
-        float(stack == "tf1-session"),
-        float(stack == "kernel-time"),
+        float(stack == SoftwareStack.TF1_SESSION),
+        float(not launch_gaps or stack == SoftwareStack.PYTORCH_CUDA_GRAPH),
         float(hardware.peak_flops_per_s["fp32"]),
     )  # fmt: skip
 

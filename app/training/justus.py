@@ -293,7 +293,15 @@ def load_justus(
             pass_ = row["pass"]
             opt = row["optimizer"]
             raw_l.append(
-                raw_quantities(layer=layer, cost=cost, hardware=hw, pass_=pass_, optimizer=opt, precision="fp32")
+                raw_quantities(
+                    layer=layer,
+                    cost=cost,
+                    hardware=hw,
+                    pass_=pass_,
+                    optimizer=opt,
+                    precision="fp32",
+                    stack="tf1-session",
+                )
             )
             fam_l.append(family)
             gpu_l.append(gpu_id)

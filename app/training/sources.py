@@ -12,8 +12,12 @@ sits on both sides of a split.
   ``fp32-strict``; CUDA-event timed single calls: stack ``pytorch-eager``. ``Latency`` in ms.
 * **Vidur** (``../shared/data/vidur``, Agrawal et al. MLSys 2024): the non-attention ops of one decoder
   block in fp16 at ``num_tokens`` tokens and a simulated tensor-parallel degree; the time is the sum of
-  the op's GPU kernel durations under Kineto (no launch gaps): stack ``kernel-time``, precision ``fp16``,
-  median of 20 repeats.
+  the op's GPU kernel durations under Kineto: stack ``pytorch-eager`` featurised with
+  ``launch_gaps=False`` (no launch gaps in the time), precision ``fp16``, median of 20 repeats.
+
+These loaders build the trainer's layer IR from the CSVs; ``app.measurements.neusight``/``vidur`` parse the
+same files into measurement records for the database. Once the trainer reads the database
+(``layercast train`` from measurements), these two loaders go.
 
 Data are read in place. ``per_file`` keeps a seeded, stratified subset (rows per file and op) so that
 training stays within minutes on two cores.
@@ -32,7 +36,7 @@ import numpy as np
 from app.core.costs import layer_cost
 from app.core.features import features_from_raw, raw_quantities
 from app.core.hardware import HardwareSpec
-from app.core.ir import Layer, OpKind, Tensor
+from app.core.ir import ConvAttrs, GemmAttrs, Layer, OpKind, Tensor
 from app.training.justus import JustusData, JustusFile, _sha256, load_hardware_catalog
 
 SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
@@ -91,10 +95,10 @@ def neusight_layer(op: str, row: Mapping[str, str]) -> tuple[Layer, str]:
         b, m, n, k = (int(float(row[c])) for c in ("B", "M", "N", "K"))
         if op == "bmm":
             layer = Layer("bmm", "MatMul", OpKind.MATMUL, (_t("a", (b, m, n)), _t("b", (b, n, k))),
-                          (_t("y", (b, m, k)),), attrs={"macs": b * m * n * k})  # fmt: skip
+                          (_t("y", (b, m, k)),), attrs=GemmAttrs(m=m, n=k, k=n, batch=(b,)))  # fmt: skip
         else:
             layer = Layer("linear", "Gemm", OpKind.GEMM, (_t("x", (b, m, n)),), (_t("y", (b, m, k)),),
-                          weights=(_t("w", (n, k)), _t("bias", (k,))), attrs={"macs": b * m * n * k})  # fmt: skip
+                          weights=(_t("w", (n, k)), _t("bias", (k,))), attrs=GemmAttrs(m=b * m, n=k, k=n))  # fmt: skip
         return layer, f"{op}|{b}|{m}|{n}|{k}"
     if op == "conv":
         b, ci, co, ks, s, st, pad = (int(float(row[c])) for c in (
@@ -102,7 +106,9 @@ def neusight_layer(op: str, row: Mapping[str, str]) -> tuple[Layer, str]:
         o = (s + 2 * pad - ks) // st + 1
         if o < 1:
             raise ValueError("empty conv output")
-        attrs = {"kernel_shape": (ks, ks), "strides": (st, st), "pads": (pad,) * 4, "group": 1}
+        attrs = ConvAttrs(
+            weight_shape=(co, ci, ks, ks), kernel_shape=(ks, ks), strides=(st, st), pads=(pad,) * 4, dilations=(1, 1)
+        )
         layer = Layer("conv", "Conv", OpKind.CONV, (_t("x", (b, ci, s, s)),), (_t("y", (b, co, o, o)),),
                       weights=(_t("w", (co, ci, ks, ks)),), attrs=attrs)  # fmt: skip
         return layer, f"conv|{b}|{ci}|{co}|{ks}|{s}|{st}|{pad}"
@@ -118,17 +124,19 @@ def neusight_layer(op: str, row: Mapping[str, str]) -> tuple[Layer, str]:
     elif op == "ln":
         layer = Layer(op, "LayerNormalization", OpKind.NORM, (x,), y, weights=(_t("g", (h,)), _t("beta", (h,))))
     elif op == "softmax":
-        layer = Layer(op, "Softmax", OpKind.SOFTMAX, (x,), y, attrs={"axis": -1})
+        layer = Layer(op, "Softmax", OpKind.SOFTMAX, (x,), y)
     else:
         raise ValueError(f"unknown NeuSight op {op!r}")
     return layer, f"{op}|{b}|{h}"
 
 
-def _stratified(n: int, keys: Sequence[str], per_key: int | None, rng: np.random.Generator) -> np.ndarray:
-    """Indices keeping at most ``per_key`` seeded random rows of each key (all when None), sorted."""
-    if per_key is None:
+def _stratified(n: int, keys: Sequence[str], per_file: int | None, rng: np.random.Generator) -> np.ndarray:
+    """Indices keeping about ``per_file`` seeded random rows in all, the same share of each key (at most
+    ``per_file / distinct keys`` rows of each; all rows when None), sorted."""
+    if per_file is None:
         return np.arange(n)
     karr = np.asarray(keys)
+    per_key = max(1, per_file // max(1, len(np.unique(karr))))
     keep: list[np.ndarray] = []
     for k in np.unique(karr):
         idx = np.nonzero(karr == k)[0]
@@ -163,7 +171,7 @@ def load_neusight(
     per_file: int | None = None,
     seed: int = 0,
 ) -> JustusData:
-    """NeuSight rows (module docstring); ``per_file`` rows kept per file and op (stratified), all when None.
+    """NeuSight rows (module docstring); about ``per_file`` rows kept per file, stratified by op, all when None.
 
     Rows with a non-positive or missing ``Latency`` are dropped. Raises ``FileNotFoundError`` when the
     directory holds no ``train_*.csv.gz``.
@@ -224,7 +232,7 @@ def vidur_layers(row: Mapping[str, str]) -> dict[str, Layer]:
 
     def gemm(name: str, k: int, n: int) -> Layer:
         return Layer(name, "Gemm", OpKind.GEMM, (_t("x", (t, k), h),), (_t("y", (t, n), h),),
-                     weights=(_t("w", (k, n), h),), attrs={"macs": t * k * n})  # fmt: skip
+                     weights=(_t("w", (k, n), h),), attrs=GemmAttrs(m=t, n=n, k=k))  # fmt: skip
 
     def norm(name: str) -> Layer:
         return Layer(name, "LayerNormalization", OpKind.NORM, (_t("x", (t, e), h),), (_t("y", (t, e), h),),
@@ -289,7 +297,7 @@ def load_vidur(
                     continue
                 layer = layers[op]
                 raw = raw_quantities(layer=layer, cost=layer_cost(layer), hardware=hw, pass_="forward",
-                                     optimizer="none", precision="fp16", stack="kernel-time")  # fmt: skip
+                                     optimizer="none", precision="fp16", launch_gaps=False)  # fmt: skip
                 parts["raw"].append(raw)
                 parts["family"].append(f"vidur:{op}")
                 parts["gpu"].append(hw.id)
