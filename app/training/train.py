@@ -51,7 +51,6 @@ from app.core.features import (
     EXTRA_KINDS,
     STACKS,
     feature_index,
-    floor_ms_from_raw,
     roofline_ms_from_raw,
     select_features,
 )
@@ -616,32 +615,46 @@ def leave_one_gpu_out(
 # ---------------------------------------------------------------- measured ratios
 
 
-def backward_forward_ratios(data: JustusData) -> dict[str, Any]:
-    """Backward/forward time ratios measured in the data, per op family (item 5 of issue 8).
+DEEPBENCH_DIR = REPO_ROOT.parent / "shared" / "data" / "deepbench"
 
-    Justus et al. 2018 time the forward pass and the whole training step of the same configuration on the
-    same GPU: ``(train_step − forward − update floor) / forward`` over configurations whose forward is above
-    1 ms (the TF1 session floor is then < 25 %); median and quartiles per family. Rows without a forward /
-    train-step pair are ignored.
-    """
+
+def backward_forward_ratios(deepbench_dir: Path = DEEPBENCH_DIR) -> dict[str, Any]:
+    """Backward/forward time ratios measured per op family (issue 8 item 5), from Baidu DeepBench training
+    kernels, which time the forward and the backward of the same configuration on the same GPU:
+    convolutions ``(bwd_data + bwd_filter) / fwd`` and recurrent layers ``bwd / fwd`` (per cell type), over
+    rows whose forward is at least 0.1 ms (launch overhead below 10 %). Median, quartiles and the row count
+    per family; ``{}`` when the files are absent. (The Justus rows time forward and training step of
+    different random configurations, so they give no paired ratio.)"""
+    import csv
+
     out: dict[str, Any] = {}
-    src = source_of(data.family)
-    for fam in ("conv", "dense"):
-        m = (src == "justus") & (data.family == fam)
-        fwd: dict[tuple[str, str], float] = {}
-        step: dict[tuple[str, str], tuple[float, float]] = {}
-        upd = floor_ms_from_raw(data.raw)  # train-step floor includes the update; forward floor does not
-        for i in np.nonzero(m)[0]:
-            key = (str(data.config[i]), str(data.gpu[i]))
-            if data.pass_[i] == "forward":
-                fwd[key] = float(data.time_ms[i])
-            else:
-                step[key] = (float(data.time_ms[i]), float(upd[i]))
-        r = [(s - fwd[k]) / fwd[k] for k, (s, _u) in step.items() if k in fwd and fwd[k] > 1.0]
-        if r:
-            q = np.quantile(r, [0.25, 0.5, 0.75])
-            out[fam] = {"median": float(q[1]), "q25": float(q[0]), "q75": float(q[2]), "n": len(r),
-                        "definition": "(train_step - forward) / forward, Justus rows with forward > 1 ms"}  # fmt: skip
+
+    def add(name: str, ratios: list[float]) -> None:
+        if ratios:
+            q = np.quantile(ratios, [0.25, 0.5, 0.75])
+            out[name] = {"median": round(float(q[1]), 3), "q25": round(float(q[0]), 3), "q75": round(float(q[2]), 3),
+                         "n": len(ratios)}  # fmt: skip
+
+    def num(row: Mapping[str, str], key: str) -> float:
+        try:
+            return float(row.get(key) or "nan")
+        except ValueError:
+            return float("nan")
+
+    conv, rnn = deepbench_dir / "deepbench_conv.csv", deepbench_dir / "deepbench_rnn.csv"
+    if conv.is_file():
+        with conv.open(newline="") as f:
+            rows = [r for r in csv.DictReader(f) if r.get("mode") == "train"]
+        r = [(num(x, "bwd_data_ms") + num(x, "bwd_filter_ms")) / num(x, "fwd_ms") for x in rows]
+        add("conv", [v for v, x in zip(r, rows, strict=True) if math.isfinite(v) and num(x, "fwd_ms") >= 0.1])
+    if rnn.is_file():
+        with rnn.open(newline="") as f:
+            rows = [r for r in csv.DictReader(f) if r.get("mode") == "train"]
+        for cell in sorted({x.get("cell", "") for x in rows} - {""}):
+            sel = [x for x in rows if x.get("cell") == cell and num(x, "fwd_ms") >= 0.1]
+            add(cell, [v for v in (num(x, "bwd_ms") / num(x, "fwd_ms") for x in sel) if math.isfinite(v)])
+    if out:
+        out["source"] = "Baidu DeepBench training kernels (CUDA 8-10, cuDNN 6-7), ../shared/data/deepbench"
     return out
 
 
@@ -945,7 +958,7 @@ def write_artifact(
             "loss": "pinball on ln ms at 0.1/0.5/0.9, sources weighted equally",
             "optimizer": "AdamW + OneCycle",
         },
-        "backward_forward_ratio": backward_forward_ratios(tr),
+        "backward_forward_ratio": backward_forward_ratios(),
         "roofline": dict(rconst),
         "metrics_test_summary": dict(summary),
         "metrics_leave_one_gpu_out_summary": dict(logo_summary),
