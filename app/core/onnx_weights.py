@@ -34,7 +34,8 @@ TIED_NODE_PREFIX = "layercast_tied/"
 @dataclass(frozen=True)
 class StripReport:
     """What :func:`strip_weights` removed: ``stripped_bytes`` of inline weight data (declared element
-    count × element size, the bytes a framework would hold), in ``stripped_tensors`` tensors;
+    count × element size, the bytes a framework would hold; tied copies included), in
+    ``stripped_tensors`` tensors;
     ``external_tensors`` external-data references dropped (their bytes are in ``external_bytes``, never
     read); ``tied_copies`` initializers that were value copies of another one, replaced by a view node."""
 
@@ -183,6 +184,8 @@ def strip_weights(model: onnx.ModelProto) -> StripReport:
     ext_count, ext_bytes = drop_external_data(model)
     g = model.graph
     tied = _tied_copies(g)
+    stripped = sum(nbytes(init) for init in g.initializer if init.name in tied)
+    count = len(tied)
     if tied:
         keep = [init for init in g.initializer if init.name not in tied]
         del g.initializer[:]
@@ -199,7 +202,6 @@ def strip_weights(model: onnx.ModelProto) -> StripReport:
         nodes = list(g.node)
         del g.node[:]
         g.node.extend([*views, *nodes])
-    stripped = count = 0
     for t in _tensors(model):
         if numel(t) > MAX_VALUE_NUMEL and has_inline_data(t):
             stripped += nbytes(t)

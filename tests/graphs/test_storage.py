@@ -91,8 +91,9 @@ def test_weights_are_stripped_and_the_numbers_do_not_change(client: TestClient, 
     assert body["size_bytes"] == len(original)
     assert storage["weights_stored"] is False
     assert storage["stored_bytes"] < len(original) / 100
-    # every tensor over 65536 elements lost its data; the 1024-element bias is kept (shape-sized)
-    assert storage["stripped_weight_bytes"] == 4 * (VOCAB * HIDDEN + 2 * HIDDEN * FFN)
+    # every tensor over 65536 elements lost its data, the tied copy included; the 1024-element bias
+    # is kept (shape-sized)
+    assert storage["stripped_weight_bytes"] == 4 * (2 * VOCAB * HIDDEN + 2 * HIDDEN * FFN)
     assert body["summary"]["params"] == direct.params
     assert body["summary"]["forward_macs"] == direct.forward_macs
 
