@@ -19,9 +19,9 @@ class StoredGraph(Base):
     request: for ONNX the model with the data of weight-sized tensors removed (names, dims and dtypes
     kept; :func:`app.core.onnx_weights.strip_weights`), for JSON the canonical layer list.
     ``structure_sha256``: sha256 of ``content`` (equal for two uploads that differ only in the values
-    of weight-sized tensors; ``None`` for rows stored before migration 0002). ``size_bytes``: the upload's
+    of weight-sized tensors; ``None`` for rows stored before migration 0003). ``size_bytes``: the upload's
     size; ``stored_bytes``: ``len(content)``; ``weights_stored``: whether ``content`` still holds weight
-    data (only rows from before migration 0002); ``stripped_weight_bytes``: declared bytes of the weight
+    data (only rows from before migration 0003); ``stripped_weight_bytes``: declared bytes of the weight
     data not stored (inline data removed plus external data never read).
     """
 

@@ -283,7 +283,7 @@ def test_delete_graph(client: TestClient) -> None:
 
 
 def test_migration_keeps_old_rows_and_says_their_weights_are_stored(sqlite_url: str) -> None:
-    upgrade(sqlite_url, "0001")
+    upgrade(sqlite_url, "0002")
     engine = create_engine(sqlite_url, poolclass=pool.NullPool)
     try:
         with engine.begin() as conn:

@@ -6,8 +6,8 @@ before this revision kept their weights: they get ``weights_stored = true``, ``s
 size_bytes``, ``stripped_weight_bytes = 0`` and no structure hash. The server defaults used to fill
 them are dropped afterwards (the ORM sets every value).
 
-Revision ID: 0002
-Revises: 0001
+Revision ID: 0003
+Revises: 0002
 Create Date: 2026-12-01 09:00:00+00:00
 """
 
@@ -18,8 +18,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0002"
-down_revision: str | None = "0001"
+revision: str = "0003"
+down_revision: str | None = "0002"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
