@@ -44,6 +44,8 @@ _CPUINFO = Path("/proc/cpuinfo")
 _SYS_CPU = Path("/sys/devices/system/cpu")
 _SVE_VL = Path("/proc/sys/abi/sve_default_vector_length")
 
+_CURRENT_CLOCK_SOURCE = "/proc/cpuinfo cpu MHz"
+
 BANDWIDTH_BUDGET_S = 0.5
 """Wall-time budget of the memory bandwidth measurement (allocation and first touch included)."""
 
@@ -170,7 +172,7 @@ def _frequencies_mhz(cpuinfo: dict[str, str]) -> tuple[float | None, str, float 
             except ValueError:
                 current = 0.0
             if current > 0:
-                max_mhz, max_src = current, "/proc/cpuinfo cpu MHz (current clock; max unavailable)"
+                max_mhz, max_src = current, f"{_CURRENT_CLOCK_SOURCE} (current clock; max unavailable)"
     base_mhz, base_src = sys_khz("base_frequency"), f"{cpufreq}/base_frequency"
     if base_mhz is None and model_ghz:
         base_mhz, base_src = model_ghz, "/proc/cpuinfo model name"
@@ -280,7 +282,8 @@ _IDENTITY_FIELDS = (
     "l2_cache_bytes",
 )
 """Fields that must match for a stored measurement of ``local`` to be reused (same CPU, same usable
-cores, same RAM): the measured values describe that machine only."""
+cores, same RAM): the measured values describe that machine only. A clock read from the current
+``cpu MHz`` (no max frequency available) is itself a drifting reading and is reused, not compared."""
 
 
 @cache
@@ -325,10 +328,6 @@ def _detect(*, stored: HardwareSpec | None) -> HardwareSpec:
     max_mhz, max_src, base_mhz, base_src = _frequencies_mhz(cpuinfo)
     bits, ports, vec_src = _vector_width(machine, flags)
     sources["vector_width_bits"] = vec_src
-    if max_mhz is not None:
-        sources["boost_clock_mhz"] = max_src
-    if base_mhz is not None:
-        sources["base_clock_mhz"] = base_src
     caches = _cache_sizes()
     l2 = caches.get(2)
     if l2:
@@ -341,12 +340,25 @@ def _detect(*, stored: HardwareSpec | None) -> HardwareSpec:
         "name": name, "architecture": machine, "compute_units": cores, "memory_bytes": memory,
         "vector_width_bits": bits, "boost_clock_mhz": max_mhz, "l2_cache_bytes": float(l2) if l2 else None,
     }
+    # Without a max frequency the clock is the *current* one, which drifts between reads: a reading,
+    # like the bandwidth, so it is compared by its source and the stored value reused.
+    current_clock = max_mhz is not None and max_src.startswith(_CURRENT_CLOCK_SOURCE)
+    keys = [k for k in _IDENTITY_FIELDS if not (current_clock and k == "boost_clock_mhz")]
     reuse = (
         stored is not None
-        and all(getattr(stored, key) == identity[key] for key in _IDENTITY_FIELDS)
+        and all(getattr(stored, key) == identity[key] for key in keys)
+        and (not current_clock or stored.sources.get("boost_clock_mhz") == max_src)
         and _measured(stored, "memory_bandwidth_bytes_per_s")
         and (max_mhz is not None or _measured(stored, "peak_flops_per_s.fp32"))
     )
+    if reuse and current_clock:
+        assert stored is not None
+        max_mhz, base_mhz = stored.boost_clock_mhz, stored.base_clock_mhz
+        base_src = stored.sources.get("base_clock_mhz", base_src)
+    if max_mhz is not None:
+        sources["boost_clock_mhz"] = max_src
+    if base_mhz is not None:
+        sources["base_clock_mhz"] = base_src
     stamp = datetime.now(UTC).isoformat(timespec="seconds")
     note = (
         f"; measured at {stamp} (the service keeps this measurement in the hardware row '{LOCAL_ID}' and "

@@ -124,3 +124,18 @@ def test_local_bandwidth_survives_a_restart(settings: Settings, monkeypatch: pyt
     assert after["memory_bandwidth_bytes_per_s"] == before["memory_bandwidth_bytes_per_s"]
     assert after["sources"] == before["sources"]
     assert predicted_again == predicted
+
+
+def test_a_drifting_current_clock_does_not_change_the_stored_spec(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where no max frequency is readable the clock is the current ``cpu MHz``, which drifts between
+    reads; with a stored spec from the same machine, clock, peak and bandwidth stay as stored."""
+    source = f"{local._CURRENT_CLOCK_SOURCE} (current clock; max unavailable)"
+    monkeypatch.setattr(local, "_frequencies_mhz", lambda _info: (2500.0, source, None, ""))
+    monkeypatch.setattr(local, "measure_memory_bandwidth", _fake_bandwidth)
+    first = local._detect(stored=None)
+    monkeypatch.setattr(local, "_frequencies_mhz", lambda _info: (2611.7, source, None, ""))
+    monkeypatch.setattr(local, "measure_memory_bandwidth", _no_measurement)
+    again = local.local_cpu_spec(first)
+    assert again.boost_clock_mhz == 2500.0
+    assert again.peak_flops_per_s == first.peak_flops_per_s
+    assert again.memory_bandwidth_bytes_per_s == first.memory_bandwidth_bytes_per_s == 1e10
