@@ -152,11 +152,9 @@ _ATTENTION_CHAIN_OPS = frozenset({"Div", "Mul", "Add", "Sub", "Where", "Softmax"
 
 
 def _attr(layer: Layer, key: str, default: Any) -> Any:
-    """The one place this module reads a layer attribute (the attribute record is being retyped)."""
-    attrs = layer.attrs
-    if isinstance(attrs, dict) or hasattr(attrs, "get"):
-        return attrs.get(key, default)
-    return getattr(attrs, key, default)
+    """The one place this module reads a layer attribute: a field of the layer's typed attribute record
+    (:data:`app.core.ir.ATTRS_FOR_KIND`), ``default`` when the record (or the field) is absent."""
+    return getattr(layer.attrs, key, default)
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,8 +362,8 @@ def _saved_by(layer: Layer, i: int, fused: dict[int, tuple[int, int]], *, key: C
     if kind is OpKind.ATTENTION:
         s |= {key(t, cast) for t in ins} | {key(t) for t in outs}
         if ins and ins[0].shape:
-            x = ins[0]  # (B, H, S, D) (opset 23) or (B, S, H·D) with a num_heads attribute (com.microsoft)
-            heads = 1 if len(x.shape) == 4 else int(_attr(layer, "num_heads", 1) or 1)
+            x = ins[0]  # (B, H, S, D) (opset 23) or (B, S, H·D) with a heads attribute (com.microsoft)
+            heads = 1 if len(x.shape) == 4 else int(_attr(layer, "heads", 1) or 1)
             extra += rnd(4 * heads * (x.numel // x.shape[-1]))
         return s, extra
     if kind in (OpKind.CONV, OpKind.CONV_TRANSPOSE, OpKind.GEMM):
@@ -393,14 +391,11 @@ def _saved_by(layer: Layer, i: int, fused: dict[int, tuple[int, int]], *, key: C
         if xn is None or not xn.shape:
             return s, extra
         if op == "LayerNormalization":
-            axis = int(_attr(layer, "axis", -1))
-            rows = math.prod(xn.shape[: axis % len(xn.shape)])
-        elif op == "GroupNormalization":
-            rows = xn.shape[0] * int(_attr(layer, "num_groups", 1))
+            rows = math.prod(xn.shape[:-1])  # statistics per row of the last axis (nn.LayerNorm's normal use)
         elif op == "LRN":
             return s | {key(t) for t in outs}, extra
         else:
-            rows = math.prod(xn.shape[:2])
+            rows = math.prod(xn.shape[:2])  # Instance/GroupNorm: at most one statistic per (sample, channel)
         return s, extra + 2 * rnd(4 * rows)  # mean and rstd, fp32
     if kind is OpKind.DROPOUT:
         return s, sum(rnd(t.numel) for t in outs[:1])  # bool mask

@@ -51,7 +51,7 @@ def import_records(
 
     Raises :class:`app.errors.HardwareNotFound` (a record's ``hardware_id`` is not stored: seed the
     catalog first), ``ValueError`` (a record without ``source_file``/``source_row``, a duplicate natural
-    key ``(source, source_file, source_row, pass)``, a non-positive time, or ``batch_size`` < 1).
+    key ``(source, source_file, source_row, source_column, pass)``, a non-positive time, or ``batch_size`` < 1).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -83,7 +83,7 @@ def import_records(
             )
         if not (math.isfinite(record.time_ms_median) and record.time_ms_median > 0):
             raise ValueError(f"{source_file} row {source_row}: time_ms_median must be positive")
-        natural = (source, source_file, source_row, record.pass_)
+        natural = (source, source_file, source_row, record.context.get("source_column"), record.pass_)
         if natural in seen:
             raise ValueError(f"duplicate measurement {natural}")
         seen.add(natural)

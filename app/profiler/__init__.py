@@ -25,16 +25,16 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from app.core.vocab import TIMED_PASSES
+
 #: Version of the row format written by :mod:`app.profiler.run` (field ``schema``).
 ROW_SCHEMA = 1
 
-#: Passes of a layer row, in :attr:`row["timings"]`: ``forward`` is an inference forward (eval mode,
-#: ``torch.no_grad``); ``train_forward``/``backward``/``update`` are the three phases of one training
-#: step and ``train_step`` their per-repetition sum; ``backward_input``/``backward_weight`` are the
-#: optional split of the backward (``torch.autograd.grad`` w.r.t. inputs only, then parameters only).
-TIMED_PASSES: tuple[str, ...] = (
-    "forward", "train_forward", "backward", "update", "train_step", "backward_input", "backward_weight",
-)
+#: Passes of a layer row, in :attr:`row["timings"]` (:class:`app.core.vocab.Pass`): ``forward`` is an
+#: inference forward (eval mode, ``torch.no_grad``); ``train_forward``/``backward``/``update`` are the three
+#: phases of one training step and ``train_step`` their per-repetition sum; ``backward_input``/
+#: ``backward_weight`` are the optional split of the backward.
+__all__ = ["ROW_SCHEMA", "TIMED_PASSES", "iter_rows"]
 
 
 def iter_rows(path: str | Path) -> Iterator[dict[str, Any]]:
