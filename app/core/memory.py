@@ -6,7 +6,8 @@ a few attributes), each activation tensor identified by its name (views share th
 * **Model state**: weights in fp32 (4 B/param; under fp16/bf16 autocast they are the fp32 master copy);
   gradients fp32 (4 B/param); optimizer state ``states × 4 B/param`` (:data:`app.core.costs.OPTIMIZERS`:
   0 SGD, 1 momentum, 2 Adam/AdamW). Under autocast, every weight a conv/GEMM/matmul/recurrent layer reads
-  is also cast once to 16 bits (autocast's weight cache) and that copy is saved for backward.
+  is also cast once to 16 bits (autocast's weight cache) and that copy is saved for backward (by a GEMM
+  only when its input needs a gradient: the copy serves the input gradient).
 * **Saved activations**: per layer, exactly the tensors autograd saves (PyTorch ``derivatives.yaml``):
   conv/linear save their input (not their output); matmul both operands; BatchNorm its input plus the
   per-channel ``save_mean``/``save_invstd`` (2 × C × 4 B); LayerNorm its input plus mean and rstd per row;
@@ -14,7 +15,8 @@ a few attributes), each activation tensor identified by its name (views share th
   output is the tensor the next conv saves anyway); GELU, SiLU, Erf, LeakyReLU, Log, Pow and ReLU6 (Clip:
   torch's ``hardtanh`` keeps its input, measured even for ``inplace=True``) their input;
   Add/Sub/Concat/views/Pad save nothing; Mul/Div save the operands the other gradient needs (nothing for a
-  constant); Dropout a bool mask (1 B/element); MaxPool its input plus int64 indices;
+  constant); Dropout a bool mask (1 B/element) on a GPU (``native_dropout``), a mask of the input's type on
+  a CPU (``input * bernoulli``); MaxPool its input plus int64 indices;
   AveragePool its input, GlobalAveragePool nothing (a mean); an embedding its indices. Attention follows
   ``scaled_dot_product_attention`` as flash/memory-efficient kernels run it: a ``MatMul → (scale, mask)
   → Softmax → (Dropout) → MatMul`` chain (or a fused Attention op) keeps only Q, K, V, the output O and the
@@ -290,7 +292,8 @@ def _plan(layers: Sequence[Layer], outputs: Iterable[Tensor], *, half: int | Non
                     needs_grad.add(c)
         if layer.kind is OpKind.UNSUPPORTED:
             continue
-        s, e = _saved_by(layer, i, fused, key=key, rnd=rnd, half=half, gpu=gpu)
+        grad_in = any(canon(t.name) in needs_grad for t in ins)
+        s, e = _saved_by(layer, i, fused, key=key, rnd=rnd, half=half, out16=out16, grad_in=grad_in, gpu=gpu)
         saved[i] |= s
         extra[i] += e
         if gpu and kind in (OpKind.CONV, OpKind.CONV_TRANSPOSE) and outs:
@@ -334,7 +337,8 @@ def _fused_attention(layers: Sequence[Layer]) -> dict[int, tuple[int, int]]:
 
 
 def _saved_by(layer: Layer, i: int, fused: dict[int, tuple[int, int]], *, key: Callable[..., str],
-              rnd: Callable[..., int], half: int | None, gpu: bool) -> tuple[set[str], int]:
+              rnd: Callable[..., int], half: int | None, out16: bool, grad_in: bool,
+              gpu: bool) -> tuple[set[str], int]:
     """Keys of the tensors ``layer`` saves for backward and the bytes of saved buffers it creates."""
     ins, outs, op, kind = layer.inputs, layer.outputs, layer.op_type, layer.kind
     f_ins = [t for t in ins if _is_float(t)]
@@ -342,7 +346,8 @@ def _saved_by(layer: Layer, i: int, fused: dict[int, tuple[int, int]], *, key: C
     extra = 0
     cast = True if (half and kind in _MAC_KINDS) else (False if half and gpu and op in CUDA_AUTOCAST_FP32_OPS
                                                           else None)
-    if half and kind in _MAC_KINDS:
+    # addmm/mm keep the weight only for the input gradient; convolution keeps it whatever its input
+    if half and kind in _MAC_KINDS and (grad_in or kind is not OpKind.GEMM):
         for w in layer.weights:
             if _is_float(w) and len(w.shape) > 1:
                 s.add(key(w, True))  # autocast's cached 16-bit copy, saved by the layer
@@ -398,7 +403,9 @@ def _saved_by(layer: Layer, i: int, fused: dict[int, tuple[int, int]], *, key: C
             rows = math.prod(xn.shape[:2])  # Instance/GroupNorm: at most one statistic per (sample, channel)
         return s, extra + 2 * rnd(4 * rows)  # mean and rstd, fp32
     if kind is OpKind.DROPOUT:
-        return s, sum(rnd(t.numel) for t in outs[:1])  # bool mask
+        # CUDA's fused native_dropout keeps a bool mask; the CPU path multiplies by a mask of the input's type
+        per = 1 if gpu else (half if out16 and half else 4)
+        return s, sum(rnd(t.numel * per) for t in outs[:1])
     if kind is OpKind.POOL:
         s |= {key(t) for t in ins[:1]}
         if op == "MaxPool":

@@ -70,10 +70,13 @@ def test_bn_dropout_maxpool_save_statistics_masks_and_indices() -> None:
         {"op": "flatten"}, {"op": "linear", "out_features": 4}]}
     fp = footprint(_a(2, doc), mode="training", optimizer="sgd")
     x, pooled = 2 * 8 * 16 * 16, 2 * 8 * 8 * 8
-    # BN: input + mean/invstd per channel; max-pool: input (= BN output) + int64 indices; dropout: bool
-    # mask; linear: the dropout output; loss and logits
-    expected = 4 * x + 2 * 4 * 8 + 4 * x + 8 * pooled + pooled + 4 * pooled + 2 * 4 * 2 * 4
+    # BN: input + mean/invstd per channel; max-pool: input (= BN output) + int64 indices; dropout on a CPU:
+    # an fp32 mask (input * bernoulli); linear: the dropout output; loss and logits
+    expected = 4 * x + 2 * 4 * 8 + 4 * x + 8 * pooled + 4 * pooled + 4 * pooled + 2 * 4 * 2 * 4
     assert fp.activations_bytes == expected
+    # CUDA's native_dropout keeps a bool mask: 3 B/element less, even after 512-B block rounding
+    gpu = footprint(_a(2, doc), mode="training", optimizer="sgd", hardware=_gpu("Ampere (GA100)"))
+    assert gpu.activations_bytes <= expected - 3 * pooled + 512 * 8
 
 
 def test_gpu_runtime_context_workspace_and_rounding() -> None:
