@@ -69,3 +69,11 @@ class HardwareExists(Conflict):
 class PayloadTooLarge(LayercastError):
     status_code = 413
     code = "payload_too_large"
+
+
+class PrecisionNotSupportedError(LayercastError):
+    """The device lacks the arithmetic the requested precision needs (bf16 before Ampere, tf32 before
+    Ampere, fp16 on Kepler/Maxwell): never answered silently in fp32."""
+
+    status_code = 422
+    code = "precision_not_supported"

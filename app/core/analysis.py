@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from app.core.costs import LayerCost, layer_cost
-from app.core.ir import Graph, Layer, OpKind
+from app.core.ir import Graph, Layer, OpKind, UnsupportedAttrs
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +63,7 @@ def analyze(graph: Graph) -> GraphAnalysis:
             op_type=op,
             count=len(ls),
             layers=tuple(x.name for x in ls),
-            reason=str(ls[0].attrs.get("unsupported_reason", "no cost formula")),
+            reason=ls[0].attrs.reason if isinstance(ls[0].attrs, UnsupportedAttrs) else "no cost formula",
         )
         for op, ls in sorted(by_op.items())
     )

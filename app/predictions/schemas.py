@@ -6,13 +6,14 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from app.core.precision import Precision
+from app.core.vocab import SoftwareStack
 from app.graphs.schemas import JsonGraphCreate
 from app.hardware.schemas import HardwareCreate
 from app.schemas import Schema
 
 Mode = Literal["training", "inference"]
 Optimizer = Literal["none", "sgd", "momentum", "nesterov", "adagrad", "adadelta", "rmsprop", "adam", "adamw"]
-Precision = Literal["fp32", "tf32", "fp16", "bf16"]
 
 
 class PredictionCreate(Schema):
@@ -25,7 +26,16 @@ class PredictionCreate(Schema):
     batch_size: int = Field(gt=0, le=1_000_000)
     mode: Mode = "training"
     optimizer: Optimizer = Field(default="sgd", description="ignored (treated as 'none') in inference mode")
-    precision: Precision = "fp32"
+    precision: Precision = Field(
+        default=Precision.FP32,
+        description="fp32 = PyTorch defaults (strict fp32 matmuls, TF32 cuDNN convolutions on Ampere+); "
+                    "fp32-strict = no tensor cores; tf32 = matmul and conv on TF32 tensor cores; fp16/bf16 = "
+                    "autocast mixed precision. A precision the device lacks is a 422 precision_not_supported.",
+    )
+    software_stack: SoftwareStack = Field(
+        default=SoftwareStack.PYTORCH_EAGER,
+        description="what launches the kernels; sets the fixed per-kernel and per-layer overheads",
+    )
     dims: dict[str, int] = Field(default_factory=dict, description="symbolic dimensions other than the batch")
     dataset_size: int | None = Field(default=None, gt=0, description="samples per epoch")
     epochs: float | None = Field(default=None, gt=0)
@@ -56,7 +66,13 @@ class LayerPrediction(Schema):
     bytes_written: int
     operational_intensity_flops_per_byte: float
     bound: str | None = Field(description="'compute' or 'memory' on this hardware (roofline)")
-    roofline_ms: float | None
+    roofline_ms: float | None = Field(
+        description="max(FLOPs / peak, bytes / bandwidth) of the passes timed, at the request's precision "
+                    "(peak each op may use, bytes at the precision's storage types), direct algorithm")
+    physics_floor_ms: float | None = Field(
+        description="the time no kernel can beat: the roofline with the FLOPs of the cheapest algorithm the "
+                    "library may pick (Winograd for 3x3 stride-1 convolutions), summed over the passes timed")
+    floor_clamped: bool = Field(default=False, description="a pass was raised to its physics floor")
     forward_ms: float | None
     backward_ms: float | None
     update_ms: float | None
@@ -137,7 +153,9 @@ class PredictionRead(Schema):
     batch_size: int
     mode: Mode
     optimizer: str
-    precision: str
+    precision: Precision
+    precision_semantics: str = Field(description="what the precision meant for this answer")
+    software_stack: SoftwareStack = Field(description="the software stack the overheads assume")
     predictor_version: str
     methods: dict[str, int] = Field(description="layer count per method")
     layers: list[LayerPrediction]

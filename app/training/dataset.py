@@ -37,7 +37,7 @@ from sqlalchemy.orm import Session
 from app.core.costs import layer_cost
 from app.core.features import RAW_FIELDS, features_from_raw, raw_quantities
 from app.core.hardware import HardwareSpec
-from app.core.ir import Layer, OpKind, Tensor
+from app.core.ir import ConvAttrs, GemmAttrs, Layer, OpKind, Tensor
 from app.core.json_import import import_json
 from app.core.vocab import Granularity
 from app.errors import InvalidGraph
@@ -165,7 +165,7 @@ def justus_conv_layer(*, batch: int, size: int, kernel: int, stride: int, c_in: 
                       use_bias: bool, activation: str, name: str = "conv") -> Layer:  # fmt: skip
     """Layer IR of a Justus 2018 convolution (TensorFlow 1.x): input NHWC ``(N, S, S, C_in)``, weight
     ``(C_out, C_in, k, k)`` (+ bias), output ``(N, O, O, C_out)`` with ``O`` from :func:`tf_conv_output_size`;
-    ``attrs["activation"]`` is the activation fused after the layer."""
+    the attrs' ``activation`` is the activation fused after the layer."""
     out = tf_conv_output_size(size, kernel, stride, padding)
     weights: tuple[Tensor, ...] = (Tensor(f"{name}.weight", (c_out, c_in, kernel, kernel)),)
     if use_bias:
@@ -175,20 +175,23 @@ def justus_conv_layer(*, batch: int, size: int, kernel: int, stride: int, c_in: 
         inputs=(Tensor(f"{name}.x", (batch, size, size, c_in)),),
         outputs=(Tensor(f"{name}.y", (batch, out, out, c_out)),),
         weights=weights,
-        attrs={"kernel_shape": (kernel, kernel), "strides": (stride, stride), "padding": padding.upper(),
-               "group": 1, "data_layout": "NHWC", "activation": activation},
+        attrs=ConvAttrs(
+            weight_shape=weights[0].shape, kernel_shape=(kernel, kernel), strides=(stride, stride), pads=(0, 0, 0, 0),
+            dilations=(1, 1), auto_pad="SAME_UPPER" if padding == "same" else "VALID",  # TF "same" pads the end more
+            activation=activation,
+        ),
     )  # fmt: skip
 
 
 def justus_dense_layer(*, batch: int, in_features: int, out_features: int, activation: str,
                        name: str = "dense") -> Layer:  # fmt: skip
-    """Layer IR of a Justus 2018 dense layer: Gemm ``(N, in) × (in, out) + bias``, ``attrs["macs"] = N·in·out``."""
+    """Layer IR of a Justus 2018 dense layer: Gemm ``(N, in) × (in, out) + bias``, ``GemmAttrs(m=N, n=out, k=in)``."""
     return Layer(
         name=name, op_type="Gemm", kind=OpKind.GEMM,
         inputs=(Tensor(f"{name}.x", (batch, in_features)),),
         outputs=(Tensor(f"{name}.y", (batch, out_features)),),
         weights=(Tensor(f"{name}.weight", (in_features, out_features)), Tensor(f"{name}.bias", (out_features,))),
-        attrs={"macs": batch * in_features * out_features, "activation": activation},
+        attrs=GemmAttrs(m=batch, n=out_features, k=in_features, activation=activation),
     )  # fmt: skip
 
 
@@ -213,15 +216,14 @@ def _shape_layer(op: Mapping[str, Any], dtype: str) -> Layer | None:
             raise ValueError(f"matmul shapes do not chain: {a} @ {b}")
         out = (*a[:-1], b[-1])
         return Layer("matmul", "MatMul", OpKind.MATMUL, (Tensor("a", a, dtype), Tensor("b", b, dtype)),
-                     (Tensor("y", out, dtype),), attrs={"macs": math.prod(a[:-1]) * a[-1] * b[-1]})  # fmt: skip
+                     (Tensor("y", out, dtype),), attrs=GemmAttrs(m=a[-2], n=b[-1], k=a[-1], batch=a[:-2]))
     if name == "elementwise":
         shape = tuple(int(v) for v in op["shape"])
         x = Tensor("x", shape, dtype)
         fn = str(op["fn"])
         if fn == "silu_and_mul":  # SiLU(gate) * up over [T, 2F] -> [T, F]
             out = (*shape[:-1], shape[-1] // 2)
-            return Layer(fn, "Mul", OpKind.ELEMENTWISE, (x,), (Tensor("y", out, dtype),),
-                         attrs={"fused": "silu_and_mul"})
+            return Layer(fn, "Mul", OpKind.ELEMENTWISE, (x,), (Tensor("y", out, dtype),))
         if fn not in _ELEMENTWISE_OPS:
             return None
         inputs = (x,) if op.get("operand") == "scalar" else (x, Tensor("x2", shape, dtype))
@@ -229,7 +231,7 @@ def _shape_layer(op: Mapping[str, Any], dtype: str) -> Layer | None:
     if name == "rope":
         q, k = tuple(int(v) for v in op["q_shape"]), tuple(int(v) for v in op["k_shape"])
         return Layer("rope", "Rope", OpKind.ELEMENTWISE, (Tensor("q", q, dtype), Tensor("k", k, dtype)),
-                     (Tensor("q_out", q, dtype), Tensor("k_out", k, dtype)), attrs={"fused": "rotary_embedding"})
+                     (Tensor("q_out", q, dtype), Tensor("k_out", k, dtype)))
     return None
 
 

@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from app.core.features import roofline_ms_from_raw
+from app.core.precision import Precision
 from app.measurements.importers import IMPORT_SOURCES
 from app.predictor.onnx_model import LearnedPredictor, _spec_from_snapshot
 from app.predictor.registry import current_stem, load_predictor
@@ -168,7 +169,7 @@ def e2e_predictions(
         opt = str(r.get("optimizer", "sgd"))
         queries = [
             LayerTimeQuery(layer=layer, cost=cost, hardware=cpu_hardware, mode="training", optimizer=opt,
-                           precision=str(r.get("precision", "fp32")))
+                           precision=Precision(str(r.get("precision", "fp32"))))
             for layer, cost in zip(g.layers, a.costs, strict=True)
             if cost.supported
         ]  # fmt: skip

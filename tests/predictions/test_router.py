@@ -201,3 +201,46 @@ def test_per_layer_roofline_bound_and_intensity(client: TestClient, resnet_id: s
     peak, bw = 19.5e12, 1555e9  # A100 40 GB datasheet: fp32 19.5 TFLOP/s, 1555 GB/s
     expected_relu_ms = max(relu["forward_flops"] / peak, (relu["bytes_read"] + relu["bytes_written"]) / bw) * 1e3
     assert relu["roofline_ms"] == pytest.approx(expected_relu_ms, rel=1e-6)
+
+
+def test_precision_the_device_lacks_is_a_422_not_a_silent_fp32_answer(client: TestClient, resnet_id: str) -> None:
+    r = _predict(client, graph_id=resnet_id, hardware_id="v100-sxm2-16gb", batch_size=8, precision="bf16")
+    assert r.status_code == 422, r.text
+    err = r.json()["error"]
+    assert err["code"] == "precision_not_supported"
+    assert err["detail"]["missing_peak"] == "bf16" and "fp16" in err["detail"]["available_peaks"]
+    assert _predict(client, graph_id=resnet_id, hardware_id="t4", batch_size=8, precision="tf32").status_code == 422
+
+
+def test_answer_names_its_precision_semantics_and_floors(client: TestClient, resnet_id: str) -> None:
+    bodies = {
+        p: _predict(client, graph_id=resnet_id, hardware_id="a100-sxm4-40gb", batch_size=64, precision=p).json()
+        for p in ("fp32", "fp32-strict", "tf32", "bf16")
+    }
+    assert {b["precision"] for b in bodies.values()} == set(bodies)
+    assert "TF32" in bodies["fp32"]["precision_semantics"] and "autocast" in bodies["bf16"]["precision_semantics"]
+    for body in bodies.values():
+        for row in body["layers"]:
+            if row["total_ms"] is not None:
+                assert row["total_ms"] >= row["physics_floor_ms"] * (1 - 1e-9) > 0 or row["physics_floor_ms"] == 0
+    # Convolutions under default fp32 use TF32 tensor cores on Ampere, under fp32-strict they do not
+    def conv_roof(p: str) -> float:
+        return sum(r["roofline_ms"] for r in bodies[p]["layers"] if r["op_type"] == "Conv")
+    assert conv_roof("fp32") < conv_roof("fp32-strict") / 4
+    # mixed precision moves 16-bit activations: a memory-bound Relu's roofline halves
+    relu = [next(r for r in bodies[p]["layers"] if r["op_type"] == "Relu") for p in ("fp32", "bf16")]
+    assert relu[1]["roofline_ms"] == pytest.approx(relu[0]["roofline_ms"] / 2, rel=1e-6)
+
+
+def test_answer_says_which_software_stack_it_assumed(client: TestClient, resnet_id: str) -> None:
+    default = _predict(client, graph_id=resnet_id, hardware_id="a100-sxm4-40gb", batch_size=1, mode="inference")
+    graphs = _predict(client, graph_id=resnet_id, hardware_id="a100-sxm4-40gb", batch_size=1, mode="inference",
+                      software_stack="pytorch-cuda-graph")
+    assert default.json()["software_stack"] == "pytorch-eager"
+    assert graphs.json()["software_stack"] == "pytorch-cuda-graph"
+    # fallback (streaming) layers pay a smaller fixed cost per kernel under CUDA graphs
+    def relu_ms(body: dict) -> float:
+        return sum(r["total_ms"] for r in body["layers"] if r["op_type"] == "Relu")
+    assert relu_ms(graphs.json()) < relu_ms(default.json())
+    bad = _predict(client, graph_id=resnet_id, hardware_id="a100-sxm4-40gb", batch_size=1, software_stack="jax")
+    assert bad.status_code == 422

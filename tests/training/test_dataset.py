@@ -12,7 +12,7 @@ import pytest
 from app.core.costs import layer_cost
 from app.core.features import FEATURE_NAMES, layer_features
 from app.core.hardware import HardwareSpec
-from app.core.ir import OpKind
+from app.core.ir import GemmAttrs, OpKind
 from app.profiler import iter_rows
 from app.profiler.sampler import LayerConfig
 from app.training.dataset import (
@@ -109,9 +109,11 @@ def test_record_layer_shape_records() -> None:
     bmm = record_layer(source="neusight", config={"layer": {"op": "matmul", "a": [4, 8, 16], "b": [4, 16, 2]}},
                        batch_size=4, precision="fp32-strict")  # fmt: skip
     assert not isinstance(bmm, str)
-    assert bmm.kind is OpKind.MATMUL and bmm.outputs[0].shape == (4, 8, 2) and bmm.attrs["macs"] == 4 * 8 * 16 * 2
-    scalar = record_layer(source="neusight", batch_size=3, precision="fp32-strict",
-                          config={"layer": {"op": "elementwise", "fn": "pow", "shape": [3, 5], "operand": "scalar"}})
+    assert bmm.kind is OpKind.MATMUL and bmm.outputs[0].shape == (4, 8, 2)
+    assert isinstance(bmm.attrs, GemmAttrs)
+    assert (bmm.attrs.m, bmm.attrs.n, bmm.attrs.k, bmm.attrs.batch) == (8, 2, 16, (4,))
+    pow_scalar = {"layer": {"op": "elementwise", "fn": "pow", "shape": [3, 5], "operand": "scalar"}}
+    scalar = record_layer(source="neusight", batch_size=3, precision="fp32-strict", config=pow_scalar)
     assert not isinstance(scalar, str) and len(scalar.inputs) == 1 and scalar.op_type == "Pow"
     silu = record_layer(source="vidur", batch_size=7, precision="fp16",
                         config={"layer": {"op": "elementwise", "fn": "silu_and_mul", "shape": [7, 20]}})
