@@ -73,6 +73,8 @@ class LayerPrediction(Schema):
         description="the time no kernel can beat: the roofline with the FLOPs of the cheapest algorithm the "
                     "library may pick (Winograd for 3x3 stride-1 convolutions), summed over the passes timed")
     floor_clamped: bool = Field(default=False, description="a pass was raised to its physics floor")
+    fused_from: list[str] = Field(default_factory=list, description="graph nodes this layer was fused from")
+    fusion_rule: str | None = Field(default=None, description="attention, gelu, bias or activation_epilogue")
     forward_ms: float | None
     backward_ms: float | None
     update_ms: float | None
