@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from app.core.costs import LayerCost, layer_cost
 from app.core.fusion import fuse_graph
-from app.core.ir import Graph, Layer, OpKind
+from app.core.ir import Graph, Layer, OpKind, UnsupportedAttrs
 from app.core.vocab import SoftwareStack
 
 
@@ -84,7 +84,7 @@ def analyze(graph: Graph, *, software_stack: SoftwareStack | str | None = None) 
             op_type=op,
             count=len(ls),
             layers=tuple(x.name for x in ls),
-            reason=str(ls[0].attrs.get("unsupported_reason", "no cost formula")),
+            reason=ls[0].attrs.reason if isinstance(ls[0].attrs, UnsupportedAttrs) else "no cost formula",
         )
         for op, ls in sorted(by_op.items())
     )

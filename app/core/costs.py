@@ -23,9 +23,23 @@ Conventions (stated once, used everywhere):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import prod
+from math import ceil, log2, prod
 
-from app.core.ir import BYTES_PER_ELEMENT, Layer, OpKind
+import numpy as np
+
+from app.core.ir import (
+    BYTES_PER_ELEMENT,
+    AttentionAttrs,
+    ConvAttrs,
+    EinsumAttrs,
+    GemmAttrs,
+    Layer,
+    LrnAttrs,
+    OpKind,
+    PoolAttrs,
+    RecurrentAttrs,
+    TopKAttrs,
+)
 
 # FLOPs per output element of an activation, forward. Relu = 1 compare; Sigmoid = exp + add + div (+neg);
 # Tanh ≈ 5; GELU (erf form) ≈ 8; SiLU = sigmoid + mul. Source: fvcore per-element handlers / Paleo.
@@ -38,6 +52,9 @@ ACTIVATION_FLOPS_PER_ELEMENT: dict[str, float] = {
 
 # Tensors the size of the output sequence a recurrent layer saves for backward (gates and states).
 _RECURRENT_SAVED_PER_OUTPUT: dict[str, int] = {"LSTM": 6, "GRU": 5, "RNN": 1}
+
+# Ops whose output is integer (indices): no gradient flows back through them.
+NON_DIFFERENTIABLE_OPS = frozenset({"ArgMax", "ArgMin"})
 
 # Views that frameworks implement without copying memory (0 bytes moved).
 VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
@@ -108,35 +125,101 @@ def _sum_bytes(tensors: tuple) -> int:
     return sum(t.nbytes for t in tensors)
 
 
-def _mac_count(layer: Layer) -> int:
-    """Multiply-accumulates of a MAC-class layer (0 for others).
+def einsum_macs(equation: str, shapes: tuple[tuple[int, ...], ...]) -> int | None:
+    """MACs of a two-operand ``Einsum``: the product of the sizes of all distinct subscripts.
+
+    Every output element sums over the contracted subscripts, so the loop nest visits each combination of
+    all subscripts once (``bij,bjk->bik`` = b·i·j·k, the batched MatMul). An ellipsis ``...`` stands for the
+    leading axes not named by letters; its axes broadcast across operands (numpy rules) and multiply in
+    once. Returns None when the equation does not have exactly two operands or does not match the shapes
+    (the layer is then listed as unsupported, never costed as zero).
+    """
+    lhs = equation.replace(" ", "").split("->")[0]
+    terms = lhs.split(",")
+    if len(terms) != 2 or len(shapes) != 2:
+        return None
+    sizes: dict[str, int] = {}
+    ellipses: list[tuple[int, ...]] = []
+    for term, shape in zip(terms, shapes, strict=True):
+        if term.count("...") > 1 or ("." in term.replace("...", "")):
+            return None
+        letters = term.replace("...", "")
+        if "..." in term:
+            n_ell = len(shape) - len(letters)
+            if n_ell < 0:
+                return None
+            at = term.index("...")
+            ellipses.append(tuple(shape[at:at + n_ell]))
+            shape = tuple(shape[:at]) + tuple(shape[at + n_ell:])
+        if len(letters) != len(shape):
+            return None
+        for letter, size in zip(letters, shape, strict=True):
+            sizes[letter] = max(sizes.get(letter, 1), int(size))
+    try:
+        ell = np.broadcast_shapes(*ellipses) if ellipses else ()
+    except ValueError:
+        return None
+    return int(prod(sizes.values())) * int(prod(ell))
+
+
+def gemm_dims(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[tuple[int, ...], int, int, int]:
+    """``(batch, M, N, K)`` of numpy-style ``matmul(a, b)`` (ONNX MatMul semantics).
+
+    A 1-D ``a`` is a row ``(1, K)`` and a 1-D ``b`` a column ``(K, 1)``, so ``(8,) @ (8,)`` is one
+    8-long dot product (``M = N = 1``, ``K = 8``). Batch axes broadcast. Raises ``ValueError`` for
+    scalars or batch axes that do not broadcast.
+    """
+    if not a or not b:
+        raise ValueError("MatMul operands must have rank ≥ 1")
+    a2 = (1, *a) if len(a) == 1 else a
+    b2 = (*b, 1) if len(b) == 1 else b
+    batch = tuple(int(d) for d in np.broadcast_shapes(tuple(a2[:-2]), tuple(b2[:-2])))
+    return batch, int(a2[-2]), int(b2[-1]), int(a2[-1])
+
+
+def mac_count(layer: Layer) -> int:
+    """Multiply-accumulates of a MAC-class layer (0 for others); the one place MACs are computed.
 
     Conv: ``N · C_out · ∏out_spatial · (C_in/groups) · ∏kernel`` (grouped/depthwise divide by groups
-    once, through the weight shape ``(C_out, C_in/groups, *k)``). ConvTranspose: ``N · C_in · ∏in_spatial ·
-    (C_out/groups) · ∏kernel``. Gemm/MatMul: ``∏batch · M · N · K`` with numpy broadcasting of batch dims.
+    once, through the filter shape ``(C_out, C_in/groups, *k)``). ConvTranspose: ``N · C_in · ∏in_spatial ·
+    (C_out/groups) · ∏kernel``. Gemm/MatMul: ``∏batch · M · N · K``. Einsum: :func:`einsum_macs`.
+    Recurrent (LSTM/GRU/RNN, all timesteps and directions): ``seq · batch · dirs · gates · H · (I + H)``,
+    the input and recurrent projections; the elementwise gate math is omitted (< 2 % for H ≥ 64; Hestness
+    et al. 2019, §4). Attention: projection ``rows · in · out`` plus ``B · Lq · Lk · (qk_width + v_width)``
+    for ``Q·Kᵀ`` and ``A·V``.
     """
-    kind = layer.kind
-    if kind is OpKind.CONV:
-        w = layer.weights[0] if layer.weights else layer.attrs["weight_shape_tensor"]
-        out = layer.outputs[0].shape
-        return int(out[0] * out[1] * prod(out[2:]) * prod(w.shape[1:]))
-    if kind is OpKind.CONV_TRANSPOSE:
-        w = layer.weights[0]  # (C_in, C_out/groups, *k)
-        x = layer.inputs[0].shape
-        return int(x[0] * x[1] * prod(x[2:]) * prod(w.shape[1:]))
-    if kind in (OpKind.GEMM, OpKind.MATMUL):
-        return int(layer.attrs["macs"])
-    if kind in (OpKind.RECURRENT, OpKind.ATTENTION):
-        return int(layer.attrs["macs"])
+    a = layer.attrs
+    if isinstance(a, ConvAttrs):
+        w = a.weight_shape
+        if layer.kind is OpKind.CONV_TRANSPOSE:
+            return int(prod(layer.inputs[0].shape) * prod(w[1:]))
+        return int(prod(layer.outputs[0].shape) * prod(w[1:]))
+    if isinstance(a, GemmAttrs):
+        return int(prod(a.batch)) * a.m * a.n * a.k
+    if isinstance(a, EinsumAttrs):
+        return einsum_macs(a.equation, a.operand_shapes) or 0
+    if isinstance(a, RecurrentAttrs):
+        return a.seq_len * a.batch * a.num_directions * a.gates * a.hidden_size * (a.input_size + a.hidden_size)
+    if isinstance(a, AttentionAttrs):
+        return _attention_proj_macs(a) + a.batch * a.q_len * a.kv_len * (a.qk_width + a.v_width)
     return 0
 
 
+def _attention_proj_macs(a: AttentionAttrs) -> int:
+    return a.proj_rows * a.proj_in * a.proj_out
+
+
 def _elementwise_flops(layer: Layer) -> float:
-    """Forward FLOPs of a non-MAC op from per-element constants (see module docstring)."""
+    """Forward FLOPs of a non-MAC op from per-element constants (see module docstring).
+
+    TopK selects ``k`` of ``n`` elements per row with a heap: ``n · ⌈log₂ k⌉`` comparisons (at least one
+    per element); ArgMax/ArgMin and reductions one per input element; CumSum one add per element.
+    """
     out_numel = sum(t.numel for t in layer.outputs)
     in_numel = sum(t.numel for t in layer.inputs)
     op = layer.op_type
     kind = layer.kind
+    attrs = layer.attrs
     if kind is OpKind.ACTIVATION:
         return ACTIVATION_FLOPS_PER_ELEMENT.get(op, 1) * out_numel
     if kind is OpKind.ELEMENTWISE:
@@ -144,22 +227,23 @@ def _elementwise_flops(layer: Layer) -> float:
         return (n_in - 1) * out_numel
     if kind is OpKind.BATCHNORM:
         # training-mode BN: mean (1), variance (2), normalize (2), scale+shift (2) per element.
-        return 7 * in_numel if layer.attrs.get("training", True) else 2 * in_numel
+        return 7 * in_numel
     if kind is OpKind.NORM:
-        if op == "LRN":
-            size = int(layer.attrs.get("size", 5))
-            return (size + 3) * in_numel
+        if isinstance(attrs, LrnAttrs):
+            return (attrs.size + 3) * in_numel
         return 7 * in_numel
     if kind is OpKind.POOL:
-        k = prod(layer.attrs.get("kernel_shape", (1,)))
+        k = prod(attrs.kernel_shape) if isinstance(attrs, PoolAttrs) else 1
         return k * out_numel
+    if isinstance(attrs, TopKAttrs):
+        return in_numel * max(1, ceil(log2(max(attrs.k, 1))))
     if kind is OpKind.GLOBAL_POOL or kind is OpKind.REDUCE:
         return in_numel
     if kind is OpKind.SOFTMAX:
         # max, subtract, exp, sum, divide
         return 5 * in_numel
     if kind is OpKind.DROPOUT:
-        return 2 * out_numel if layer.attrs.get("training", True) else 0
+        return 2 * out_numel
     return 0
 
 
@@ -179,15 +263,16 @@ def layer_cost(layer: Layer) -> LayerCost:
     out_bytes = _sum_bytes(layer.outputs)
     w_bytes = _sum_bytes(layer.weights)
     buf_bytes = _sum_bytes(layer.buffers)
-    needs_input_grad = bool(layer.attrs.get("needs_input_grad", True))
+    needs_input_grad = layer.needs_input_grad and layer.op_type not in NON_DIFFERENTIABLE_OPS
+    attrs = layer.attrs
 
-    macs = _mac_count(layer)
-    if kind is OpKind.ATTENTION:
+    macs = mac_count(layer)
+    if isinstance(attrs, AttentionAttrs):
         # fused softmax(Q·Kᵀ)·V (+ packed projection for com.microsoft Attention): 2 × MACs of the products
         # plus the softmax (5 FLOPs per score). Backward: dQ, dK, dV, dA are four products of the forward
         # attention size (2 × its forward), softmax backward 1.5 × forward; the projection is a Gemm.
-        proj = int(layer.attrs.get("proj_macs", 0))
-        scores = int(layer.attrs.get("score_elems", 0))
+        proj = _attention_proj_macs(attrs)
+        scores = attrs.batch * attrs.heads * attrs.q_len * attrs.kv_len
         attn_bwd = 4 * (macs - proj) + int(round(7.5 * scores))
         fwd = 2 * macs + 5 * scores
         if proj:
@@ -200,7 +285,8 @@ def layer_cost(layer: Layer) -> LayerCost:
         fwd = 2 * macs
         if kind is OpKind.MATMUL:
             # both operands are activations: two input gradients, no weight gradient
-            n_grads = sum(1 for t in layer.attrs.get("grad_operands", (True, True)) if t)
+            grads = attrs.grad_operands if isinstance(attrs, GemmAttrs | EinsumAttrs) else (True, True)
+            n_grads = sum(1 for t in grads if t)
             b_in = fwd * n_grads if needs_input_grad else 0
             b_w = 0
         else:
@@ -219,6 +305,9 @@ def layer_cost(layer: Layer) -> LayerCost:
         # for activations/elementwise/pooling and 1.5x for norms/softmax (extra reductions).
         factor = 1.5 if kind in (OpKind.BATCHNORM, OpKind.NORM, OpKind.SOFTMAX) else 1.0
         b_in = int(round(fwd * factor)) if needs_input_grad else 0
+        if isinstance(attrs, TopKAttrs):
+            # the gradient of the k selected values is scattered into a zero tensor of the input's size
+            b_in = layer.outputs[0].numel if needs_input_grad else 0
         b_w = (2 * sum(t.numel for t in layer.outputs)) if layer.weights else 0
 
     # Bytes moved.
@@ -251,6 +340,8 @@ def layer_cost(layer: Layer) -> LayerCost:
         if kind is OpKind.DATA_MOVEMENT:
             bw_read = out_bytes
             bw_write = in_bytes if needs_input_grad else 0
+        if layer.op_type in NON_DIFFERENTIABLE_OPS:
+            bw_read = bw_write = saved = 0
 
     return LayerCost(
         name=layer.name,

@@ -43,7 +43,7 @@ import numpy as np
 
 from app.core.costs import LayerCost, optimizer_update_cost
 from app.core.hardware import HardwareSpec
-from app.core.ir import Layer, OpKind
+from app.core.ir import ConvAttrs, Layer, OpKind, PoolAttrs, RecurrentAttrs
 
 PASSES: tuple[str, ...] = ("forward", "train_step")
 
@@ -206,10 +206,9 @@ def _geometry(layer: Layer) -> tuple[float, float, float, float, float, float, f
         w = layer.weights[0].shape
         n = x[0]
         c_out, c_in_g = w[0], w[1]
-        groups = int(layer.attrs.get("group", 1))
-        c_in = c_in_g * groups
+        c_in = c_in_g * layer.group
         ks = w[2:] or (1,)
-        strides = tuple(layer.attrs.get("strides", ())) or (1,) * len(ks)
+        strides = (layer.attrs.strides if isinstance(layer.attrs, ConvAttrs) else ()) or (1,) * len(ks)
         in_sp = prod(x) / (n * c_in)
         out_sp = layer.outputs[0].numel / (n * c_out)
         kernel = prod(ks) ** (1.0 / len(ks))
@@ -228,7 +227,7 @@ def _geometry_other(layer: Layer) -> tuple[float, float, float, float, float, fl
 
     MatMul ``(..., M, K) @ (..., K, N)``: batch = product of the leading dims, c_in = K, c_out = N,
     spatial = M. Recurrent: batch, c_in = input features, c_out = hidden, spatial = time steps
-    (``attrs["layout"]`` 1 = batch-first, else ONNX seq-first). Embedding: batch = number of indices,
+    (from :class:`~app.core.ir.RecurrentAttrs`). Embedding: batch = number of indices,
     c_in = vocabulary, c_out = embedding dim. Everything else (norms, pooling, activations...):
     channels-first ``(N, C, *spatial)``: batch = N, c_in = C, c_out = output C, spatial = elements per
     channel, kernel/stride from ``kernel_shape``/``strides``.
@@ -246,10 +245,9 @@ def _geometry_other(layer: Layer) -> tuple[float, float, float, float, float, fl
             float(x[-2]),
             float(x[-2]),
         )
-    if layer.kind is OpKind.RECURRENT and len(x) == 3:
-        batch, seq = (x[0], x[1]) if int(layer.attrs.get("layout", 0)) == 1 else (x[1], x[0])
-        hidden = int(layer.attrs.get("hidden_size", 0)) or (layer.weights[1].shape[-1] if len(layer.weights) > 1 else 1)
-        return float(batch), 1.0, 1.0, float(x[2]), float(hidden), float(seq), float(seq)
+    if isinstance(layer.attrs, RecurrentAttrs) and len(x) == 3:
+        r = layer.attrs
+        return float(r.batch), 1.0, 1.0, float(x[2]), float(r.hidden_size), float(r.seq_len), float(r.seq_len)
     if layer.kind is OpKind.EMBEDDING and layer.weights:
         vocab, dim = layer.weights[0].shape[0], layer.weights[0].shape[-1]
         return float(prod(x) if x else 1), 1.0, 1.0, float(vocab), float(dim), 1.0, 1.0
@@ -258,15 +256,16 @@ def _geometry_other(layer: Layer) -> tuple[float, float, float, float, float, fl
     c_out = y[1] if len(y) > 1 else 1
     in_sp = prod(x) / max(n * c_in, 1)
     out_sp = prod(y) / max(y[0] * c_out, 1) if y else 1
-    ks = tuple(layer.attrs.get("kernel_shape", ()) or ()) or (1,)
-    st = tuple(layer.attrs.get("strides", ()) or ()) or (1,)
+    window = layer.attrs if isinstance(layer.attrs, ConvAttrs | PoolAttrs) else None
+    ks = (window.kernel_shape if window else ()) or (1,)
+    st = (window.strides if window else ()) or (1,)
     kernel = prod(ks) ** (1.0 / len(ks))
     stride = prod(st) ** (1.0 / len(st))
     return float(n), float(kernel), float(stride), float(c_in), float(c_out), float(in_sp), float(out_sp)
 
 
 def _needs_input_grad(layer: Layer) -> bool:
-    return bool(layer.attrs.get("needs_input_grad", True))
+    return layer.needs_input_grad
 
 
 def raw_quantities(
@@ -287,10 +286,10 @@ def raw_quantities(
     flops = cost.forward_flops + (cost.backward_flops + upd_flops if train else 0)
     nbytes = cost.forward_bytes + (cost.backward_bytes + upd_bytes if train else 0)
     batch, kernel, stride, c_in, c_out, in_sp, out_sp = _geometry(layer)
-    act = str(layer.attrs.get("activation", "none")).lower()
+    act = layer.activation
     opt_key = OPTIMIZER_ALIASES.get(opt, opt)
     has_bias = 1.0 if len(layer.weights) > 1 else 0.0
-    groups = int(layer.attrs.get("group", 1)) if layer.kind in (OpKind.CONV, OpKind.CONV_TRANSPOSE) else 1
+    groups = layer.group
     seq = out_sp if layer.kind in (OpKind.MATMUL, OpKind.RECURRENT) else 1.0
     return (
         float(layer.kind is OpKind.CONV),

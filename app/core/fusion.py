@@ -36,10 +36,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from math import prod
 
 from app.core.costs import LayerCost, layer_cost
-from app.core.ir import Graph, Layer, OpKind, Tensor
+from app.core.ir import AttentionAttrs, ConvAttrs, GemmAttrs, Graph, Layer, OpKind, Tensor
 from app.core.vocab import SoftwareStack
 
 # ``_foreach_*`` calls per step in PyTorch's ``_multi_tensor_<name>`` implementations (torch/optim/*.py,
@@ -143,13 +143,6 @@ def _op(e: FusedLayer) -> str:
     return e.layer.op_type
 
 
-def _attr(layer: Layer, name: str, default: Any) -> Any:
-    attrs = layer.attrs
-    if isinstance(attrs, Mapping):
-        return attrs.get(name, default)
-    return getattr(attrs, name, default)
-
-
 def _merge(members: Sequence[FusedLayer], layer: Layer, rule: str) -> FusedLayer:
     """The fused entry: ``layer``'s bytes (external tensors only), the members' FLOPs summed."""
     own = layer_cost(layer)
@@ -175,7 +168,7 @@ def _external_inputs(members: Sequence[FusedLayer]) -> tuple[Tensor, ...]:
 
 
 def _needs_input_grad(members: Sequence[FusedLayer]) -> bool:
-    return any(bool(_attr(m.layer, "needs_input_grad", True)) for m in members)
+    return any(m.layer.needs_input_grad for m in members)
 
 
 def _apply(entries: list[FusedLayer], groups: list[list[int]], build: Callable[[list[FusedLayer]], FusedLayer]
@@ -224,25 +217,44 @@ def _attention_groups(ix: _Index) -> list[list[int]]:
         if _kind(e) is not OpKind.MATMUL or i in claimed or e.fused_from:
             continue
         chain = _attention_chain(ix, i)
-        if chain is not None and not claimed.intersection(chain):
+        if chain is None or claimed.intersection(chain) or len(e.layer.inputs) != 2:
+            continue
+        last = ix.entries[chain[-1]].layer
+        if len(last.inputs) == 2 and _attention_attrs(e.layer.inputs[0], e.layer.inputs[1], last.inputs[1]):
             groups.append(chain)
             claimed.update(chain)
     return groups
 
 
+def _attention_attrs(q: Tensor, kt: Tensor, v: Tensor) -> AttentionAttrs | None:
+    """Attention geometry from ``Q (…, heads, q_len, d)``, ``Kᵀ (…, heads, d, kv_len)``, ``V (…, kv_len, d_v)``;
+    None when the shapes do not read as one (e.g. a rank-2 product)."""
+    if len(q.shape) < 3 or len(kt.shape) != len(q.shape) or len(v.shape) != len(q.shape):
+        return None
+    *lead, q_len, d = q.shape
+    kv_len, d_v = kt.shape[-1], v.shape[-1]
+    if kt.shape[-2] != d or v.shape[-2] != kv_len:
+        return None
+    heads = lead[-1] if len(lead) >= 2 else 1
+    batch = int(prod(lead[:-1])) if len(lead) >= 2 else int(prod(lead))
+    return AttentionAttrs(batch=batch, heads=heads, q_len=q_len, kv_len=kv_len, qk_width=heads * d,
+                          v_width=heads * d_v)
+
+
 def _build_attention(members: list[FusedLayer]) -> FusedLayer:
     first, last = members[0].layer, members[-1].layer
-    scores = first.outputs[0]
-    inputs = _external_inputs(members)
-    macs = sum(m.cost.forward_macs for m in members)
+    q, kt = first.inputs[0], first.inputs[1]
+    v = last.inputs[1]
+    attrs = _attention_attrs(q, kt, v)
+    assert attrs is not None  # _attention_groups keeps only chains whose shapes read as attention
     layer = Layer(
         name=f"{first.name}+attention",
         op_type="Attention",
         kind=OpKind.ATTENTION,
-        inputs=inputs,
+        inputs=_external_inputs(members),
         outputs=last.outputs,
-        attrs={"macs": macs, "score_elems": scores.numel, "needs_input_grad": _needs_input_grad(members),
-               "fused_from": tuple(m.layer.name for m in members)},
+        attrs=attrs,
+        needs_input_grad=_needs_input_grad(members),
     )
     return _merge(members, layer, "attention")
 
@@ -302,7 +314,7 @@ def _build_gelu(members: list[FusedLayer]) -> FusedLayer:
         kind=OpKind.ACTIVATION,
         inputs=(first.inputs[0],),
         outputs=final.outputs,
-        attrs={"needs_input_grad": _needs_input_grad(members), "fused_from": tuple(m.layer.name for m in members)},
+        needs_input_grad=_needs_input_grad(members),
     )
     return _merge(members, layer, "gelu")
 
@@ -341,12 +353,10 @@ def _epilogue_groups(ix: _Index, *, bias: bool, activation: bool) -> list[list[i
 def _build_epilogue(members: list[FusedLayer]) -> FusedLayer:
     anchor = members[0].layer
     extra_w = tuple(w for m in members[1:] for w in m.layer.weights)
-    fused_names = tuple(n for m in members for n in (m.fused_from or (m.layer.name,)))
-    attrs = dict(anchor.attrs) if isinstance(anchor.attrs, Mapping) else {}
-    attrs["fused_from"] = fused_names
     acts = [m.layer.op_type for m in members[1:] if m.layer.kind is OpKind.ACTIVATION]
-    if acts:
-        attrs["activation"] = acts[0].lower()
+    attrs = anchor.attrs
+    if acts and isinstance(attrs, ConvAttrs | GemmAttrs):
+        attrs = replace(attrs, activation=acts[0].lower())
     layer = replace(anchor, outputs=members[-1].layer.outputs, weights=anchor.weights + extra_w, attrs=attrs)
     return _merge(members, layer, "activation_epilogue" if acts else "bias")
 

@@ -11,7 +11,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from math import prod
-from typing import Any
 
 
 class OpKind(StrEnum):
@@ -76,14 +75,161 @@ class Tensor:
 
 
 @dataclass(frozen=True, slots=True)
+class ConvAttrs:
+    """Geometry of a Conv or ConvTranspose layer (ONNX attribute semantics, defaults filled in).
+
+    ``weight_shape`` is the filter's shape whether or not the filter is a trainable weight of the layer
+    (it may be an activation): Conv ``(C_out, C_in/groups, *kernel)``, ConvTranspose
+    ``(C_in, C_out/groups, *kernel)``. ``kernel_shape``, ``strides``, ``dilations`` have one entry per
+    spatial axis, ``pads`` two (begins then ends, ONNX order; all zero when ``auto_pad`` decides them).
+    ``activation`` names an activation fused after the layer (``"none"`` for ONNX graphs, which keep it
+    as its own node).
+    """
+
+    weight_shape: tuple[int, ...]
+    kernel_shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    pads: tuple[int, ...]
+    dilations: tuple[int, ...]
+    group: int = 1
+    output_padding: tuple[int, ...] = ()
+    auto_pad: str = "NOTSET"
+    activation: str = "none"
+
+
+@dataclass(frozen=True, slots=True)
+class GemmAttrs:
+    """Dimensions of a (batched) matrix product ``(batch…, M, K) @ (batch…, K, N)``.
+
+    ``batch`` is the broadcast batch shape (``()`` for a plain GEMM); MACs are ``∏batch · M · N · K``
+    (:func:`app.core.costs.mac_count`). ``grad_operands`` says, per operand, whether backward computes a
+    gradient for it (an activation that is not a graph input); only read for activation × activation
+    products (kind MATMUL). ``activation`` as in :class:`ConvAttrs`.
+    """
+
+    m: int
+    n: int
+    k: int
+    batch: tuple[int, ...] = ()
+    grad_operands: tuple[bool, ...] = (True, True)
+    activation: str = "none"
+
+
+@dataclass(frozen=True, slots=True)
+class EinsumAttrs:
+    """An ``Einsum`` contraction: its equation and the shape of every operand, in equation order.
+
+    ``grad_operands`` as in :class:`GemmAttrs`. MACs: :func:`app.core.costs.einsum_macs`.
+    """
+
+    equation: str
+    operand_shapes: tuple[tuple[int, ...], ...]
+    grad_operands: tuple[bool, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RecurrentAttrs:
+    """An LSTM/GRU/RNN layer over a whole sequence.
+
+    ``gates`` per cell (LSTM 4, GRU 3, RNN 1), ``num_directions`` 1 or 2, ``layout`` 0 for ONNX's
+    sequence-first input ``(seq, batch, input)``, 1 for batch-first.
+    """
+
+    seq_len: int
+    batch: int
+    input_size: int
+    hidden_size: int
+    num_directions: int = 1
+    gates: int = 4
+    layout: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionAttrs:
+    """A fused ``softmax(Q·Kᵀ)·V`` (plus an optional packed input projection).
+
+    ``qk_width`` and ``v_width`` are the query/key and value widths summed over heads
+    (``heads × head_dim``); the products are ``batch · q_len · kv_len · (qk_width + v_width)`` MACs and the
+    softmax has ``batch · heads · q_len · kv_len`` scores. The projection (com.microsoft ``Attention``) is
+    a GEMM of ``proj_rows × proj_in`` by ``proj_in × proj_out`` (all 0 when absent).
+    """
+
+    batch: int
+    heads: int
+    q_len: int
+    kv_len: int
+    qk_width: int
+    v_width: int
+    proj_rows: int = 0
+    proj_in: int = 0
+    proj_out: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PoolAttrs:
+    """Window of a MaxPool/AveragePool/LpPool: one ``kernel_shape``/``strides`` entry per spatial axis,
+    ``pads`` two (begins then ends)."""
+
+    kernel_shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    pads: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class LrnAttrs:
+    """Local response normalisation across ``size`` channels."""
+
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class TopKAttrs:
+    """TopK selecting ``k`` of the ``axis_size`` elements along its axis."""
+
+    k: int
+    axis_size: int
+
+
+@dataclass(frozen=True, slots=True)
+class UnsupportedAttrs:
+    """Why no cost formula applies (the reason the API reports for the layer)."""
+
+    reason: str
+
+
+LayerAttrs = (
+    ConvAttrs | GemmAttrs | EinsumAttrs | RecurrentAttrs | AttentionAttrs | PoolAttrs | LrnAttrs | TopKAttrs
+    | UnsupportedAttrs | None
+)
+
+# The attribute records a layer of each kind may carry; kinds absent here carry none (``None``).
+ATTRS_FOR_KIND: Mapping[OpKind, tuple[type, ...]] = {
+    OpKind.CONV: (ConvAttrs,),
+    OpKind.CONV_TRANSPOSE: (ConvAttrs,),
+    OpKind.GEMM: (GemmAttrs, EinsumAttrs),
+    OpKind.MATMUL: (GemmAttrs, EinsumAttrs),
+    OpKind.RECURRENT: (RecurrentAttrs,),
+    OpKind.ATTENTION: (AttentionAttrs,),
+    OpKind.POOL: (PoolAttrs,),
+    OpKind.NORM: (LrnAttrs, type(None)),
+    OpKind.REDUCE: (TopKAttrs, type(None)),
+    OpKind.UNSUPPORTED: (UnsupportedAttrs,),
+}
+
+
+@dataclass(frozen=True, slots=True)
 class Layer:
     """One compute node of the network.
 
     ``inputs`` are the activations the layer reads (data path); ``weights`` are its trainable
     parameters (e.g. Conv ``W`` of shape ``(C_out, C_in/groups, *kernel)`` and bias ``(C_out,)``);
     ``buffers`` hold non-trainable state read by the layer (BatchNorm running mean/var).
-    ``attrs`` keep the op attributes that cost formulas need (``kernel_shape``, ``strides``,
-    ``pads``, ``dilations``, ``group``, ``activation``...).
+    ``attrs`` is the typed attribute record of the layer's kind (:data:`ATTRS_FOR_KIND`; ``None`` for
+    kinds whose cost needs only the shapes). ``needs_input_grad`` is False when every activation input
+    is a graph input, so backward computes no input gradient.
+
+    Raises ``TypeError`` when ``attrs`` is not a record the kind accepts (an importer bug, caught at
+    construction rather than as a missing key in the cost code).
     """
 
     name: str
@@ -93,12 +239,31 @@ class Layer:
     outputs: tuple[Tensor, ...]
     weights: tuple[Tensor, ...] = ()
     buffers: tuple[Tensor, ...] = ()
-    attrs: Mapping[str, Any] = field(default_factory=dict)
+    attrs: LayerAttrs = None
+    needs_input_grad: bool = True
+
+    def __post_init__(self) -> None:
+        allowed = ATTRS_FOR_KIND.get(self.kind, (type(None),))
+        if not isinstance(self.attrs, allowed):
+            names = ", ".join(t.__name__ for t in allowed)
+            raise TypeError(f"layer {self.name!r} of kind {self.kind.value} needs attrs of type {names}, "
+                            f"got {type(self.attrs).__name__}")
 
     @property
     def params(self) -> int:
         """Trainable parameter count (elements of ``weights``)."""
         return sum(w.numel for w in self.weights)
+
+    @property
+    def activation(self) -> str:
+        """Lower-case name of the activation fused after the layer, ``"none"`` when there is none."""
+        a = self.attrs
+        return a.activation.lower() if isinstance(a, ConvAttrs | GemmAttrs) else "none"
+
+    @property
+    def group(self) -> int:
+        """Convolution groups (1 for every other kind)."""
+        return self.attrs.group if isinstance(self.attrs, ConvAttrs) else 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,10 +19,22 @@ importers. Errors raise :class:`InvalidGraph` naming the layer index and the fie
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from math import prod
 from typing import Any
 
-from app.core.ir import BYTES_PER_ELEMENT, Graph, Layer, OpKind, Tensor
+from app.core.costs import gemm_dims
+from app.core.ir import (
+    BYTES_PER_ELEMENT,
+    ConvAttrs,
+    GemmAttrs,
+    Graph,
+    Layer,
+    OpKind,
+    PoolAttrs,
+    RecurrentAttrs,
+    Tensor,
+)
 from app.errors import InvalidGraph
 
 _ACTIVATIONS = {
@@ -139,7 +151,7 @@ def _build(
     i: int, op: str, name: str, spec: Mapping[str, Any], x: Tensor, dt: str, *, first: bool
 ) -> Layer | list[Layer]:
     b = x.shape[0]
-    attrs: dict[str, Any] = {"needs_input_grad": not first}
+    nig = not first
 
     def t(suffix: str, shape: Sequence[int]) -> Tensor:
         return Tensor(f"{name}.{suffix}", tuple(int(s) for s in shape), dt)
@@ -151,19 +163,20 @@ def _build(
         weights = [t("weight", (c_out, c_in // groups, *k))]
         if spec.get("bias", True):
             weights.append(t("bias", (c_out,)))
-        attrs.update(kernel_shape=k, strides=s, pads=p + p, dilations=d, group=groups)
-        return Layer(name, "Conv", OpKind.CONV, (x,), (t("out", (b, c_out, *spatial)),), tuple(weights), (), attrs)
+        attrs = ConvAttrs(weights[0].shape, k, s, p + p, d, groups)
+        return Layer(name, "Conv", OpKind.CONV, (x,), (t("out", (b, c_out, *spatial)),), tuple(weights), (), attrs,
+                     nig)
     if op in ("linear", "dense"):
         f_in = x.shape[-1]
         f_out = _int(spec, "out_features", i)
         weights = [t("weight", (f_out, f_in))]
         if spec.get("bias", True):
             weights.append(t("bias", (f_out,)))
-        rows = prod(x.shape[:-1])
-        attrs["macs"] = rows * f_in * f_out
-        return Layer(name, "Gemm", OpKind.GEMM, (x,), (t("out", (*x.shape[:-1], f_out)),), tuple(weights), (), attrs)
+        gemm = GemmAttrs(m=prod(x.shape[:-1]), n=f_out, k=f_in)
+        return Layer(name, "Gemm", OpKind.GEMM, (x,), (t("out", (*x.shape[:-1], f_out)),), tuple(weights), (), gemm,
+                     nig)
     if op in _ACTIVATIONS:
-        return Layer(name, _ACTIVATIONS[op], OpKind.ACTIVATION, (x,), (t("out", x.shape),), (), (), attrs)
+        return Layer(name, _ACTIVATIONS[op], OpKind.ACTIVATION, (x,), (t("out", x.shape),), (), (), None, nig)
     if op in ("batchnorm", "instancenorm", "groupnorm", "layernorm"):
         if len(x.shape) < 2:
             raise _err(i, f"{op} needs a channel axis")
@@ -172,14 +185,15 @@ def _build(
         norm_w: tuple[Tensor, ...] = (t("weight", (c,)), t("bias", (c,))) if affine else ()
         if op == "batchnorm":
             bufs = (t("running_mean", (c,)), t("running_var", (c,)))
-            return Layer(name, "BatchNormalization", OpKind.BATCHNORM, (x,), (t("out", x.shape),), norm_w, bufs, attrs)
+            return Layer(name, "BatchNormalization", OpKind.BATCHNORM, (x,), (t("out", x.shape),), norm_w, bufs,
+                         None, nig)
         onnx_op = {"instancenorm": "InstanceNormalization", "groupnorm": "GroupNormalization",
                    "layernorm": "LayerNormalization"}[op]
         if op == "groupnorm":
             g = _int(spec, "num_groups", i)
             if c % g:
                 raise _err(i, f"num_groups={g} must divide channels={c}")
-        return Layer(name, onnx_op, OpKind.NORM, (x,), (t("out", x.shape),), norm_w, (), attrs)
+        return Layer(name, onnx_op, OpKind.NORM, (x,), (t("out", x.shape),), norm_w, (), None, nig)
     if op in ("maxpool", "avgpool"):
         nd = len(x.shape) - 2
         if nd < 1:
@@ -188,44 +202,44 @@ def _build(
         s = _tuple(spec, "stride", nd, i, k[0]) if "stride" in spec else k
         p = _tuple(spec, "padding", nd, i, 0, minimum=0)
         spatial = [_conv_out(x.shape[2 + j], k[j], s[j], p[j], 1, i) for j in range(nd)]
-        attrs.update(kernel_shape=k, strides=s, pads=p + p)
         onnx_op = "MaxPool" if op == "maxpool" else "AveragePool"
-        return Layer(name, onnx_op, OpKind.POOL, (x,), (t("out", (b, x.shape[1], *spatial)),), (), (), attrs)
+        return Layer(name, onnx_op, OpKind.POOL, (x,), (t("out", (b, x.shape[1], *spatial)),), (), (),
+                     PoolAttrs(k, s, p + p), nig)
     if op in ("global_avgpool", "global_maxpool"):
         onnx_op = "GlobalAveragePool" if op == "global_avgpool" else "GlobalMaxPool"
         out = (b, x.shape[1], *([1] * (len(x.shape) - 2)))
-        return Layer(name, onnx_op, OpKind.GLOBAL_POOL, (x,), (t("out", out),), (), (), attrs)
+        return Layer(name, onnx_op, OpKind.GLOBAL_POOL, (x,), (t("out", out),), (), (), None, nig)
     if op == "flatten":
-        return Layer(name, "Flatten", OpKind.DATA_MOVEMENT, (x,), (t("out", (b, prod(x.shape[1:]))),), (), (), attrs)
+        flat = t("out", (b, prod(x.shape[1:])))
+        return Layer(name, "Flatten", OpKind.DATA_MOVEMENT, (x,), (flat,), (), (), None, nig)
     if op == "dropout":
-        return Layer(name, "Dropout", OpKind.DROPOUT, (x,), (t("out", x.shape),), (), (), attrs)
+        return Layer(name, "Dropout", OpKind.DROPOUT, (x,), (t("out", x.shape),), (), (), None, nig)
     if op == "softmax":
-        return Layer(name, "Softmax", OpKind.SOFTMAX, (x,), (t("out", x.shape),), (), (), attrs)
+        return Layer(name, "Softmax", OpKind.SOFTMAX, (x,), (t("out", x.shape),), (), (), None, nig)
     if op == "embedding":
         n = _int(spec, "num_embeddings", i)
         dim = _int(spec, "embedding_dim", i)
         idx = Tensor(x.name, x.shape, "int64")
         return Layer(name, "Gather", OpKind.EMBEDDING, (idx,), (t("out", (*x.shape, dim)),),
-                     (t("weight", (n, dim)),), (), attrs)
+                     (t("weight", (n, dim)),), (), None, nig)
     if op in ("lstm", "gru", "rnn"):
-        return _recurrent(i, op, name, spec, x, dt, attrs)
+        return _recurrent(i, op, name, spec, x, dt, nig)
     if op in ("conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "conv_transpose"):
-        return _conv_transpose(i, op, name, spec, x, dt, attrs)
+        return _conv_transpose(i, op, name, spec, x, dt, nig)
     if op == "upsample":
         nd = len(x.shape) - 2
         if nd < 1:
             raise _err(i, f"upsample expects (C, *spatial) per sample, got {x.shape[1:]}")
         scale = _tuple(spec, "scale_factor", nd, i, 2)
-        attrs["mode"] = str(spec.get("mode", "nearest"))
         out = (b, x.shape[1], *(x.shape[2 + j] * scale[j] for j in range(nd)))
-        return Layer(name, "Resize", OpKind.DATA_MOVEMENT, (x,), (t("out", out),), (), (), attrs)
+        return Layer(name, "Resize", OpKind.DATA_MOVEMENT, (x,), (t("out", out),), (), (), None, nig)
     if op == "multihead_attention":
-        return _attention(i, name, spec, x, dt, attrs)
+        return _attention(i, name, spec, x, dt, nig)
     raise _err(i, f"unknown op '{op}'; supported: {', '.join(SUPPORTED_OPS)}")
 
 
 def _recurrent(i: int, op: str, name: str, spec: Mapping[str, Any], x: Tensor, dt: str,
-               attrs: dict[str, Any]) -> list[Layer]:
+               nig: bool) -> list[Layer]:
     """``num_layers`` stacked LSTM/GRU/RNN layers (ONNX weight layout), ``bidirectional`` optional.
 
     Layer ℓ > 0 reads the ``dirs × hidden`` features of layer ℓ−1. MACs per layer:
@@ -247,16 +261,16 @@ def _recurrent(i: int, op: str, name: str, spec: Mapping[str, Any], x: Tensor, d
             for k, shp in (("W", (dirs, gates * hidden, f_in)), ("R", (dirs, gates * hidden, hidden)),
                            ("B", (dirs, 2 * gates * hidden)))
         )
-        a = dict(attrs, macs=seq * b * dirs * gates * hidden * (f_in + hidden), layout=1, direction=dirs,
-                 hidden_size=hidden, needs_input_grad=attrs["needs_input_grad"] or ell > 0)
+        a = RecurrentAttrs(seq_len=seq, batch=b, input_size=f_in, hidden_size=hidden, num_directions=dirs,
+                           gates=gates, layout=1)
         out = Tensor(f"{lname}.out", (b, seq, dirs * hidden), dt)
-        layers.append(Layer(lname, op.upper(), OpKind.RECURRENT, (x,), (out,), weights, (), a))
+        layers.append(Layer(lname, op.upper(), OpKind.RECURRENT, (x,), (out,), weights, (), a, nig or ell > 0))
         x = out
     return layers
 
 
 def _conv_transpose(i: int, op: str, name: str, spec: Mapping[str, Any], x: Tensor, dt: str,
-                    attrs: dict[str, Any]) -> Layer:
+                    nig: bool) -> Layer:
     """ConvTranspose: out = (in − 1)·s − 2p + d·(k − 1) + output_padding + 1 (PyTorch/ONNX)."""
     nd = {"conv_transpose1d": 1, "conv_transpose2d": 2, "conv_transpose3d": 3}.get(op, len(x.shape) - 2)
     c_in, c_out, k, s, p, d, groups = _conv_geometry(i, op, nd, spec, x)
@@ -267,12 +281,12 @@ def _conv_transpose(i: int, op: str, name: str, spec: Mapping[str, Any], x: Tens
     weights = [Tensor(f"{name}.weight", (c_in, c_out // groups, *k), dt)]
     if spec.get("bias", True):
         weights.append(Tensor(f"{name}.bias", (c_out,), dt))
-    attrs.update(kernel_shape=k, strides=s, pads=p + p, dilations=d, group=groups, output_padding=op_)
+    attrs = ConvAttrs(weights[0].shape, k, s, p + p, d, groups, output_padding=op_)
     out = Tensor(f"{name}.out", (x.shape[0], c_out, *spatial), dt)
-    return Layer(name, "ConvTranspose", OpKind.CONV_TRANSPOSE, (x,), (out,), tuple(weights), (), attrs)
+    return Layer(name, "ConvTranspose", OpKind.CONV_TRANSPOSE, (x,), (out,), tuple(weights), (), attrs, nig)
 
 
-def _attention(i: int, name: str, spec: Mapping[str, Any], x: Tensor, dt: str, attrs: dict[str, Any]) -> list[Layer]:
+def _attention(i: int, name: str, spec: Mapping[str, Any], x: Tensor, dt: str, nig: bool) -> list[Layer]:
     """Multi-head self-attention block on (seq, embed_dim) samples, expanded to the layers an export has.
 
     Q, K, V projections (Gemm E→E each), ``Q·Kᵀ`` per head (MatMul, B·h·S·S·d MACs), Softmax over
@@ -294,23 +308,23 @@ def _attention(i: int, name: str, spec: Mapping[str, Any], x: Tensor, dt: str, a
         if bias:
             w.append(Tensor(f"{name}.{suffix}.bias", (e,), dt))
         out = Tensor(f"{name}.{suffix}.out", (b, seq, e), dt)
-        a = dict(attrs, macs=b * seq * e * e)
-        return Layer(f"{name}.{suffix}", "Gemm", OpKind.GEMM, (inp,), (out,), tuple(w), (), a)
+        return Layer(f"{name}.{suffix}", "Gemm", OpKind.GEMM, (inp,), (out,), tuple(w), (),
+                     GemmAttrs(m=b * seq, n=e, k=e), nig)
+
+    def bmm(lname: str, a: Tensor, bt: Tensor, out: Tensor) -> Layer:
+        batch, m, n, k = gemm_dims(a.shape, bt.shape)
+        return Layer(lname, "MatMul", OpKind.MATMUL, (a, bt), (out,), (), (), GemmAttrs(m=m, n=n, k=k, batch=batch))
 
     q, k, v = proj("q_proj", x), proj("k_proj", x), proj("v_proj", x)
-    inner = dict(attrs, needs_input_grad=True)
     qh = Tensor(q.outputs[0].name, (b, heads, seq, d), dt)
     kt = Tensor(k.outputs[0].name, (b, heads, d, seq), dt)
     vh = Tensor(v.outputs[0].name, (b, heads, seq, d), dt)
     scores = Tensor(f"{name}.scores", (b, heads, seq, seq), dt)
-    qk = Layer(f"{name}.qk", "MatMul", OpKind.MATMUL, (qh, kt), (scores,), (), (),
-               dict(inner, macs=b * heads * seq * seq * d, grad_operands=(True, True)))
+    qk = bmm(f"{name}.qk", qh, kt, scores)
     probs = Tensor(f"{name}.probs", scores.shape, dt)
-    sm = Layer(f"{name}.softmax", "Softmax", OpKind.SOFTMAX, (scores,), (probs,), (), (), dict(inner))
+    sm = Layer(f"{name}.softmax", "Softmax", OpKind.SOFTMAX, (scores,), (probs,))
     ctx = Tensor(f"{name}.context", (b, heads, seq, d), dt)
-    av = Layer(f"{name}.av", "MatMul", OpKind.MATMUL, (probs, vh), (ctx,), (), (),
-               dict(inner, macs=b * heads * seq * seq * d, grad_operands=(True, True)))
+    av = bmm(f"{name}.av", probs, vh, ctx)
     merged = Tensor(ctx.name, (b, seq, e), dt)
-    o = proj("out_proj", merged)
-    o = Layer(o.name, o.op_type, o.kind, o.inputs, o.outputs, o.weights, (), dict(o.attrs, needs_input_grad=True))
+    o = replace(proj("out_proj", merged), needs_input_grad=True)
     return [q, k, v, qk, sm, av, o]

@@ -27,7 +27,23 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper, shape_inference
 
-from app.core.ir import Graph, Layer, OpKind, Tensor
+from app.core.costs import einsum_macs, gemm_dims
+from app.core.ir import (
+    AttentionAttrs,
+    ConvAttrs,
+    EinsumAttrs,
+    GemmAttrs,
+    Graph,
+    Layer,
+    LayerAttrs,
+    LrnAttrs,
+    OpKind,
+    PoolAttrs,
+    RecurrentAttrs,
+    Tensor,
+    TopKAttrs,
+    UnsupportedAttrs,
+)
 from app.core.shape_prop import MAX_VALUE_NUMEL, propagate_shapes
 from app.errors import InvalidGraph, UnboundDimension
 
@@ -57,6 +73,10 @@ OP_KINDS: dict[str, OpKind] = {
     "ReduceProd": OpKind.REDUCE,
     "ReduceL2": OpKind.REDUCE,
     "ReduceSumSquare": OpKind.REDUCE,
+    "ArgMax": OpKind.REDUCE,
+    "ArgMin": OpKind.REDUCE,
+    "TopK": OpKind.REDUCE,
+    "CumSum": OpKind.ELEMENTWISE,  # one add per element along the axis
     "LSTM": OpKind.RECURRENT,
     "GRU": OpKind.RECURRENT,
     "RNN": OpKind.RECURRENT,
@@ -70,7 +90,7 @@ for _op in ("Add", "Sub", "Mul", "Div", "Sum", "Max", "Min", "Mean", "Where", "E
     OP_KINDS[_op] = OpKind.ELEMENTWISE
 for _op in ("Concat", "Split", "Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Pad",
             "Identity", "Expand", "Tile", "Gather", "Resize", "Upsample", "DepthToSpace", "SpaceToDepth",
-            "ScatterND", "GatherElements"):
+            "ScatterND", "GatherElements", "Trilu"):
     OP_KINDS[_op] = OpKind.DATA_MOVEMENT
 
 OP_KINDS["Attention"] = OpKind.ATTENTION  # ai.onnx opset 23: softmax(Q·Kᵀ/√d + mask)·V on Q, K, V activations
@@ -343,18 +363,6 @@ def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
     return out
 
 
-def _matmul_macs(a: tuple[int, ...], b: tuple[int, ...]) -> int:
-    """MACs of numpy-style ``matmul(a, b)``: ∏broadcast(batch) · M · N · K."""
-    if len(a) == 1:
-        a = (1, *a)
-    if len(b) == 1:
-        b = (*b, 1)
-    m, k = a[-2], a[-1]
-    n = b[-1]
-    batch = np.broadcast_shapes(tuple(a[:-2]), tuple(b[:-2])) if (len(a) > 2 or len(b) > 2) else ()
-    return int(np.prod(batch, dtype=np.int64)) * m * n * k if batch else m * n * k
-
-
 def import_onnx(
     content: bytes | onnx.ModelProto,
     *,
@@ -444,14 +452,11 @@ def import_onnx(
         if name not in shapes:
             return None
         raw, dtype = shapes[name]
-        if not raw and name not in init_names:
-            return None
-        if any(not isinstance(d, int) or d <= 0 for d in raw):
-            # zero-sized dims are legal (empty tensors) but cost nothing; unknown dims are not usable
-            if all(isinstance(d, int) and d >= 0 for d in raw):
-                return Tensor(name, tuple(int(d) for d in raw), dtype)  # type: ignore[arg-type]
-            return None
-        return Tensor(name, tuple(int(d) for d in raw), dtype)  # type: ignore[arg-type]
+        # a known rank-0 shape is a scalar (a dot product's result); zero-sized dims are legal (empty
+        # tensors) but cost nothing; unknown dims are not usable
+        if all(isinstance(d, int) and d >= 0 for d in raw):
+            return Tensor(name, tuple(int(d) for d in raw), dtype)  # type: ignore[arg-type]
+        return None
 
     layers: list[Layer] = []
     unknown_shape_layers: list[str] = []
@@ -493,7 +498,7 @@ def import_onnx(
                     and iname in param_like
                     and t.dtype.startswith(("float", "bfloat"))
                     and t.numel > 1
-                    and (op in ("MatMul", "Gemm", "Add", "Mul", "Sub", "Div", "PRelu")
+                    and (op in ("MatMul", "Gemm", "Einsum", "Add", "Mul", "Sub", "Div", "PRelu")
                          or (op == "Gather" and slot == 0))
                 ):
                     weights.append(t)
@@ -515,64 +520,24 @@ def import_onnx(
                 missing = True
             else:
                 outs.append(t)
-        attrs = _attrs(node)
-        attrs["needs_input_grad"] = not all(i in data_names for i in ins if i not in static)
+        raw = _attrs(node)
+        needs_input_grad = not all(i in data_names for i in ins if i not in static)
 
-        if op == "MatMul" and not weights:
-            kind = OpKind.MATMUL
-        if op == "Gemm" and not weights:
+        if op in ("MatMul", "Gemm", "Einsum") and not weights:
             kind = OpKind.MATMUL
         if op == "Gather" and weights:
             kind = OpKind.EMBEDDING
-        if op == "Einsum" and not weights:
-            kind = OpKind.MATMUL
+        attrs: LayerAttrs
         if missing and kind is not OpKind.UNSUPPORTED:
             unknown_shape_layers.append(node.name or f"{op}_{idx}")
-            kind = OpKind.UNSUPPORTED
-            attrs["unsupported_reason"] = "shape could not be inferred"
+            kind, attrs = OpKind.UNSUPPORTED, UnsupportedAttrs("shape could not be inferred")
         elif kind is OpKind.UNSUPPORTED:
-            attrs["unsupported_reason"] = f"no cost formula for op '{op}' (domain '{node.domain or 'ai.onnx'}')"
-
-        if op == "Einsum" and not missing and kind is not OpKind.UNSUPPORTED:
-            operands = [tensor(i) for i in node.input]
-            macs = None if any(o is None for o in operands) else _einsum_macs(
-                str(attrs.get("equation", "")), [o.shape for o in operands])  # type: ignore[union-attr]
-            if macs is None:
-                kind = OpKind.UNSUPPORTED
-                attrs["unsupported_reason"] = "Einsum equation not costed (needs two explicit operands, no '...')"
-            else:
-                attrs["macs"] = macs
-                attrs["grad_operands"] = tuple(i not in static for i in node.input)
-        elif kind is OpKind.ATTENTION and not missing:
+            attrs = UnsupportedAttrs(f"no cost formula for op '{op}' (domain '{node.domain or 'ai.onnx'}')")
+        else:
             try:
-                attrs.update(_attention_macs(node, tensor))
-            except (TypeError, ValueError, IndexError, KeyError, ZeroDivisionError) as exc:
-                kind = OpKind.UNSUPPORTED
-                attrs["unsupported_reason"] = f"{op} layout not costed: {exc}"
-        elif kind in (OpKind.GEMM, OpKind.MATMUL) and not missing:
-            a_shape = act_in[0].shape if act_in else weights[0].shape
-            if op == "Gemm":
-                # Gemm: A (M,K) or transposed; B (K,N) or transposed
-                b_t = weights[0] if weights else (act_in[1] if len(act_in) > 1 else None)
-                if b_t is None:
-                    kind = OpKind.UNSUPPORTED
-                    attrs["unsupported_reason"] = "Gemm operand shape unknown"
-                else:
-                    m, k = (a_shape[1], a_shape[0]) if attrs.get("transA", 0) else (a_shape[0], a_shape[1])
-                    n = b_t.shape[0] if attrs.get("transB", 0) else b_t.shape[1]
-                    attrs["macs"] = m * n * k
-            else:
-                operands = [tensor(i) for i in node.input[:2]]
-                if any(o is None for o in operands):
-                    kind = OpKind.UNSUPPORTED
-                    attrs["unsupported_reason"] = "MatMul operand shape unknown"
-                else:
-                    attrs["macs"] = _matmul_macs(operands[0].shape, operands[1].shape)  # type: ignore[union-attr]
-                    attrs["grad_operands"] = tuple(i not in static for i in node.input[:2])
-        if kind is OpKind.RECURRENT and not missing:
-            attrs["macs"] = _recurrent_macs(op, act_in, weights, attrs)
-        if kind is OpKind.POOL and "kernel_shape" not in attrs:
-            attrs["kernel_shape"] = (1,)
+                attrs = _layer_attrs(node, kind, raw, act_in, weights, outs, tensor, static)
+            except _NotCosted as exc:
+                kind, attrs = OpKind.UNSUPPORTED, UnsupportedAttrs(str(exc))
 
         lname = node.name or f"{op}_{idx}"
         used_names[lname] += 1
@@ -588,6 +553,7 @@ def import_onnx(
                 weights=tuple(weights),
                 buffers=tuple(buffers),
                 attrs=attrs,
+                needs_input_grad=needs_input_grad,
             )
         )
     if unknown_shape_layers:
@@ -675,77 +641,143 @@ def _merged_constant_warnings(g: onnx.GraphProto, shared: tuple[str, ...]) -> li
     ]
 
 
-def _einsum_macs(equation: str, shapes: list[tuple[int, ...]]) -> int | None:
-    """MACs of a two-operand Einsum: the product of the sizes of all distinct subscripts.
+class _NotCosted(Exception):
+    """A node of a costed op whose attributes or operand shapes the cost formula cannot use."""
 
-    Every output element sums over the contracted subscripts, so the loop nest visits each combination of
-    all subscripts once (e.g. ``bij,bjk->bik`` = b·i·j·k, the batched MatMul). None for an equation with an
-    ellipsis, or not exactly two operands (rare in exports; listed as unsupported, not zero).
+
+def _ints(raw: Mapping[str, Any], key: str, default: tuple[int, ...]) -> tuple[int, ...]:
+    v = raw.get(key)
+    return tuple(int(x) for x in v) if v else default
+
+
+def _layer_attrs(
+    node: onnx.NodeProto,
+    kind: OpKind,
+    raw: Mapping[str, Any],
+    act_in: list[Tensor],
+    weights: list[Tensor],
+    outs: list[Tensor],
+    tensor: Any,
+    static: set[str],
+) -> LayerAttrs:
+    """The typed attribute record of a costed node (:data:`app.core.ir.ATTRS_FOR_KIND`).
+
+    Reads ONNX attributes with their spec defaults and the operand shapes. Raises :class:`_NotCosted`
+    with the reason when the formula cannot apply (a filter or operand of unknown shape, an Einsum
+    that is not a two-operand contraction, an attention layout not handled).
     """
-    lhs = equation.replace(" ", "").split("->")[0]
-    terms = lhs.split(",")
-    if "." in lhs or len(terms) != 2 or len(shapes) != 2:
-        return None
-    sizes: dict[str, int] = {}
-    for term, shape in zip(terms, shapes, strict=True):
-        if len(term) != len(shape):
-            return None
-        for letter, size in zip(term, shape, strict=True):
-            sizes[letter] = max(sizes.get(letter, 1), int(size))
-    return int(np.prod(list(sizes.values()), dtype=np.int64))
+    op = node.op_type
+    if kind in (OpKind.CONV, OpKind.CONV_TRANSPOSE):
+        # the filter's shape, whether it is a weight of the layer or an activation
+        filt = tensor(node.input[1]) if len(node.input) > 1 else None
+        if filt is None or len(filt.shape) < 3:
+            raise _NotCosted(f"{op} filter shape unknown")
+        w = filt.shape
+        nd = len(w) - 2
+        return ConvAttrs(
+            weight_shape=w, kernel_shape=_ints(raw, "kernel_shape", tuple(w[2:])),
+            strides=_ints(raw, "strides", (1,) * nd), pads=_ints(raw, "pads", (0,) * (2 * nd)),
+            dilations=_ints(raw, "dilations", (1,) * nd), group=int(raw.get("group", 1)),
+            output_padding=_ints(raw, "output_padding", ()), auto_pad=str(raw.get("auto_pad", "NOTSET")),
+        )
+    if op == "Einsum":
+        operands = [tensor(i) for i in node.input]
+        if any(o is None for o in operands):
+            raise _NotCosted("Einsum operand shape unknown")
+        ea = EinsumAttrs(str(raw.get("equation", "")), tuple(o.shape for o in operands),
+                         tuple(i not in static for i in node.input))
+        if einsum_macs(ea.equation, ea.operand_shapes) is None:
+            raise _NotCosted("Einsum equation not costed (needs two operands whose ranks match the subscripts)")
+        return ea
+    if op == "Gemm":
+        a_shape = act_in[0].shape if act_in else weights[0].shape
+        b_t = weights[0] if weights else (act_in[1] if len(act_in) > 1 else None)
+        if b_t is None or len(a_shape) != 2 or len(b_t.shape) != 2:
+            raise _NotCosted("Gemm operand shape unknown")
+        m, k = (a_shape[1], a_shape[0]) if raw.get("transA", 0) else (a_shape[0], a_shape[1])
+        n = b_t.shape[0] if raw.get("transB", 0) else b_t.shape[1]
+        return GemmAttrs(m=m, n=n, k=k)
+    if op == "MatMul":
+        operands = [tensor(i) for i in node.input[:2]]
+        if any(o is None for o in operands):
+            raise _NotCosted("MatMul operand shape unknown")
+        try:
+            batch, m, n, k = gemm_dims(operands[0].shape, operands[1].shape)
+        except ValueError as exc:
+            raise _NotCosted(f"MatMul operands not costed: {exc}") from exc
+        return GemmAttrs(m=m, n=n, k=k, batch=batch, grad_operands=tuple(i not in static for i in node.input[:2]))
+    if kind is OpKind.RECURRENT:
+        return _recurrent_attrs(op, act_in, weights, raw)
+    if kind is OpKind.ATTENTION:
+        try:
+            return _attention_attrs(node, raw, tensor)
+        except (TypeError, ValueError, IndexError, KeyError, ZeroDivisionError, AttributeError) as exc:
+            raise _NotCosted(f"{op} layout not costed: {exc}") from exc
+    if kind is OpKind.POOL:
+        if "kernel_shape" not in raw:
+            raise _NotCosted(f"{op} without kernel_shape")
+        ks = _ints(raw, "kernel_shape", ())
+        return PoolAttrs(ks, _ints(raw, "strides", (1,) * len(ks)), _ints(raw, "pads", (0,) * (2 * len(ks))))
+    if op == "LRN":
+        return LrnAttrs(int(raw.get("size", 5)))
+    if op == "TopK":
+        x, values = act_in[0].shape, outs[0].shape
+        axis = int(raw.get("axis", -1)) % len(x)
+        return TopKAttrs(k=int(values[axis]), axis_size=int(x[axis]))
+    return None
 
 
-def _attention_macs(node: onnx.NodeProto, tensor: Any) -> dict[str, int]:
-    """MACs of a fused attention node: ``macs`` (total), ``proj_macs`` (weight projections), ``score_elems``.
+def _attention_attrs(node: onnx.NodeProto, raw: Mapping[str, Any], tensor: Any) -> AttentionAttrs:
+    """Geometry of a fused attention node.
 
     * ai.onnx ``Attention`` (opset 23): Q (B, Hq, Lq, E) or (B, Lq, Hq·E), K (B, Hkv, Lk, E), V (B, Hkv, Lk,
       Ev) (3-D forms with ``q_num_heads``/``kv_num_heads``), optional ``past_key``/``past_value`` that
-      lengthen Lk. Q·Kᵀ is B·Hq·Lq·Lk·E MACs and A·V is B·Hq·Lq·Lk·Ev (grouped-query heads broadcast).
-    * com.microsoft ``Attention``: X (B, S, D_in) · W (D_in, Dq+Dk+Dv) projection, then attention over S:
-      B·S·S·(Dq + Dv) MACs.
-    * com.microsoft ``MultiHeadAttention``: projected Q (B, S, D), K (B, L, D), V (B, L, Dv): B·S·L·(D + Dv).
-    ``score_elems`` (B·H·Lq·Lk) sizes the softmax. Raises ``ValueError`` for other layouts (packed QKV).
+      lengthen Lk; grouped-query heads broadcast, so both products run over Hq heads.
+    * com.microsoft ``Attention``: X (B, S, D_in) · W (D_in, Dq+Dk+Dv) projection (``qkv_hidden_sizes`` or
+      thirds), then attention over S.
+    * com.microsoft ``MultiHeadAttention``: projected Q (B, S, D), K (B, L, D), V (B, L, Dv).
+    Raises ``ValueError`` for other layouts (packed QKV).
     """
-    attrs = _attrs(node)
     ins = list(node.input) + [""] * 6
     op = node.op_type
     if node.domain == "com.microsoft" and op == "Attention":
         x, w = tensor(ins[0]).shape, tensor(ins[1]).shape
-        heads = int(attrs["num_heads"])
-        sizes = attrs.get("qkv_hidden_sizes") or (w[1] // 3,) * 3
+        heads = int(raw["num_heads"])
+        sizes = raw.get("qkv_hidden_sizes") or (w[1] // 3,) * 3
         b, s, d_in = x
-        proj = b * s * d_in * w[1]
-        return {"macs": proj + b * s * s * (sizes[0] + sizes[2]), "proj_macs": proj, "score_elems": b * heads * s * s}
+        return AttentionAttrs(batch=b, heads=heads, q_len=s, kv_len=s, qk_width=int(sizes[0]),
+                              v_width=int(sizes[2]), proj_rows=b * s, proj_in=d_in, proj_out=w[1])
     if node.domain == "com.microsoft":
         q, k, v = (tensor(i).shape if i else None for i in ins[:3])
         if q is None or k is None or v is None or len(q) != 3 or len(k) != 3:
             raise ValueError("only separate 3-D query, key and value are supported")
-        heads = int(attrs["num_heads"])
         b, s, d = q
-        length = k[1]
-        return {"macs": b * s * length * (d + v[2]), "proj_macs": 0, "score_elems": b * heads * s * length}
+        return AttentionAttrs(batch=b, heads=int(raw["num_heads"]), q_len=s, kv_len=k[1], qk_width=d, v_width=v[2])
     q, k, v = (tensor(i).shape for i in ins[:3])
     past = tensor(ins[4]).shape[-2] if ins[4] else 0
     if len(q) == 4:
         b, hq, lq, e = q
         lk, ev = k[2] + past, v[3]
     else:
-        hq, hkv = int(attrs["q_num_heads"]), int(attrs["kv_num_heads"])
+        hq, hkv = int(raw["q_num_heads"]), int(raw["kv_num_heads"])
         b, lq, dq = q
         lk = k[1] + past
         e, ev = dq // hq, v[2] // hkv
-    return {"macs": b * hq * lq * lk * (e + ev), "proj_macs": 0, "score_elems": b * hq * lq * lk}
+    return AttentionAttrs(batch=b, heads=hq, q_len=lq, kv_len=lk, qk_width=hq * e, v_width=hq * ev)
 
 
-def _recurrent_macs(op: str, act_in: list[Tensor], weights: list[Tensor], attrs: Mapping[str, Any]) -> int:
-    """MACs of an ONNX LSTM/GRU/RNN over all timesteps and directions.
+def _recurrent_attrs(op: str, act_in: list[Tensor], weights: list[Tensor], raw: Mapping[str, Any]) -> RecurrentAttrs:
+    """Geometry of an ONNX LSTM/GRU/RNN: ``W`` is (dirs, gates·H, I) and ``R`` is (dirs, gates·H, H);
+    ``X`` is (seq, batch, I) with ``layout=0`` and (batch, seq, I) with ``layout=1``.
 
-    ``W`` is (dirs, gates·H, I) and ``R`` is (dirs, gates·H, H); per timestep and sample each direction
-    does ``gates·H·(I + H)`` MACs (input and recurrent projections). Gate count: LSTM 4, GRU 3, RNN 1.
-    Elementwise gate math is omitted (< 2 % for H ≥ 64). Source: Hestness et al. 2019, §4.
+    Raises :class:`_NotCosted` when the input or the ``W``/``R`` weights are missing or misshapen.
     """
-    x = act_in[0].shape  # (seq, batch, input) with layout=0, (batch, seq, input) with layout=1
-    seq, batch = (x[1], x[0]) if attrs.get("layout", 0) == 1 else (x[0], x[1])
-    w, r = weights[0].shape, weights[1].shape
-    dirs = w[0]
-    return int(seq * batch * dirs * (w[1] * w[2] + r[1] * r[2]))
+    if not act_in or len(weights) < 2 or len(act_in[0].shape) != 3:
+        raise _NotCosted(f"{op} input or W/R weights of unknown shape")
+    x, w, r = act_in[0].shape, weights[0].shape, weights[1].shape
+    if len(w) != 3 or len(r) != 3 or r[2] <= 0 or w[1] % r[2]:
+        raise _NotCosted(f"{op} weights W {w} and R {r} do not have the ONNX layout")
+    layout = int(raw.get("layout", 0))
+    seq, batch = (x[1], x[0]) if layout == 1 else (x[0], x[1])
+    return RecurrentAttrs(seq_len=seq, batch=batch, input_size=w[2], hidden_size=r[2], num_directions=w[0],
+                          gates=w[1] // r[2], layout=layout)

@@ -35,11 +35,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Any
 
 from app.core.costs import LayerCost, layer_cost, optimizer_update_cost
 from app.core.hardware import HardwareSpec
-from app.core.ir import Layer, OpKind, Tensor
+from app.core.ir import ConvAttrs, Layer, OpKind, Tensor
 from app.core.vocab import Pass
 
 
@@ -199,14 +198,6 @@ def op_precision(hw: HardwareSpec, precision: Precision | str, kind: OpKind) -> 
     )
 
 
-def _attr(layer: Layer, name: str, default: Any) -> Any:
-    """An op attribute of ``layer`` whether ``attrs`` is a mapping or a typed record."""
-    attrs = layer.attrs
-    if isinstance(attrs, Mapping):
-        return attrs.get(name, default)
-    return getattr(attrs, name, default)
-
-
 def min_algorithm_flops_factor(layer: Layer) -> float:
     """How many times fewer FLOPs than the direct algorithm the cheapest library algorithm may need (≥ 1).
 
@@ -214,15 +205,12 @@ def min_algorithm_flops_factor(layer: Layer) -> float:
     (or transposed convolution) with a 3x3 kernel, stride 1, dilation 1 and one group; 1.0 for everything
     else. Applies to forward and both backward products (cuDNN has Winograd for all three).
     """
-    if layer.kind not in (OpKind.CONV, OpKind.CONV_TRANSPOSE) or not layer.weights:
+    a = layer.attrs
+    if layer.kind not in (OpKind.CONV, OpKind.CONV_TRANSPOSE) or not isinstance(a, ConvAttrs):
         return 1.0
-    kernel = tuple(layer.weights[0].shape[2:])
-    if kernel != (3, 3):
+    if tuple(a.kernel_shape) != (3, 3) or a.group != 1:
         return 1.0
-    strides = tuple(_attr(layer, "strides", ()) or (1, 1))
-    dilations = tuple(_attr(layer, "dilations", ()) or (1, 1))
-    group = int(_attr(layer, "group", 1) or 1)
-    if any(s != 1 for s in strides) or any(d != 1 for d in dilations) or group != 1:
+    if any(s != 1 for s in a.strides) or any(d != 1 for d in a.dilations):
         return 1.0
     return WINOGRAD_3X3_FLOPS_FACTOR
 

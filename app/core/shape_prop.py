@@ -169,6 +169,8 @@ def propagate_shapes(
             inferred = _ms_infer(node, types)
         else:
             inferred = _infer(node, types, values, opsets, model.ir_version)
+            if op == "Einsum" and outs and not _concrete(inferred.get(outs[0], (None, 0))[0]):
+                inferred = _einsum_infer(node, types)
         for oname in outs:
             if oname in inferred and _concrete(inferred[oname][0]):
                 types[oname] = inferred[oname]
@@ -213,6 +215,68 @@ def _ms_infer(
     except (KeyError, IndexError, TypeError):
         return {}
     return {node.output[0]: (out, elem)} if out is not None and node.output else {}
+
+
+def einsum_output_shape(equation: str, shapes: list[tuple[int, ...]]) -> tuple[int, ...] | None:
+    """Output shape of ``Einsum(equation)`` on operands of ``shapes`` (numpy ``einsum`` semantics).
+
+    An ellipsis stands for the operand's unnamed leading axes; the ellipses of all operands broadcast
+    (ONNX shape inference rejects operands whose ellipses have different ranks, which numpy and torch
+    accept). Implicit mode (no ``->``): the ellipsis axes, then the letters used once, alphabetically.
+    None when the equation does not match the shapes.
+    """
+    eq = equation.replace(" ", "")
+    lhs, _, rhs = eq.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(shapes):
+        return None
+    sizes: dict[str, int] = {}
+    ellipses: list[tuple[int, ...]] = []
+    counts: dict[str, int] = {}
+    for term, shape in zip(terms, shapes, strict=True):
+        letters = term.replace("...", "")
+        if "." in letters:
+            return None
+        n_ell = len(shape) - len(letters)
+        if n_ell < 0 or (n_ell and "..." not in term):
+            return None
+        at = term.find("...")
+        if at >= 0:
+            ellipses.append(tuple(shape[at:at + n_ell]))
+            shape = tuple(shape[:at]) + tuple(shape[at + n_ell:])
+        for letter, size in zip(letters, shape, strict=True):
+            counts[letter] = counts.get(letter, 0) + 1
+            if sizes.get(letter, 1) not in (1, size) and size != 1:
+                return None
+            sizes[letter] = max(sizes.get(letter, 1), int(size))
+    try:
+        ell = tuple(int(d) for d in np.broadcast_shapes(*ellipses)) if ellipses else ()
+    except ValueError:
+        return None
+    if "->" not in eq:
+        return ell + tuple(sizes[c] for c in sorted(c for c, n in counts.items() if n == 1))
+    out: list[int] = []
+    rest = rhs
+    if "..." in rest:
+        head, _, tail = rest.partition("...")
+        out = [sizes[c] for c in head if c in sizes] + list(ell) + [sizes[c] for c in tail if c in sizes]
+        letters = head + tail
+    else:
+        out = [sizes[c] for c in rest if c in sizes]
+        letters = rest
+    return tuple(out) if len(out) == len(letters) + (len(ell) if "..." in rest else 0) else None
+
+
+def _einsum_infer(
+    node: onnx.NodeProto, types: Mapping[str, tuple[Shape | None, int]]
+) -> dict[str, tuple[Shape | None, int]]:
+    equation = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "equation"), b"")
+    equation = equation.decode() if isinstance(equation, bytes) else str(equation)
+    shapes = [types.get(i, (None, 0)) for i in node.input]
+    if not node.output or any(not _concrete(shp) for shp, _ in shapes):
+        return {}
+    out = einsum_output_shape(equation, [tuple(int(d) for d in shp) for shp, _ in shapes])  # type: ignore[union-attr,arg-type]
+    return {node.output[0]: (out, shapes[0][1])} if out is not None else {}
 
 
 def _infer(

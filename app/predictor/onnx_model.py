@@ -61,7 +61,7 @@ from app.core.features import (
     select_features,
 )
 from app.core.hardware import HardwareSpec
-from app.core.ir import OpKind
+from app.core.ir import ConvAttrs, OpKind
 from app.core.roofline import roofline_time_s
 from app.predictor.base import LayerTimeEstimate, LayerTimeQuery, split_training_step
 from app.predictor.transfer import served_transfer
@@ -132,7 +132,7 @@ class LearnedPredictor:
         if layer.kind is OpKind.CONV:
             if not layer.weights or len(layer.weights[0].shape) - 2 not in scope["conv_spatial_dims"]:
                 return "convolution rank was not measured"
-            if int(layer.attrs.get("group", 1)) != 1 and not scope["grouped_conv"]:
+            if layer.group != 1 and not scope["grouped_conv"]:
                 return "grouped/depthwise convolutions were not measured"
         if layer.kind is OpKind.MATMUL and len(layer.inputs) < 2:
             return "matmul without two operands"
@@ -174,10 +174,10 @@ class LearnedPredictor:
             notes.append(f"optimizer {q.optimizer!r} was not measured")
         if q.precision not in scope.get("precision", ("fp32",)):
             notes.append(f"precision {q.precision!r} was not measured")
-        act = str(q.layer.attrs.get("activation", "none")).lower()
+        act = q.layer.activation
         if act not in ACTIVATIONS and act != "none":
             notes.append(f"fused activation {act!r} was not measured")
-        if any(int(d) != 1 for d in q.layer.attrs.get("dilations", ()) or ()):
+        if isinstance(q.layer.attrs, ConvAttrs) and any(d != 1 for d in q.layer.attrs.dilations):
             notes.append("dilated convolutions were not measured")
         return notes
 

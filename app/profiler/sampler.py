@@ -35,8 +35,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from app.core.costs import layer_cost, optimizer_update_cost
-from app.core.ir import Layer, OpKind, Tensor
+from app.core.costs import gemm_dims, layer_cost, optimizer_update_cost
+from app.core.ir import GemmAttrs, Layer, OpKind, Tensor
 from app.core.json_import import import_json
 
 #: Relative sampling weight of each family (also the list of valid ``--families``).
@@ -136,8 +136,8 @@ class LayerConfig:
         """The IR layers of this configuration at its batch size.
 
         JSON-describable families: ``import_json(graph_doc, batch_size=batch_size)`` with the
-        ``needs_input_grad`` attribute set from the config. Matmul: one ``MatMul`` layer (kind MATMUL,
-        ``attrs["macs"]``). Attention (``scaled_dot_product_attention``): ``MatMul`` (Q·Kᵀ), ``Softmax``,
+        ``needs_input_grad`` set from the config. Matmul: one ``MatMul`` layer (kind MATMUL,
+        :class:`~app.core.ir.GemmAttrs`). Attention (``scaled_dot_product_attention``): ``MatMul`` (Q·Kᵀ), ``Softmax``,
         ``MatMul`` (P·V). Raises :class:`app.errors.InvalidGraph` for an invalid spec and ``ValueError``
         for a malformed shape record.
         """
@@ -146,25 +146,23 @@ class LayerConfig:
         if doc is not None:
             g = import_json(doc, batch_size=self.batch_size)
             nig = self.needs_input_grad and self.op != "embedding"
-            return tuple(replace(layer, attrs={**layer.attrs, "needs_input_grad": nig}) for layer in g.layers)
+            return tuple(replace(layer, needs_input_grad=nig) for layer in g.layers)
         s = dict(self.shapes or {})
         if self.op == "matmul":
             a, b = tuple(s["a"]), tuple(s["b"])
             if len(a) < 2 or len(b) < 2 or a[:-2] != b[:-2] or a[-1] != b[-2]:
                 raise ValueError(f"matmul shapes do not chain: {a} @ {b}")
             out = (*a[:-1], b[-1])
-            macs = math.prod(a[:-2]) * a[-2] * a[-1] * b[-1]
-            return (_matmul_layer("matmul", a, b, out, macs, dt, self.needs_input_grad),)
+            return (_matmul_layer("matmul", a, b, out, dt, self.needs_input_grad),)
         if self.op == "attention":
             bsz, h, sq, skv, d = self.batch_size, s["heads"], s["seq_q"], s["seq_kv"], s["head_dim"]
             if min(bsz, h, sq, skv, d) <= 0:
                 raise ValueError(f"attention shape record must be positive: {s}")
             q, kt, p, v = (bsz, h, sq, d), (bsz, h, d, skv), (bsz, h, sq, skv), (bsz, h, skv, d)
-            attrs = {"fused": "scaled_dot_product_attention", "causal": bool(s.get("causal", False))}
-            qk = _matmul_layer("attn.qk", q, kt, p, bsz * h * sq * d * skv, dt, self.needs_input_grad, attrs)
+            qk = _matmul_layer("attn.qk", q, kt, p, dt, self.needs_input_grad)
             sm = Layer("attn.softmax", "Softmax", OpKind.SOFTMAX, (Tensor("attn.qk.out", p, dt),),
-                       (Tensor("attn.softmax.out", p, dt),), attrs={"needs_input_grad": True, **attrs})
-            pv = _matmul_layer("attn.pv", p, v, (bsz, h, sq, d), bsz * h * sq * skv * d, dt, True, attrs)
+                       (Tensor("attn.softmax.out", p, dt),))
+            pv = _matmul_layer("attn.pv", p, v, (bsz, h, sq, d), dt, True)
             return (qk, sm, pv)
         raise ValueError(f"no graph spec and unknown op {self.op!r}")
 
@@ -199,13 +197,13 @@ class LayerConfig:
 _DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
-def _matmul_layer(name: str, a: Sequence[int], b: Sequence[int], out: Sequence[int], macs: int, dt: str,
-                  nig: bool, extra: Mapping[str, Any] | None = None) -> Layer:
+def _matmul_layer(name: str, a: Sequence[int], b: Sequence[int], out: Sequence[int], dt: str, nig: bool) -> Layer:
+    batch, m, n, k = gemm_dims(tuple(a), tuple(b))
     return Layer(
         name, "MatMul", OpKind.MATMUL,
         (Tensor(f"{name}.a", tuple(a), dt), Tensor(f"{name}.b", tuple(b), dt)),
         (Tensor(f"{name}.out", tuple(out), dt),),
-        attrs={"macs": int(macs), "needs_input_grad": nig, **(extra or {})},
+        attrs=GemmAttrs(m=m, n=n, k=k, batch=batch), needs_input_grad=nig,
     )
 
 

@@ -13,8 +13,8 @@ Layer IR built for a row (TensorFlow 1.x semantics of the benchmark):
   ``use_bias``; output ``(N, O, O, C_out)`` with ``O = ceil(S / stride)`` for ``same`` padding and
   ``O = ceil((S - k + 1) / stride)`` for ``valid`` (TensorFlow ``conv2d``).
 * dense: Gemm ``(N, in) × (in, out)`` with weight ``(in, out)`` and bias ``(out,)`` (Keras dense layers
-  always have a bias here), ``attrs["macs"] = N · in · out``.
-* ``attrs["activation"]`` is the activation fused after the layer; ``needs_input_grad`` stays True
+  always have a bias here): ``GemmAttrs(m=N, n=out, k=in)``.
+* the attrs' ``activation`` is the activation fused after the layer; ``needs_input_grad`` stays True
   (the benchmark's input is a trainable ``tf.Variable``, and it matches an inner layer at serving).
 
 Rows whose median time is missing or not positive (out-of-memory runs) are dropped.
@@ -35,7 +35,7 @@ import numpy as np
 from app.core.costs import layer_cost
 from app.core.features import features_from_raw, raw_quantities
 from app.core.hardware import HardwareSpec
-from app.core.ir import Layer, OpKind, Tensor
+from app.core.ir import ConvAttrs, GemmAttrs, Layer, OpKind, Tensor
 from app.hardware.catalog import load_catalog
 from app.measurements.importers import JUSTUS_GPU_IDS
 
@@ -89,14 +89,15 @@ def conv_layer(
         inputs=(Tensor(f"{name}.x", (batch, size, size, c_in)),),
         outputs=(Tensor(f"{name}.y", (batch, out, out, c_out)),),
         weights=weights,
-        attrs={
-            "kernel_shape": (kernel, kernel),
-            "strides": (stride, stride),
-            "padding": padding.upper(),
-            "group": 1,
-            "data_layout": "NHWC",
-            "activation": activation,
-        },
+        attrs=ConvAttrs(
+            weight_shape=weights[0].shape,
+            kernel_shape=(kernel, kernel),
+            strides=(stride, stride),
+            pads=(0, 0, 0, 0),
+            dilations=(1, 1),
+            auto_pad="SAME_UPPER" if padding == "same" else "VALID",  # TensorFlow "same" pads the end more
+            activation=activation,
+        ),
     )
 
 
@@ -112,7 +113,7 @@ def dense_layer(*, batch: int, in_features: int, out_features: int, activation: 
             Tensor(f"{name}.weight", (in_features, out_features)),
             Tensor(f"{name}.bias", (out_features,)),
         ),
-        attrs={"macs": batch * in_features * out_features, "activation": activation},
+        attrs=GemmAttrs(m=batch, n=out_features, k=in_features, activation=activation),
     )
 
 

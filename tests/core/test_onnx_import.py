@@ -9,7 +9,8 @@ import pytest
 from onnx import TensorProto, helper
 
 from app.core.analysis import analyze
-from app.core.ir import OpKind
+from app.core.costs import mac_count
+from app.core.ir import GemmAttrs, OpKind
 from app.core.onnx_import import import_onnx
 from app.errors import InvalidGraph, UnboundDimension
 from tests.helpers import light_model
@@ -120,7 +121,8 @@ def test_symbolic_non_batch_dimension_must_be_bound() -> None:
     g = import_onnx(content, batch_size=4, dims={"seq": 128})
     (layer,) = g.layers
     assert layer.kind is OpKind.GEMM
-    assert layer.attrs["macs"] == 4 * 128 * 64 * 32
+    assert layer.attrs == GemmAttrs(m=128, n=32, k=64, batch=(4,), grad_operands=(True, False))
+    assert mac_count(layer) == 4 * 128 * 64 * 32
 
 
 def test_unknown_op_is_listed_as_unsupported_not_zero() -> None:

@@ -121,11 +121,11 @@ def test_repeated_imports_of_a_real_model_give_identical_numbers() -> None:
 def test_depthwise_convolutions_of_mobilenet_are_not_overcounted() -> None:
     _, a = _analysis("mobilenet_v2")
     dw = [(layer, c) for layer, c in zip(a.graph.layers, a.costs, strict=True)
-          if layer.kind is OpKind.CONV and layer.attrs.get("group", 1) > 1]
+          if layer.kind is OpKind.CONV and layer.group > 1]
     assert len(dw) == 17
     for layer, c in dw:
         n, ch, *spatial = layer.outputs[0].shape
-        assert layer.attrs["group"] == ch
+        assert layer.group == ch
         assert c.forward_macs == n * ch * spatial[0] * spatial[1] * 9  # not × ch
 
 

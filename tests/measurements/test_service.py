@@ -185,3 +185,34 @@ def test_cli_import_deepbench(sqlite_url: str, tmp_path: Path, capsys: pytest.Ca
 
     assert main(["justus", "--database-url", sqlite_url, "--data-dir", str(tmp_path)]) == 1
     assert "no Justus CSVs" in capsys.readouterr().err
+
+
+def test_cli_import_neusight_and_vidur_idempotent(sqlite_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from app.measurements.cli import main
+
+    argv = ["neusight", "--database-url", sqlite_url, "--families", "ln", "softmax", "--limit", "40"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "12 files, 480 rows read, 480 measurements imported (0 replaced" in out and "mi210" in out
+    assert main(argv) == 0
+    assert "480 measurements imported (480 replaced" in capsys.readouterr().out
+
+    assert main(["vidur", "--database-url", sqlite_url, "--limit", "5"]) == 0
+    # 2 compute tables x 5 rows x 10 ops + 2 network tables x 5 rows
+    assert "4 files, 20 rows read, 110 measurements imported" in capsys.readouterr().out
+    assert main(["vidur", "--database-url", sqlite_url, "--limit", "5"]) == 0
+    assert "110 measurements imported (110 replaced" in capsys.readouterr().out
+
+    engine = make_engine(sqlite_url)
+    try:
+        with make_sessionmaker(engine)() as db:
+            rows = db.execute(select(Measurement.source, Measurement.software_stack, Measurement.granularity,
+                                     Measurement.precision, func.count()).group_by(
+                Measurement.source, Measurement.software_stack, Measurement.granularity, Measurement.precision
+            )).all()
+    finally:
+        engine.dispose()
+    assert sorted(tuple(r) for r in rows) == [
+        ("neusight", "pytorch-eager", "kernel", "fp32-strict", 480),
+        ("vidur", "pytorch-eager", "kernel", "fp16", 110),
+    ]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from app.core.costs import layer_cost
-from app.core.ir import Layer, OpKind, Tensor
+from app.core.ir import AttentionAttrs, Layer, OpKind, Tensor
 from app.core.json_import import import_json
 from app.core.precision import Precision, PrecisionNotSupported, check_precision, physics_floor_ms
 from app.core.vocab import Pass
@@ -58,7 +58,7 @@ def _direct_layers(rng: np.random.Generator) -> list[Layer]:
         Layer("add", "Add", OpKind.ELEMENTWISE, (x, y), (Tensor("z", (n,)),)),
         Layer("sum", "ReduceSum", OpKind.REDUCE, (x,), (Tensor("s", (1,)),)),
         Layer("attn", "Attention", OpKind.ATTENTION, (q, q, q), (Tensor("o", (bh, t, d)),),
-              attrs={"macs": 2 * bh * t * t * d, "score_elems": bh * t * t}),
+              attrs=AttentionAttrs(batch=bh, heads=1, q_len=t, kv_len=t, qk_width=d, v_width=d)),
     ]
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from app.core.costs import layer_cost
 from app.core.hardware import HardwareSpec
-from app.core.ir import Layer, OpKind, Tensor
+from app.core.ir import Layer, OpKind, RecurrentAttrs, Tensor, UnsupportedAttrs
 from app.hardware.catalog import load_catalog
 from app.predictor.base import LayerTimeQuery, split_training_step
 from app.predictor.registry import list_versions, load_predictor
@@ -52,7 +52,7 @@ def _lstm() -> Layer:
     return Layer(
         "lstm", "LSTM", OpKind.RECURRENT, (Tensor("x", (35, 20, 256)),), (Tensor("y", (35, 20, 512)),),
         weights=(Tensor("w", (4 * 512, 256)), Tensor("r", (4 * 512, 512))),
-        attrs={"macs": 35 * 20 * 4 * 512 * (256 + 512)},
+        attrs=RecurrentAttrs(seq_len=35, batch=20, input_size=256, hidden_size=512),
     )  # fmt: skip
 
 
@@ -159,7 +159,8 @@ def test_mixed_batch_keeps_query_order(predictor) -> None:
 
 
 def test_unsupported_layer_is_rejected(predictor) -> None:
-    layer = Layer("u", "Weird", OpKind.UNSUPPORTED, (Tensor("x", (1, 4)),), (Tensor("y", (1, 4)),))
+    layer = Layer("u", "Weird", OpKind.UNSUPPORTED, (Tensor("x", (1, 4)),), (Tensor("y", (1, 4)),),
+                  attrs=UnsupportedAttrs("no cost formula for op 'Weird'"))
     with pytest.raises(ValueError):
         predictor.estimate([_q(layer, "p100")])
     with pytest.raises(ValueError):

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from app.core.costs import layer_cost
+from app.core.costs import layer_cost, mac_count
 from app.core.ir import OpKind
 from app.core.json_import import import_json
 from app.profiler.sampler import (
@@ -83,8 +83,8 @@ def test_row_round_trip() -> None:
 
 def test_input_grad_flag_and_precision() -> None:
     c = LayerConfig("conv2d", "conv2d", 2, (3, 8, 8), {"op": "conv2d", "out_channels": 4, "kernel_size": 3})
-    assert c.to_layers()[0].attrs["needs_input_grad"] is True  # an inner layer, unlike import_json's default
-    assert replace(c, needs_input_grad=False).to_layers()[0].attrs["needs_input_grad"] is False
+    assert c.to_layers()[0].needs_input_grad is True  # an inner layer, unlike import_json's default
+    assert replace(c, needs_input_grad=False).to_layers()[0].needs_input_grad is False
     assert c.to_layers("bf16")[0].inputs[0].dtype == "bfloat16"
     e = LayerConfig("embedding", "embedding", 2, (5,), {"op": "embedding", "num_embeddings": 10,
                                                          "embedding_dim": 4}, needs_input_grad=False)
@@ -95,13 +95,13 @@ def test_input_grad_flag_and_precision() -> None:
 def test_matmul_and_attention_shape_records() -> None:
     m = LayerConfig("matmul", "matmul", 2, shapes={"a": [2, 3, 5, 7], "b": [2, 3, 7, 11]})
     (layer,) = m.to_layers()
-    assert layer.kind is OpKind.MATMUL and layer.attrs["macs"] == 2 * 3 * 5 * 7 * 11
+    assert layer.kind is OpKind.MATMUL and mac_count(layer) == 2 * 3 * 5 * 7 * 11
     assert layer.outputs[0].shape == (2, 3, 5, 11)
     a = LayerConfig("attention", "attention", 2,
                     shapes={"heads": 4, "seq_q": 16, "seq_kv": 16, "head_dim": 8, "causal": True})
     qk, sm, pv = a.to_layers()
     assert (qk.kind, sm.kind, pv.kind) == (OpKind.MATMUL, OpKind.SOFTMAX, OpKind.MATMUL)
-    assert qk.attrs["macs"] == pv.attrs["macs"] == 2 * 4 * 16 * 16 * 8
+    assert mac_count(qk) == mac_count(pv) == 2 * 4 * 16 * 16 * 8
     with pytest.raises(ValueError):
         LayerConfig("matmul", "matmul", 1, shapes={"a": [1, 2, 3], "b": [1, 4, 5]}).to_layers()
 
