@@ -6,7 +6,9 @@ Pure (no I/O, no torch). Two parts:
   (PyTorch >= 2.0): each ``_foreach_*`` op of a step launches one kernel per group of up to
   :data:`TENSORS_PER_LAUNCH` parameter tensors (``depth_to_max_tensors`` of
   ``aten/src/ATen/native/cuda/MultiTensorApply.cuh``: 110, 64, 48, 36, 30 for 1 to 5 tensor lists; 48 is
-  the depth-3 value, typical of the ops of an SGD-momentum or Adam step), not one kernel per layer.
+  the depth-3 value, typical of the ops of an SGD-momentum or Adam step), not one kernel per layer. Builds
+  with large kernel arguments (CUDA >= 12.1 on Volta and newer) pack up to 7x more tensors per launch
+  (``DepthToMaxConfig<true>``: 336 at depth 3), so 48 over-counts launches there: the conservative end.
   :func:`update_kernel_launches` gives a layer's share of those launches.
 * **Graph fusion** (:func:`fuse_graph`): an exported graph spells out as several nodes what the framework
   runs as one kernel. A fused layer keeps the FLOPs of its members (forward and backward, summed) and loses
