@@ -267,8 +267,11 @@ def pass_work(
     pass_: Pass | str,
     *,
     optimizer: str = "none",
+    rescaled: LayerCost | None = None,
 ) -> PassWork:
     """Minimal FLOPs, bytes and peak of one pass of ``layer`` (see :func:`physics_floor_ms`).
+
+    ``rescaled`` may pass ``cost_at_precision(layer, cost, precision)`` when the caller already has it.
 
     ``cost`` is ``layer_cost(layer)`` (bytes at the graph's dtypes; rescaled here to ``precision``). The
     update pass is the optimizer step over the layer's parameters in fp32 (master weights) and runs at
@@ -290,7 +293,7 @@ def pass_work(
     if p in (Pass.BACKWARD_INPUT, Pass.BACKWARD_WEIGHT):
         raise ValueError(f"pass {p.value!r} has no byte split in the cost model; use 'backward'")
     op = op_precision(hw, precision, layer.kind)
-    c = cost_at_precision(layer, cost, precision)
+    c = rescaled if rescaled is not None else cost_at_precision(layer, cost, precision)
     factor = min_algorithm_flops_factor(layer)
     if p in (Pass.FORWARD, Pass.TRAIN_FORWARD):
         mac_flops = 2.0 * c.forward_macs
@@ -322,6 +325,30 @@ def physics_floor_ms(
     if Pass(pass_) is Pass.TRAIN_STEP:  # the passes run one after the other: the step's floor is their sum
         return sum(physics_floor_ms(layer, cost, hw, precision, p, optimizer=optimizer)
                    for p in (Pass.FORWARD, Pass.BACKWARD, Pass.UPDATE))
-    w = pass_work(layer, cost, hw, precision, pass_, optimizer=optimizer)
+    return _floor_ms(pass_work(layer, cost, hw, precision, pass_, optimizer=optimizer), hw)
+
+
+def _floor_ms(w: PassWork, hw: HardwareSpec) -> float:
     return max(w.flops_min / w.peak_flops_per_s, w.bytes_ / hw.memory_bandwidth_bytes_per_s) * 1e3
 
+
+
+def floors_by_pass_ms(
+    layer: Layer,
+    cost: LayerCost,
+    hw: HardwareSpec,
+    precision: Precision | str,
+    *,
+    training: bool,
+    optimizer: str = "none",
+) -> tuple[float, float, float]:
+    """``(forward, backward, update)`` physics floors in ms (:func:`physics_floor_ms` of each pass), the
+    bytes rescaled to the precision once; backward and update are 0 when not ``training``."""
+    rescaled = cost_at_precision(layer, cost, precision)
+
+    def floor(p: Pass) -> float:
+        return _floor_ms(pass_work(layer, cost, hw, precision, p, optimizer=optimizer, rescaled=rescaled), hw)
+
+    if not training:
+        return floor(Pass.FORWARD), 0.0, 0.0
+    return floor(Pass.FORWARD), floor(Pass.BACKWARD), floor(Pass.UPDATE)
