@@ -72,12 +72,15 @@ class LayerPrediction(Schema):
     operational_intensity_flops_per_byte: float
     bound: str | None = Field(description="'compute' or 'memory' on this hardware (roofline)")
     roofline_ms: float | None = Field(
-        description="max(FLOPs / peak, bytes / bandwidth) of the passes timed, at the request's precision "
-                    "(peak each op may use, bytes at the precision's storage types), direct algorithm")
+        description="max(FLOPs / peak, bytes / bandwidth) of forward (+ backward in training), at the request's "
+                    "precision (peak each op may use, bytes at the precision's storage types), direct algorithm")
     physics_floor_ms: float | None = Field(
         description="the time no kernel can beat: the roofline with the FLOPs of the cheapest algorithm the "
-                    "library may pick (Winograd for 3x3 stride-1 convolutions), summed over the passes timed")
+                    "library may pick (Winograd for 3x3 stride-1 convolutions), summed over forward, backward and "
+                    "update")
     floor_clamped: bool = Field(default=False, description="a pass was raised to its physics floor")
+    fused_from: list[str] = Field(default_factory=list, description="graph nodes this layer was fused from")
+    fusion_rule: str | None = Field(default=None, description="attention, gelu, bias or activation_epilogue")
     forward_ms: float | None
     backward_ms: float | None
     update_ms: float | None

@@ -95,7 +95,8 @@ def predict(session: Session, predictor: Predictor, *, request: PredictionCreate
     else:
         assert request.hardware is not None
         hw = hardware_service.spec_from_inline(request.hardware)
-    return estimate(analyze(graph), hw, predictor, request=request, graph_id=graph_id)
+    analysis = analyze(graph, software_stack=request.software_stack)
+    return estimate(analysis, hw, predictor, request=request, graph_id=graph_id)
 
 
 def estimate(
@@ -129,7 +130,7 @@ def estimate(
     rows: list[LayerPrediction] = []
     fwd = bwd = upd = p10 = p90 = 0.0
     ood_layers = 0
-    for layer, cost in zip(layers, analysis.costs, strict=True):
+    for i, (layer, cost) in enumerate(zip(layers, analysis.costs, strict=True)):
         common: dict[str, Any] = {
             "name": layer.name,
             "op_type": layer.op_type,
@@ -141,6 +142,8 @@ def estimate(
             "bytes_read": cost.forward_bytes_read + (cost.backward_bytes_read if training else 0),
             "bytes_written": cost.forward_bytes_written + (cost.backward_bytes_written if training else 0),
             "operational_intensity_flops_per_byte": cost.operational_intensity,
+            "fused_from": list(analysis.fused_from[i]) if analysis.fused_from else [],
+            "fusion_rule": analysis.fusion_rules[i] if analysis.fusion_rules else None,
         }
         if not cost.supported:
             rows.append(LayerPrediction(
@@ -273,6 +276,9 @@ def estimate(
         assumptions={
             "iteration": "sum over layers of forward + backward + optimizer update; no data loading, no "
                          "inter-layer overlap, single device",
+            "fusion": "layers fused as the software stack fuses them (attention core, erf-GELU chains, bias "
+                      "adds, and activation epilogues under compiled graphs); a fused layer keeps its members' "
+                      "FLOPs and moves only its external tensors",
             "interval": "p10/p90 of the iteration are sums of per-layer p10/p90 (errors assumed correlated)",
             "epoch": "ceil(dataset_size / batch_size) iterations (last partial batch counted as full)",
             "memory": "predicted peak of one step (app/core/memory.py): fp32 weights, gradients and optimizer "
