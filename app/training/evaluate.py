@@ -45,7 +45,7 @@ import numpy as np
 
 from app.predictor.onnx_model import LearnedPredictor, _spec_from_snapshot, read_metadata
 from app.predictor.registry import current_stem, load_predictor
-from app.training.justus import DEFAULT_DATA_DIR, JustusData
+from app.training.dataset import TrainingRows, iterations_from_database
 from app.training.metrics import (
     below_floor_pct,
     cross_device_lookup_predict,
@@ -56,9 +56,8 @@ from app.training.metrics import (
     metrics,
     nearest_neighbour_predict,
     pure_roofline_ms,
+    source_of,
 )
-from app.training.seed import DEFAULT_SEED_DIR, layer_files, load_e2e
-from app.training.sources import NEUSIGHT_DIR, VIDUR_DIR, source_of
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MODELS_DIR = REPO_ROOT / "models"
@@ -86,12 +85,12 @@ METHODS: dict[str, str] = {
 }
 
 
-def _previous_ln(previous: LearnedPredictor | None, data: JustusData) -> np.ndarray | None:
+def _previous_ln(previous: LearnedPredictor | None, data: TrainingRows) -> np.ndarray | None:
     return None if previous is None else previous.run_features(data.features).astype(np.float64)
 
 
 def compare_block(
-    data: JustusData,
+    data: TrainingRows,
     learned_ln: np.ndarray,
     *,
     lookup_ms: np.ndarray,
@@ -124,7 +123,7 @@ def compare_block(
 
 
 def held_out(
-    tr: JustusData, te: JustusData, learned: LearnedPredictor, previous: LearnedPredictor | None
+    tr: TrainingRows, te: TrainingRows, learned: LearnedPredictor, previous: LearnedPredictor | None
 ) -> dict[str, Any]:
     """Block 1 of the module docstring (the trainer's test split, learned model through onnxruntime)."""
     learned_ln = learned.run_features(te.features).astype(np.float64)
@@ -133,9 +132,9 @@ def held_out(
 
 
 def logo_block(
-    tr: JustusData,
-    va: JustusData,
-    te: JustusData,
+    tr: TrainingRows,
+    va: TrainingRows,
+    te: TrainingRows,
     meta: Mapping[str, Any],
     previous: LearnedPredictor | None,
     *,
@@ -151,13 +150,13 @@ def logo_block(
     folds = leave_one_gpu_out(tr, va, te, recipe=recipe, seed=seed, log=log)
     gtr = tr.subset(~is_cpu_rows(tr))
     per: dict[str, Any] = {}
-    all_rows: list[JustusData] = []
+    all_rows: list[TrainingRows] = []
     all_ln: list[np.ndarray] = []
     all_lo: list[np.ndarray] = []
     all_hi: list[np.ndarray] = []
     all_lookup: list[np.ndarray] = []
     for g, f in folds.items():
-        te_g: JustusData = f["test"]
+        te_g: TrainingRows = f["test"]
         if not len(te_g):
             continue
         p = f["pred_ln"]
@@ -174,11 +173,11 @@ def logo_block(
         all_lookup.append(lookup)
         m = per[g]["learned"]
         log(f"LOGO {g}: learned {m['mape_pct']:.1f} %, coverage {m['coverage_80_pct']:.1f} %")
-    rows = JustusData.concat(all_rows)
+    rows = TrainingRows.concat(all_rows)
     pooled = compare_block(rows, np.concatenate(all_ln), lookup_ms=np.concatenate(all_lookup),
                            previous_ln=_previous_ln(previous, rows),
                            lo_hi_ms=(np.concatenate(all_lo), np.concatenate(all_hi)))  # fmt: skip
-    src = source_of(rows.family)
+    src = source_of(rows)
     p_all = np.exp(np.concatenate(all_ln))
     by_source = {str(s): metrics(rows.time_ms[src == s], p_all[src == s, 1], np.concatenate(all_lo)[src == s],
                                  np.concatenate(all_hi)[src == s]) for s in np.unique(src)}  # fmt: skip
@@ -270,7 +269,7 @@ def fit_overhead(rows: Sequence[dict[str, Any]], key: str = "learned_sum_ms") ->
     return 1.0, float(np.median([r["measured_ms"] - r[key] for r in rows]))
 
 
-def e2e_block(rows: Sequence[dict[str, Any]], cpu_train: JustusData | None) -> dict[str, Any]:
+def e2e_block(rows: Sequence[dict[str, Any]], cpu_train: TrainingRows | None) -> dict[str, Any]:
     """Leave-one-model-out overhead calibration and errors of the learned sum vs the baselines."""
     ok = [r for r in rows if "error" not in r]
     archs = sorted({r["arch"] for r in ok})
@@ -461,10 +460,7 @@ def run(
     models_dir: Path,
     stem: str | None,
     previous_stem: str | None,
-    data_dir: Path,
-    neusight_dir: Path | None,
-    vidur_dir: Path | None,
-    seed_dir: Path | None,
+    database_url: str,
     out_dir: Path,
     logo: bool,
     e2e: bool,
@@ -480,7 +476,7 @@ def run(
     compared side by side (skipped when its files are absent)."""
     import onnxruntime as ort
 
-    from app.training.train import DEFAULT_SAMPLE, load_training_data, splits
+    from app.training.train import DEFAULT_SAMPLE, V3_SOURCES, load_training_data, splits
 
     t0 = time.time()
     stem = stem or current_stem(models_dir)
@@ -498,9 +494,11 @@ def run(
         rows_per_file = {k: sample for k in rows_per_file}
     cpu_snapshot = {k: v for k, v in meta.get("training_hardware", {}).items() if v.get("kind") == "cpu"}
     cpu_hw = _spec_from_snapshot(*next(iter(cpu_snapshot.items()))) if cpu_snapshot else None
-    use_seed = seed_dir if (cpu_hw is not None and seed_dir is not None and layer_files(seed_dir)) else None
-    gpu, cpu, _ = load_training_data(data_dir=data_dir, neusight_dir=neusight_dir, vidur_dir=vidur_dir,
-                                     seed_dir=use_seed, cpu_spec=cpu_hw, sample=rows_per_file, seed=split_seed,
+    sources = tuple(tdata.get("sources") or V3_SOURCES)
+    # CPU rows featurised against the artifact's snapshot of the CPU, as it was trained
+    gpu, cpu, _ = load_training_data(database_url=database_url, sources=sources, cpu=cpu_hw is not None,
+                                     sample=rows_per_file, seed=split_seed,
+                                     cpu_specs={cpu_hw.id: cpu_hw} if cpu_hw is not None else None,
                                      log=log)  # fmt: skip
     tr, va, te = splits(gpu, cpu, seed=split_seed)
     report: dict[str, Any] = {
@@ -517,11 +515,13 @@ def run(
     if logo:
         report["logo"] = logo_block(tr, va, te, meta, previous, recipe_override=logo_recipe, seed=split_seed, log=log)
     if e2e:
-        records = load_e2e(seed_dir) if seed_dir is not None and seed_dir.is_dir() else []
+        records = iterations_from_database(database_url, hardware_ids=(cpu_hw.id,)) if cpu_hw is not None else []
         # one record per (architecture, batch, precision): the last measurement wins (resumed campaigns)
         records = list({(r["arch"], r["batch_size"], r.get("precision", "fp32")): r for r in records}.values())
         if not records or cpu_hw is None:
-            report["e2e_note"] = f"no end-to-end records under {seed_dir} or no CPU model: not measured"
+            report["e2e_note"] = (
+                "no stored whole-iteration measurements (layercast import profiler) or no CPU model: not measured"
+            )
         else:
             rows = e2e_predictions(records, models_dir=models_dir, stem=stem, cpu_hardware=cpu_hw, log=log)
             from app.training.train import is_cpu_rows
@@ -549,10 +549,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--models-dir", type=Path, default=DEFAULT_MODELS_DIR)
     p.add_argument("--stem", default=None, help="artifact stem (default: models/CURRENT)")
     p.add_argument("--previous", default=DEFAULT_PREVIOUS, help="artifact compared side by side ('' for none)")
-    p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR, help="Justus 2018 CSVs")
-    p.add_argument("--neusight-dir", type=Path, default=NEUSIGHT_DIR)
-    p.add_argument("--vidur-dir", type=Path, default=VIDUR_DIR)
-    p.add_argument("--seed-dir", type=Path, default=DEFAULT_SEED_DIR, help="CPU seed dataset (profiler shards)")
+    p.add_argument("--database-url", default=None, help="measurement database (default $LAYERCAST_DATABASE_URL)")
     p.add_argument("--out-dir", type=Path, default=DEFAULT_REPORT_DIR)
     p.add_argument("--no-logo", action="store_true", help="skip leave-one-GPU-out (needs torch, retrains)")
     p.add_argument("--no-e2e", action="store_true", help="skip end-to-end iterations (needs torch, transformers)")
@@ -577,9 +574,11 @@ def main(argv: list[str] | None = None) -> int:
         except ModuleNotFoundError:
             print("leave-one-GPU-out and end-to-end need torch: pip install -e '.[train]'", file=sys.stderr)
             return 2
+    from app.config import Settings
+
     run(
-        models_dir=a.models_dir, stem=a.stem, previous_stem=a.previous or None, data_dir=a.data_dir,
-        neusight_dir=a.neusight_dir, vidur_dir=a.vidur_dir, seed_dir=a.seed_dir, out_dir=a.out_dir,
+        models_dir=a.models_dir, stem=a.stem, previous_stem=a.previous or None,
+        database_url=a.database_url or Settings().database_url, out_dir=a.out_dir,
         logo=not a.no_logo, e2e=not a.no_e2e, sample=a.sample, logo_recipe=override or None, threads=a.threads,
         argv=args_list,
     )  # fmt: skip

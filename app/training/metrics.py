@@ -27,7 +27,16 @@ from typing import Any
 import numpy as np
 
 from app.core.features import feature_index, floor_ms_from_raw, raw_index, roofline_ms_from_raw
-from app.training.justus import JustusData
+from app.training.dataset import TrainingRows
+
+#: Measurement source → the name the reports use.
+SOURCE_NAMES: dict[str, str] = {"justus2018": "justus", "profiler": "cpu"}
+
+
+def source_of(data: TrainingRows) -> np.ndarray:
+    """Source of each row as the reports name it (``justus``, ``neusight``, ``vidur``, ``cpu``, or the
+    stored source name)."""
+    return np.asarray([SOURCE_NAMES.get(str(s), str(s)) for s in data.source])
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:
@@ -63,7 +72,7 @@ def metrics(
 
 
 def grouped(
-    data: JustusData,
+    data: TrainingRows,
     pred: np.ndarray,
     lo: np.ndarray | None = None,
     hi: np.ndarray | None = None,
@@ -71,10 +80,8 @@ def grouped(
     by: Sequence[str] = ("op", "pass", "hardware", "precision"),
 ) -> dict[str, Any]:
     """:func:`metrics` per op family, pass, hardware id, precision and source (keys of ``by``)."""
-    from app.training.sources import source_of
-
     cols: dict[str, np.ndarray] = {
-        "source": source_of(data.family),
+        "source": source_of(data),
         "op": data.family,
         "pass": data.pass_,
         "hardware": data.gpu,
@@ -95,7 +102,7 @@ def grouped(
 # ---------------------------------------------------------------- baselines
 
 
-def flop_linear_fit(data: JustusData) -> dict[str, tuple[float, float]]:
+def flop_linear_fit(data: TrainingRows) -> dict[str, tuple[float, float]]:
     """Least squares ``time_ms = a + b · pass_flops`` per hardware id (Justus et al. 2018's linear baseline)."""
     flops = data.raw[:, raw_index("pass_flops")]
     coef: dict[str, tuple[float, float]] = {}
@@ -107,7 +114,7 @@ def flop_linear_fit(data: JustusData) -> dict[str, tuple[float, float]]:
     return coef
 
 
-def flop_linear_predict(data: JustusData, coef: Mapping[str, tuple[float, float]]) -> np.ndarray:
+def flop_linear_predict(data: TrainingRows, coef: Mapping[str, tuple[float, float]]) -> np.ndarray:
     """Predictions of :func:`flop_linear_fit` in ms (may be ≤ 0, as the linear model allows).
 
     A device without coefficients gets NaN (the baseline cannot answer for unseen hardware).
@@ -118,22 +125,22 @@ def flop_linear_predict(data: JustusData, coef: Mapping[str, tuple[float, float]
     return a + b * flops
 
 
-def pure_roofline_ms(data: JustusData) -> np.ndarray:
+def pure_roofline_ms(data: TrainingRows) -> np.ndarray:
     """Pure roofline time of each row's pass in ms at the op's peak for the precision (the physics floor)."""
     return floor_ms_from_raw(data.raw)
 
 
-def generic_roofline_ms(data: JustusData) -> np.ndarray:
+def generic_roofline_ms(data: TrainingRows) -> np.ndarray:
     """Roofline of each row's pass in ms at ``peak_for(precision)`` and the graph's bytes (the v1/v2 anchor)."""
     return roofline_ms_from_raw(data.raw)
 
 
-def flops_at_half_peak_ms(data: JustusData) -> np.ndarray:
+def flops_at_half_peak_ms(data: TrainingRows) -> np.ndarray:
     """Naive estimate ``pass_flops / (0.5 · op peak)`` in ms (0 FLOPs → 0 ms: the estimate has no memory term)."""
     return data.raw[:, raw_index("pass_flops")] / (0.5 * data.raw[:, raw_index("op_peak_flops_per_s")]) * 1e3
 
 
-def below_floor_pct(data: JustusData, pred_ms: np.ndarray) -> float:
+def below_floor_pct(data: TrainingRows, pred_ms: np.ndarray) -> float:
     """Share (%) of predictions below the physics floor (:func:`pure_roofline_ms`), with a 1e-6 relative
     tolerance for float32 rounding."""
     if len(data) == 0:
@@ -164,14 +171,14 @@ _NN_FEATURES: tuple[str, ...] = (
 )
 
 
-def _nn_key(data: JustusData) -> np.ndarray:
+def _nn_key(data: TrainingRows) -> np.ndarray:
     return np.char.add(
         np.char.add(np.char.add(data.gpu.astype(str), "|"), np.char.add(data.family.astype(str), "|")),
         np.char.add(np.char.add(data.pass_.astype(str), "|"), data.precisions.astype(str)),
     )
 
 
-def cross_device_lookup_predict(train: JustusData, test: JustusData, *, chunk: int = 2048) -> np.ndarray:
+def cross_device_lookup_predict(train: TrainingRows, test: TrainingRows, *, chunk: int = 2048) -> np.ndarray:
     """Lookup-table baseline for a device without measurements: :func:`nearest_neighbour_predict` on the
     training device closest to each test row's device in (ln op peak, ln bandwidth), same family, pass and
     precision; the measured time there is the answer (what a lookup table built elsewhere can offer)."""
@@ -196,7 +203,7 @@ def cross_device_lookup_predict(train: JustusData, test: JustusData, *, chunk: i
     return out
 
 
-def nearest_neighbour_predict(train: JustusData, test: JustusData, *, chunk: int = 2048) -> np.ndarray:
+def nearest_neighbour_predict(train: TrainingRows, test: TrainingRows, *, chunk: int = 2048) -> np.ndarray:
     """Lookup-table baseline: measured time of the nearest training row with the same device, family,
     pass and precision (Euclidean distance over standardised :data:`_NN_FEATURES`). Rows whose key has
     no training row get NaN (a lookup table cannot answer for an unmeasured device/op).

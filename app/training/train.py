@@ -3,10 +3,12 @@
 ``python -m app.training.train [--version V] [--epochs N] [--sample N] [--no-logo] ...`` (also
 ``layercast train``). Stages, each a function below:
 
-1. **load** (:func:`load_training_data`): Justus et al. 2018 (TF1 session, conv/dense, forward and
-   training steps, five GPUs), NeuSight (PyTorch eager fp32 kernels, P4/P100/T4/A100/MI100/MI210), Vidur
-   (fp16 LLM ops, kernel time, A100/A40) and the CPU seed dataset; each source subsampled per file,
-   stratified by op (:data:`DEFAULT_SAMPLE`), every row featurised by :mod:`app.core.features`.
+1. **load** (:func:`load_training_data`): the stored measurements (:func:`app.training.dataset.load_training_rows`,
+   the one path training and retraining read; ``layercast import justus|neusight|vidur|profiler`` fill it):
+   Justus et al. 2018 (TF1 session, conv/dense, forward and training steps, five GPUs), NeuSight (PyTorch
+   eager fp32 kernels, P4/P100/T4/A100/MI100/MI210), Vidur (fp16 LLM ops, Kineto kernel time, A100/A40)
+   and the CPU seed dataset; each GPU source subsampled per imported file (:data:`DEFAULT_SAMPLE`), every
+   row featurised by :mod:`app.core.features`.
 2. **split** (:func:`splits`): each source by distinct configuration (shape without the device) 70/10/20.
 3. **fit** (:func:`fit_recipe`): two heads, each an ensemble of :class:`LayerTimeNet`; the GPU head on every
    GPU row (sources weighted equally), the CPU head on the CPU rows. The network predicts
@@ -55,20 +57,14 @@ from app.core.features import (
     select_features,
 )
 from app.core.hardware import HardwareSpec
+from app.hardware.catalog import load_catalog
+from app.measurements.importers import SOURCE_JUSTUS, SOURCE_NEUSIGHT, SOURCE_PROFILER, SOURCE_VIDUR
 from app.predictor.roofline import fit_roofline_constants
-from app.training.justus import (
-    DEFAULT_DATA_DIR,
-    JustusData,
-    load_hardware_catalog,
-    load_justus,
-    split_by_config,
-)
-from app.training.metrics import metrics
-from app.training.sources import NEUSIGHT_DIR, VIDUR_DIR, load_neusight, load_vidur, source_of
+from app.training.dataset import TrainingRows, load_from_database, split_by_config, split_by_hash
+from app.training.metrics import metrics, source_of
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT_DIR = REPO_ROOT / "models"
-DEFAULT_SEED_DIR = REPO_ROOT / "data" / "seed"
 MODEL_NAME = "layer-time-mlp"
 QUANTILES = (0.1, 0.5, 0.9)
 OPSET = 17
@@ -135,9 +131,13 @@ MODEL_FEATURES: tuple[str, ...] = (
     "is_cpu",
 )
 
-#: Rows kept per file of each source (stratified by op), the shipped run's subsample: ~60k Justus, ~62k
-#: NeuSight, ~30k Vidur op rows, so that ``layercast train`` with leave-one-GPU-out runs in minutes.
-DEFAULT_SAMPLE: dict[str, int | None] = {"justus": 6000, "neusight": 2500, "vidur": 1500}
+#: Sources ``layercast train`` reads (measurement ``source`` values).
+V3_SOURCES: tuple[str, ...] = (SOURCE_JUSTUS, SOURCE_NEUSIGHT, SOURCE_VIDUR, SOURCE_PROFILER)
+
+#: Measurements kept per imported file of each GPU source (seeded), the shipped run's subsample: ~60k
+#: Justus, ~64k NeuSight, ~30k Vidur op rows, so that ``layercast train`` with leave-one-GPU-out runs in
+#: minutes. CPU rows are all kept.
+DEFAULT_SAMPLE: dict[str, int | None] = {SOURCE_JUSTUS: 6000, SOURCE_NEUSIGHT: 2500, SOURCE_VIDUR: 15000}
 
 #: Model defaults (the shipped artifact's recipe; recorded in its metadata).
 DEFAULTS: dict[str, Any] = {
@@ -445,19 +445,19 @@ def calibrate(
 # ---------------------------------------------------------------- data
 
 
-def is_cpu_rows(data: JustusData) -> np.ndarray:
+def is_cpu_rows(data: TrainingRows) -> np.ndarray:
     """Boolean ``[N]``: rows featurised against a CPU."""
     return data.features[:, feature_index("is_cpu")] > 0.5
 
 
-def model_inputs(data: JustusData, names: Sequence[str] = MODEL_FEATURES) -> np.ndarray:
+def model_inputs(data: TrainingRows, names: Sequence[str] = MODEL_FEATURES) -> np.ndarray:
     """The model's input columns of ``data.features``."""
     return select_features(data.features, names)
 
 
-def loss_weights(data: JustusData) -> np.ndarray:
-    """Per-row loss weights: every source (:func:`app.training.sources.source_of`) carries the same share."""
-    src = source_of(data.family)
+def loss_weights(data: TrainingRows) -> np.ndarray:
+    """Per-row loss weights: every source (:func:`app.training.metrics.source_of`) carries the same share."""
+    src = source_of(data)
     w = np.ones(len(data))
     names = np.unique(src)
     for s in names:
@@ -468,64 +468,69 @@ def loss_weights(data: JustusData) -> np.ndarray:
 
 def load_training_data(
     *,
-    data_dir: Path,
-    neusight_dir: Path | None,
-    vidur_dir: Path | None,
-    seed_dir: Path | None,
-    cpu_spec: HardwareSpec | None,
+    database_url: str,
+    sources: Sequence[str] = V3_SOURCES,
+    cpu: bool = True,
     sample: Mapping[str, int | None],
     seed: int,
+    cpu_specs: Mapping[str, HardwareSpec] | None = None,
     log: Callable[[str], None] = print,
-) -> tuple[JustusData, JustusData | None, HardwareSpec | None]:
-    """GPU rows of every GPU source present, CPU seed rows (None when ``seed_dir`` has no shard) and the CPU
-    spec they use (default :func:`app.hardware.local.detect_local_cpu`). ``sample`` gives rows per file of
-    each source (``justus``, ``neusight``, ``vidur``; None = all)."""
+) -> tuple[TrainingRows, TrainingRows | None, HardwareSpec | None]:
+    """GPU rows of every GPU source in ``sources``, CPU rows (None without ``cpu`` or without stored CPU
+    rows) and the CPU spec they use, from the measurement database
+    (:func:`app.training.dataset.load_training_rows`). ``sample`` gives measurements per imported file of
+    each GPU source (None = all); ``cpu_specs`` featurises CPU ids against given specs (an artifact's
+    snapshot). Raises ``ValueError`` when no GPU measurement of ``sources`` is stored."""
     t0 = time.time()
-    catalog = load_hardware_catalog()
-    parts = [load_justus(data_dir, catalog=catalog, sample=sample.get("justus"), seed=seed)]
-    log(f"loaded {len(parts[0])} Justus rows in {time.time() - t0:.1f}s")
-    for name, d, loader in (("neusight", neusight_dir, load_neusight), ("vidur", vidur_dir, load_vidur)):
-        if d is None or not Path(d).is_dir():
-            log(f"no {name} data at {d}: left out")
+    parts: list[TrainingRows] = []
+    for src in sources:
+        if src == SOURCE_PROFILER:
             continue
-        t1 = time.time()
-        parts.append(loader(d, catalog=catalog, per_file=sample.get(name), seed=seed))
-        log(f"loaded {len(parts[-1])} {name} rows in {time.time() - t1:.1f}s")
-    gpu = JustusData.concat(parts)
-    cpu: JustusData | None = None
-    if seed_dir is not None:
-        from app.training.seed import layer_files, load_seed_layers
-
-        if layer_files(seed_dir):
-            if cpu_spec is None:
-                from app.hardware.local import detect_local_cpu
-
-                cpu_spec = detect_local_cpu()
-            cpu = load_seed_layers(seed_dir, hardware=cpu_spec)
-            small = sample.get("justus")
+        try:
+            rows = load_from_database(database_url, sources=(src,), hardware_kinds=("gpu",),
+                                      sample_per_file=sample.get(src), seed=seed)  # fmt: skip
+        except ValueError:
+            log(f"no stored {src} GPU measurements: left out")
+            continue
+        log(f"loaded {len(rows)} {src} rows in {time.time() - t0:.1f}s (skipped {dict(rows.skipped)})")
+        parts.append(rows)
+    if not parts:
+        raise ValueError(f"no stored GPU measurements of {list(sources)}: import them first (layercast import ...)")
+    gpu = TrainingRows.concat(parts)
+    cpu_rows: TrainingRows | None = None
+    cpu_spec: HardwareSpec | None = None
+    if cpu and SOURCE_PROFILER in sources:
+        try:
+            cpu_rows = load_from_database(database_url, sources=(SOURCE_PROFILER,), hardware_kinds=("cpu",),
+                                          specs=cpu_specs)  # fmt: skip
+        except ValueError:
+            log("no CPU measurements stored: GPU-only model")
+        if cpu_rows is not None:
+            if len({str(g) for g in cpu_rows.gpu}) != 1:
+                raise ValueError(f"the CPU head trains on one CPU; stored CPU rows name {sorted(set(cpu_rows.gpu))}")
+            cpu_spec = cpu_rows.hardware[str(cpu_rows.gpu[0])]
+            small = sample.get(SOURCE_JUSTUS)
             if small is not None and small < 1000:
-                keys = np.unique(cpu.config)
+                keys = np.unique(cpu_rows.config)
                 keep = np.random.default_rng(seed).permutation(keys)[: max(1, small * 4)]
-                cpu = cpu.subset(np.isin(cpu.config, keep))
-            log(f"loaded {len(cpu)} CPU rows from {seed_dir}")
-        else:
-            log(f"no CPU seed shards under {seed_dir}: GPU-only model")
-    return gpu, cpu, (cpu_spec if cpu is not None else None)
+                cpu_rows = cpu_rows.subset(np.isin(cpu_rows.config, keep))
+            log(f"loaded {len(cpu_rows)} CPU rows of {cpu_spec.id}")
+    return gpu, cpu_rows, cpu_spec
 
 
-def splits(gpu: JustusData, cpu: JustusData | None, *, seed: int) -> tuple[JustusData, JustusData, JustusData]:
+def splits(
+    gpu: TrainingRows, cpu: TrainingRows | None, *, seed: int
+) -> tuple[TrainingRows, TrainingRows, TrainingRows]:
     """Train / validation / test, 70/10/20 by configuration within each source (GPU sources:
     :func:`split_by_config` over their configuration keys, which exclude the device; CPU:
-    :func:`app.training.seed.split_by_hash`, stable as the seed dataset grows)."""
-    from app.training.seed import split_by_hash
-
-    parts: list[tuple[JustusData, JustusData, JustusData]] = []
+    :func:`app.training.dataset.split_by_hash`, stable as the seed dataset grows)."""
+    parts: list[tuple[TrainingRows, TrainingRows, TrainingRows]] = []
     for d, split in ((gpu, split_by_config), (cpu, split_by_hash)):
         if d is None or len(d) == 0:
             continue
         s = split(d.config, seed=seed)
         parts.append((d.subset(s == 0), d.subset(s == 1), d.subset(s == 2)))
-    tr, va, te = (JustusData.concat([p[i] for p in parts]) for i in range(3))
+    tr, va, te = (TrainingRows.concat([p[i] for p in parts]) for i in range(3))
     return tr, va, te
 
 
@@ -540,8 +545,8 @@ def gpu_group(ids: np.ndarray, catalog: Mapping[str, HardwareSpec]) -> np.ndarra
 
 
 def fit_recipe(
-    tr: JustusData,
-    va: JustusData,
+    tr: TrainingRows,
+    va: TrainingRows,
     *,
     recipe: Mapping[str, Any],
     seed: int,
@@ -574,9 +579,9 @@ def fit_recipe(
 
 
 def leave_one_gpu_out(
-    tr: JustusData,
-    va: JustusData,
-    te: JustusData,
+    tr: TrainingRows,
+    va: TrainingRows,
+    te: TrainingRows,
     *,
     recipe: Mapping[str, Any],
     seed: int,
@@ -586,10 +591,10 @@ def leave_one_gpu_out(
     """For each GPU chip (:func:`gpu_group`): train the GPU head without any of its rows (training,
     normalisation, in-distribution calibration), predict its validation and test rows.
 
-    Returns ``{group: {"pred_ln": [N, 3] on its test rows, "test": JustusData, "val_ratios": (lo, hi)
+    Returns ``{group: {"pred_ln": [N, 3] on its test rows, "test": TrainingRows, "val_ratios": (lo, hi)
     interval misfits on its validation rows, "model": the fold model}}``.
     """
-    catalog = load_hardware_catalog()
+    catalog = load_catalog()
     names = tuple(recipe.get("feature_names", MODEL_FEATURES))
     recipe = {**recipe, "epochs": int(recipe.get("logo_epochs", recipe["epochs"]))}
     gtr, gva, gte = (d.subset(~is_cpu_rows(d)) for d in (tr, va, te))
@@ -714,12 +719,12 @@ def load_weights(path: Path, *, feature_names: Sequence[str], hidden: int, depth
 
 def hardware_snapshot(hw: HardwareSpec) -> dict[str, Any]:
     """Spec fields stored in ``training_hardware`` (everything the features read, plus identity)."""
-    from app.training.seed import hardware_to_dict
+    from app.training.snapshot import hardware_to_dict
 
     return hardware_to_dict(hw)
 
 
-def _op_kind_of_rows(data: JustusData) -> np.ndarray:
+def _op_kind_of_rows(data: TrainingRows) -> np.ndarray:
     """Op kind value (``conv``, ``gemm``, ``matmul``...) of each row, from the one-hot features."""
     out = np.full(len(data), "other", dtype=object)
     for name in _KIND_ONE_HOTS:
@@ -727,7 +732,7 @@ def _op_kind_of_rows(data: JustusData) -> np.ndarray:
     return out.astype(str)
 
 
-def feature_ranges(data: JustusData, names: Sequence[str]) -> dict[str, dict[str, dict[str, list[float]]]]:
+def feature_ranges(data: TrainingRows, names: Sequence[str]) -> dict[str, dict[str, dict[str, list[float]]]]:
     """Per hardware kind and op kind: min and max of every model feature over ``data`` (serving flags a
     query outside its own kind's and op kind's range as out of distribution, issue 8 item 4)."""
     x = model_inputs(data, names)
@@ -744,9 +749,9 @@ def feature_ranges(data: JustusData, names: Sequence[str]) -> dict[str, dict[str
     return out
 
 
-def per_source_metrics(data: JustusData, pred_ln: np.ndarray) -> dict[str, Any]:
+def per_source_metrics(data: TrainingRows, pred_ln: np.ndarray) -> dict[str, Any]:
     """:func:`metrics` of ``pred_ln`` ``[N, 3]`` per source."""
-    src = source_of(data.family)
+    src = source_of(data)
     p = np.exp(pred_ln)
     return {str(s): metrics(data.time_ms[src == s], p[src == s, 1], p[src == s, 0], p[src == s, 2])
             for s in np.unique(src)}  # fmt: skip
@@ -754,22 +759,20 @@ def per_source_metrics(data: JustusData, pred_ln: np.ndarray) -> dict[str, Any]:
 
 def run(
     *,
-    data_dir: Path,
+    database_url: str,
     out_dir: Path,
-    seed_dir: Path | None,
     epochs: int,
     sample: Mapping[str, int | None],
     seed: int,
     version: str,
-    neusight_dir: Path | None = NEUSIGHT_DIR,
-    vidur_dir: Path | None = VIDUR_DIR,
+    sources: Sequence[str] = V3_SOURCES,
+    cpu: bool = True,
     logo: bool = True,
     hidden: int = 128,
     depth: int = 3,
     ensemble: int = 3,
     threads: int = 1,
     write_current: bool = True,
-    cpu_spec: HardwareSpec | None = None,
     argv: Sequence[str] = (),
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
@@ -777,16 +780,14 @@ def run(
     t0 = time.time()
     torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(True)
-    gpu, cpu, cpu_spec = load_training_data(
-        data_dir=data_dir, neusight_dir=neusight_dir, vidur_dir=vidur_dir, seed_dir=seed_dir, cpu_spec=cpu_spec,
-        sample=sample, seed=seed, log=log,
-    )  # fmt: skip
-    tr, va, te = splits(gpu, cpu, seed=seed)
+    gpu, cpu_rows, cpu_spec = load_training_data(database_url=database_url, sources=sources, cpu=cpu,
+                                                 sample=sample, seed=seed, log=log)  # fmt: skip
+    tr, va, te = splits(gpu, cpu_rows, seed=seed)
     recipe = {**DEFAULTS, "epochs": epochs, "hidden": hidden, "depth": depth, "ensemble": ensemble,
               "cpu_head": CPU_HEAD}  # fmt: skip
 
     # roofline fallback constants (ops the learned model does not cover): Justus training rows
-    g_tr, g_va = tr.subset(source_of(tr.family) == "justus"), va.subset(source_of(va.family) == "justus")
+    g_tr, g_va = tr.subset(source_of(tr) == "justus"), va.subset(source_of(va) == "justus")
     rconst = fit_roofline_constants(
         roofline_ms=roofline_ms_from_raw(g_tr.raw), time_ms=g_tr.time_ms, is_train=g_tr.pass_ == "train_step",
         calib_roofline_ms=roofline_ms_from_raw(g_va.raw), calib_time_ms=g_va.time_ms,
@@ -815,7 +816,7 @@ def run(
     summary = per_source_metrics(te, test_pred)
     log(f"test: { {k: v['mape_pct'] for k, v in summary.items()} }")
     meta = write_artifact(
-        model, out_dir=out_dir, version=version, tr=tr, te=te, cpu_spec=cpu_spec, seed_dir=seed_dir if cpu else None,
+        model, out_dir=out_dir, version=version, tr=tr, te=te, cpu_spec=cpu_spec, sources=sources,
         recipe=recipe, sample=sample, seed=seed, scales={"gpu": gpu_scale, "cpu": q_scale["cpu"]},
         in_distribution_scales=q_scale, logo_factor=factor, rconst=rconst.to_dict(), summary=summary,
         logo_summary=logo_summary, argv=argv, threads=threads, train_s=train_s,
@@ -834,10 +835,10 @@ def write_artifact(
     *,
     out_dir: Path,
     version: str,
-    tr: JustusData,
-    te: JustusData,
+    tr: TrainingRows,
+    te: TrainingRows,
     cpu_spec: HardwareSpec | None,
-    seed_dir: Path | None,
+    sources: Sequence[str],
     recipe: Mapping[str, Any],
     sample: Mapping[str, int | None],
     seed: int,
@@ -852,7 +853,7 @@ def write_artifact(
     train_s: float,
 ) -> dict[str, Any]:
     """Write the ONNX graph and the torch weights; return the metadata (the caller writes the JSON)."""
-    catalog = load_hardware_catalog()
+    catalog = tr.hardware
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = f"{MODEL_NAME}-{version}"
     onnx_path = out_dir / f"{stem}.onnx"
@@ -865,8 +866,6 @@ def write_artifact(
     training_hw: dict[str, Any] = {g: hardware_snapshot(catalog[g]) for g in sorted({str(g) for g in gpu_tr.gpu})}
     if cpu_spec is not None:
         training_hw[cpu_spec.id] = hardware_snapshot(cpu_spec)
-    from app.training.seed import layer_files
-
     tf1 = (gpu_tr.features[:, feature_index("stack_tf1_session")] > 0.5).any()
     stacks = sorted({DEFAULT_STACK, *(["tf1-session"] if tf1 else [])})
     applies: dict[str, Any] = {
@@ -893,7 +892,7 @@ def write_artifact(
             "threads": 1,
             "hardware_ids": [cpu_spec.id],
         }
-    src_tr = source_of(tr.family)
+    src_tr = source_of(tr)
     return {
         "name": MODEL_NAME,
         "version": version,
@@ -920,19 +919,14 @@ def write_artifact(
         "applies_to": applies,
         "training_hardware": training_hw,
         "training_data": {
-            "sources": {
-                "justus": "Justus et al. 2018 (CDECatapult/ml-performance-prediction e649f32), TF1 session, fp32",
-                "neusight": "NeuSight train split (sitar-lab/NeuSight 6945927d), PyTorch 2.1 eager, fp32-strict",
-                "vidur": "Vidur compute_mlp (microsoft/vidur 7d475133), fp16, Kineto kernel time",
-                **({"cpu": f"CPU seed dataset (app.profiler), {seed_dir}"} if seed_dir is not None else {}),
-            },
+            "sources": list(sources),
+            "database": "measurements table (app.training.dataset.load_training_rows)",
             "files": [
                 {"name": f.name, "rows_read": f.rows_read, "rows_kept": f.rows_kept, "sha256": f.sha256}
                 for f in tr.files
             ],  # fmt: skip
-            "seed_files": [p.name for p in layer_files(seed_dir)] if seed_dir is not None else [],
             "sample_rows_per_file": dict(sample),
-            "target": "time_ms (Justus time_ms_median, NeuSight Latency, Vidur median, profiler median_ms)",
+            "target": "time_ms_median of each stored measurement",
             "split": "per source, by distinct configuration (shape without device, optimizer or precision), "
             "seeded shuffle, 70/10/20 train/validation/test",
             "split_seed": seed,
@@ -977,11 +971,8 @@ def write_artifact(
 def build_parser() -> argparse.ArgumentParser:
     """Arguments of ``layercast train``."""
     p = argparse.ArgumentParser(prog="layercast train", description=(__doc__ or "").splitlines()[0])
-    p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR, help="Justus 2018 CSVs")
-    p.add_argument("--neusight-dir", type=Path, default=NEUSIGHT_DIR)
-    p.add_argument("--vidur-dir", type=Path, default=VIDUR_DIR)
-    p.add_argument("--no-kernels", action="store_true", help="Justus (and CPU) rows only: no NeuSight, no Vidur")
-    p.add_argument("--seed-dir", type=Path, default=DEFAULT_SEED_DIR, help="CPU seed dataset (profiler shards)")
+    p.add_argument("--database-url", default=None, help="measurement database (default $LAYERCAST_DATABASE_URL)")
+    p.add_argument("--sources", nargs="+", default=list(V3_SOURCES), help="measurement sources to train on")
     p.add_argument("--no-cpu", action="store_true", help="GPU rows only")
     p.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR)
     p.add_argument("--epochs", type=int, default=DEFAULTS["epochs"])
@@ -1001,12 +992,13 @@ def main(argv: list[str] | None = None) -> int:
     """CLI entry point (``layercast train`` / ``python -m app.training.train``); returns the exit code."""
     args_list = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(args_list)
+    from app.config import Settings
+
     sample = dict(DEFAULT_SAMPLE) if a.sample is None else {k: a.sample for k in DEFAULT_SAMPLE}
     run(
-        data_dir=a.data_dir, out_dir=a.out_dir, seed_dir=None if a.no_cpu else a.seed_dir, epochs=a.epochs,
-        sample=sample, seed=a.seed, version=a.version, neusight_dir=None if a.no_kernels else a.neusight_dir,
-        vidur_dir=None if a.no_kernels else a.vidur_dir, logo=not a.no_logo, hidden=a.hidden, depth=a.depth,
-        ensemble=a.ensemble, threads=a.threads, write_current=not a.no_current, argv=args_list,
+        database_url=a.database_url or Settings().database_url, out_dir=a.out_dir, epochs=a.epochs, sample=sample,
+        seed=a.seed, version=a.version, sources=a.sources, cpu=not a.no_cpu, logo=not a.no_logo, hidden=a.hidden,
+        depth=a.depth, ensemble=a.ensemble, threads=a.threads, write_current=not a.no_current, argv=args_list,
     )  # fmt: skip
     return 0
 

@@ -13,7 +13,7 @@ onnx = pytest.importorskip("onnx")
 
 from app.core.features import FEATURE_NAMES  # noqa: E402
 from app.predictor.registry import list_versions, load_predictor  # noqa: E402
-from app.training.justus import load_justus  # noqa: E402
+from app.training.dataset import load_from_database  # noqa: E402
 from app.training.train import (  # noqa: E402
     MODEL_FEATURES,
     OPSET,
@@ -30,10 +30,10 @@ DATA_DIR = SHARED_DATA / "justus2018"
 pytestmark = pytest.mark.skipif(not DATA_DIR.is_dir(), reason="../shared/data/justus2018 not present")
 
 
-def test_onnxruntime_matches_torch_on_the_same_rows(tmp_path: Path) -> None:
+def test_onnxruntime_matches_torch_on_the_same_rows(tmp_path: Path, justus_db: str) -> None:
     import onnxruntime as ort
 
-    data = load_justus(DATA_DIR, sample=60, seed=1)
+    data = load_from_database(justus_db, sources=("justus2018",), sample_per_file=60, seed=1)
     x = model_inputs(data)
     y = np.log(data.time_ms)
     # an ensemble of two members, as shipped: one ONNX graph averages them
@@ -62,10 +62,10 @@ def test_onnxruntime_matches_torch_on_the_same_rows(tmp_path: Path) -> None:
     np.testing.assert_allclose(sess.run(None, {"features": x[:1]})[0], got[:1], rtol=1e-5)
 
 
-def test_train_command_writes_a_loadable_versioned_artifact(tmp_path: Path) -> None:
+def test_train_command_writes_a_loadable_versioned_artifact(tmp_path: Path, justus_db: str) -> None:
     rc = main(
-        ["--data-dir", str(DATA_DIR), "--no-cpu", "--no-kernels", "--out-dir", str(tmp_path), "--sample", "80",
-         "--epochs", "2", "--hidden", "16", "--depth", "1", "--ensemble", "1", "--version", "t1", "--no-logo"]
+        ["--database-url", justus_db, "--no-cpu", "--out-dir", str(tmp_path), "--sample", "80", "--epochs", "2",
+         "--hidden", "16", "--depth", "1", "--ensemble", "1", "--version", "t1", "--no-logo"]
     )  # fmt: skip
     assert rc == 0
     assert (tmp_path / "CURRENT").read_text().strip() == "layer-time-mlp-t1"
@@ -89,16 +89,27 @@ NEUSIGHT = SHARED_DATA / "neusight"
 VIDUR = SHARED_DATA / "vidur"
 
 
+@pytest.fixture(scope="module")
+def kernels_db(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """SQLite URL with the first rows of every Justus, NeuSight and Vidur file imported."""
+    from tests.helpers import import_measurements
+
+    url = f"sqlite:///{tmp_path_factory.mktemp('kernels-db') / 'measurements.db'}"
+    import_measurements(url, "justus", "--limit", "60")
+    import_measurements(url, "neusight", "--limit", "40")
+    import_measurements(url, "vidur", "--limit", "30")
+    return url
+
+
 @pytest.mark.skipif(not (NEUSIGHT.is_dir() and VIDUR.is_dir()), reason="NeuSight/Vidur data not present")
-def test_kernel_sources_widen_the_gpu_scope_and_logo_calibrates_the_interval(tmp_path: Path) -> None:
+def test_kernel_sources_widen_the_gpu_scope_and_logo_calibrates_the_interval(tmp_path: Path, kernels_db: str) -> None:
     rc = main(
-        ["--data-dir", str(DATA_DIR), "--neusight-dir", str(NEUSIGHT), "--vidur-dir", str(VIDUR), "--no-cpu",
-         "--out-dir", str(tmp_path), "--sample", "40", "--epochs", "1", "--hidden", "8", "--depth", "1",
-         "--ensemble", "1", "--version", "t2"]
+        ["--database-url", kernels_db, "--no-cpu", "--out-dir", str(tmp_path), "--epochs", "1", "--hidden", "8",
+         "--depth", "1", "--ensemble", "1", "--version", "t2"]
     )  # fmt: skip
     assert rc == 0
     meta = load_predictor(tmp_path).learned.metadata
-    assert {"conv", "gemm", "matmul", "elementwise", "activation", "norm", "softmax", "embedding"} <= set(
+    assert {"conv", "gemm", "matmul", "elementwise", "norm", "softmax", "embedding"} <= set(
         meta["applies_to"]["gpu"]["op_kinds"]
     )
     assert set(meta["metrics_test_summary"]) == {"justus", "neusight", "vidur"}
