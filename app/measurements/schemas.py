@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 from pydantic import AwareDatetime, ConfigDict, Field
 
+from app.core.precision import Precision as PrecisionMode
 from app.core.vocab import Granularity, Pass, SoftwareStack
 from app.hardware.catalog import HARDWARE_ID_PATTERN
 from app.hardware.schemas import Precision
@@ -40,7 +41,9 @@ class MeasurementCreate(Schema):
                           description="cost family (app.core.ir.OpKind values) or 'iteration'/'job'")
     pass_: Pass = Field(alias="pass", examples=["forward"])
     optimizer: Name = Field(default="none", max_length=16, examples=["none", "sgd", "adam"])
-    precision: Precision = "fp32"
+    precision: PrecisionMode | Precision = Field(
+        default="fp32", description="a precision mode (app.core.precision: fp32, fp32-strict, tf32, fp16, bf16) "
+        "or a storage format of the catalog (fp64, fp8, int8)")
     software_stack: SoftwareStack = Field(examples=["pytorch-eager"])
     granularity: Granularity = Field(examples=["layer"])
     batch_size: int = Field(gt=0, description="samples per batch")

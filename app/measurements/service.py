@@ -145,11 +145,30 @@ def create_measurement(session: Session, *, data: MeasurementCreate) -> Measurem
     repo = MeasurementRepository(session)
     if not repo.hardware_exists(data.hardware_id):
         raise HardwareNotFound(f"unknown hardware id {data.hardware_id!r}", detail={"hardware_id": data.hardware_id})
-    values = data.model_dump()
-    if data.measured_at is not None:
-        values["measured_at"] = data.measured_at.astimezone(UTC)
-    row = repo.add(Measurement(**values))
+    row = repo.add(Measurement(**reported_record(data).to_row()))
     return MeasurementRead.model_validate(row)
+
+
+def reported_record(data: MeasurementCreate) -> MeasurementRecord:
+    """The :class:`MeasurementRecord` of a reported measurement: the same record type every importer
+    yields, so stored rows have one shape whatever their source (``measured_at`` normalised to UTC)."""
+    return MeasurementRecord(
+        hardware_id=data.hardware_id,
+        source=data.source,
+        op_kind=data.op_kind,
+        pass_=data.pass_.value,
+        optimizer=data.optimizer,
+        precision=str(data.precision),
+        software_stack=data.software_stack,
+        granularity=data.granularity,
+        batch_size=data.batch_size,
+        config=dict(data.config),
+        time_ms_median=data.time_ms_median,
+        time_ms_std=data.time_ms_std,
+        repetitions=data.repetitions,
+        context=dict(data.context),
+        measured_at=data.measured_at.astimezone(UTC) if data.measured_at is not None else None,
+    )
 
 
 def list_measurements(

@@ -209,26 +209,34 @@ def estimate(
                 time_s_p90=request.epochs * epoch.time_s_p90,
                 time_h=request.epochs * epoch.time_s / 3600,
             )
-    fp = footprint(analysis, mode=request.mode, optimizer=optimizer, precision=storage_precision(precision))
+    mem_opts: dict[str, Any] = {"mode": request.mode, "optimizer": optimizer,
+                                "precision": storage_precision(precision), "hardware": hw,
+                                "activation_checkpointing": request.activation_checkpointing}
+    fp = footprint(analysis, **mem_opts)
     memory = MemoryPrediction(
         precision=storage_precision(precision),
+        activation_checkpointing=request.activation_checkpointing,
         weights_bytes=fp.weights_bytes,
-        master_weights_bytes=fp.master_weights_bytes,
+        weight_copies_bytes=fp.weight_copies_bytes,
         gradients_bytes=fp.gradients_bytes,
         optimizer_state_bytes=fp.optimizer_state_bytes,
         activations_bytes=fp.activations_bytes,
+        backward_transient_bytes=fp.backward_transient_bytes,
+        runtime_bytes=fp.runtime_bytes,
         total_bytes=fp.total_bytes,
         device_memory_bytes=hw.memory_bytes,
         usable_fraction=HEADROOM,
         fits=fits(fp, hw.memory_bytes),
-        largest_batch_size_that_fits=largest_batch_that_fits(
-            analysis, memory_bytes=hw.memory_bytes, mode=request.mode, optimizer=optimizer,
-            precision=storage_precision(precision),
-        ),
+        largest_batch_size_that_fits=largest_batch_that_fits(analysis, memory_bytes=hw.memory_bytes, **mem_opts),
     )
+    if request.activation_checkpointing:
+        warnings.append(
+            f"activation checkpointing recomputes the forward pass in backward: about {fwd:.1f} ms more per "
+            "iteration, not included in the times above"
+        )
     if not memory.fits:
         warnings.append(
-            f"estimated footprint {fp.total_bytes / 2**30:.1f} GiB exceeds {HEADROOM:.0%} of the device's "
+            f"estimated peak {fp.total_bytes / 2**30:.1f} GiB exceeds {HEADROOM:.0%} of the device's "
             f"{hw.memory_bytes / 2**30:.1f} GiB"
         )
     n_uns = analysis.unsupported_layer_count
@@ -273,8 +281,12 @@ def estimate(
                       "FLOPs and moves only its external tensors",
             "interval": "p10/p90 of the iteration are sums of per-layer p10/p90 (errors assumed correlated)",
             "epoch": "ceil(dataset_size / batch_size) iterations (last partial batch counted as full)",
-            "memory": "weights, gradients, optimizer state (fp32 master copy and state under fp16/bf16 mixed "
-                      "precision), activations saved for backward; fits = total <= "
-                      f"{HEADROOM:.0%} of device memory",
+            "memory": "predicted peak of one step (app/core/memory.py): fp32 weights, gradients and optimizer "
+                      "state, autocast's 16-bit weight copies under fp16/bf16, the tensors autograd saves per op "
+                      "(fused attention keeps Q, K, V, O and the log-sum-exp), a cross-entropy loss on the "
+                      "output, gradients in flight during backward, device context and workspace; fits = peak "
+                      f"<= {HEADROOM:.0%} of device memory"
+                      + ("; activation checkpointing: sqrt(layers) segments recomputed in backward"
+                         if request.activation_checkpointing else ""),
         },
     )

@@ -216,3 +216,18 @@ def test_cli_import_neusight_and_vidur_idempotent(sqlite_url: str, capsys: pytes
         ("neusight", "pytorch-eager", "kernel", "fp32-strict", 480),
         ("vidur", "pytorch-eager", "kernel", "fp16", 110),
     ]
+
+
+def test_reported_measurement_is_a_record_the_trainer_loads(session: Session) -> None:
+    from app.training.dataset import load_training_rows
+
+    body = {"input_shape": [256], "layer": {"op": "linear", "out_features": 512, "bias": True}}
+    created = service.create_measurement(session, data=_reported(
+        op_kind="gemm", config=body, precision="fp32-strict", granularity="kernel", time_ms_median=0.02))
+    assert (created.precision, created.software_stack) == ("fp32-strict", "pytorch-eager")
+    assert created.granularity == "kernel"
+    rows = load_training_rows(session, sources=("ci",))
+    assert len(rows) == 1 and rows.measurement_id[0] == created.id
+    (layer,) = rows.layers
+    assert layer.inputs[0].shape == (32, 256) and layer.outputs[0].shape == (32, 512)
+    assert rows.time_ms[0] == 0.02 and rows.precision[0] == "fp32-strict" and rows.family[0] == "ci:linear"
