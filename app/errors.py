@@ -52,6 +52,13 @@ class UnboundDimension(LayercastError):
     code = "unbound_dimension"
 
 
+class UnknownDimension(LayercastError):
+    """The request binds a dimension name (``dims``) that the graph does not have."""
+
+    status_code = 422
+    code = "unknown_dimension"
+
+
 class InvalidRequest(LayercastError):
     status_code = 422
     code = "invalid_request"

@@ -35,11 +35,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Any
 
 from app.core.costs import LayerCost, layer_cost, optimizer_update_cost
 from app.core.hardware import HardwareSpec
-from app.core.ir import Layer, OpKind, Tensor
+from app.core.ir import ConvAttrs, Layer, OpKind, Tensor
 from app.core.vocab import Pass
 
 
@@ -199,14 +198,6 @@ def op_precision(hw: HardwareSpec, precision: Precision | str, kind: OpKind) -> 
     )
 
 
-def _attr(layer: Layer, name: str, default: Any) -> Any:
-    """An op attribute of ``layer`` whether ``attrs`` is a mapping or a typed record."""
-    attrs = layer.attrs
-    if isinstance(attrs, Mapping):
-        return attrs.get(name, default)
-    return getattr(attrs, name, default)
-
-
 def min_algorithm_flops_factor(layer: Layer) -> float:
     """How many times fewer FLOPs than the direct algorithm the cheapest library algorithm may need (≥ 1).
 
@@ -214,15 +205,12 @@ def min_algorithm_flops_factor(layer: Layer) -> float:
     (or transposed convolution) with a 3x3 kernel, stride 1, dilation 1 and one group; 1.0 for everything
     else. Applies to forward and both backward products (cuDNN has Winograd for all three).
     """
-    if layer.kind not in (OpKind.CONV, OpKind.CONV_TRANSPOSE) or not layer.weights:
+    a = layer.attrs
+    if layer.kind not in (OpKind.CONV, OpKind.CONV_TRANSPOSE) or not isinstance(a, ConvAttrs):
         return 1.0
-    kernel = tuple(layer.weights[0].shape[2:])
-    if kernel != (3, 3):
+    if tuple(a.kernel_shape) != (3, 3) or a.group != 1:
         return 1.0
-    strides = tuple(_attr(layer, "strides", ()) or (1, 1))
-    dilations = tuple(_attr(layer, "dilations", ()) or (1, 1))
-    group = int(_attr(layer, "group", 1) or 1)
-    if any(s != 1 for s in strides) or any(d != 1 for d in dilations) or group != 1:
+    if any(s != 1 for s in a.strides) or any(d != 1 for d in a.dilations):
         return 1.0
     return WINOGRAD_3X3_FLOPS_FACTOR
 
@@ -279,8 +267,11 @@ def pass_work(
     pass_: Pass | str,
     *,
     optimizer: str = "none",
+    rescaled: LayerCost | None = None,
 ) -> PassWork:
     """Minimal FLOPs, bytes and peak of one pass of ``layer`` (see :func:`physics_floor_ms`).
+
+    ``rescaled`` may pass ``cost_at_precision(layer, cost, precision)`` when the caller already has it.
 
     ``cost`` is ``layer_cost(layer)`` (bytes at the graph's dtypes; rescaled here to ``precision``). The
     update pass is the optimizer step over the layer's parameters in fp32 (master weights) and runs at
@@ -302,7 +293,7 @@ def pass_work(
     if p in (Pass.BACKWARD_INPUT, Pass.BACKWARD_WEIGHT):
         raise ValueError(f"pass {p.value!r} has no byte split in the cost model; use 'backward'")
     op = op_precision(hw, precision, layer.kind)
-    c = cost_at_precision(layer, cost, precision)
+    c = rescaled if rescaled is not None else cost_at_precision(layer, cost, precision)
     factor = min_algorithm_flops_factor(layer)
     if p in (Pass.FORWARD, Pass.TRAIN_FORWARD):
         mac_flops = 2.0 * c.forward_macs
@@ -334,6 +325,30 @@ def physics_floor_ms(
     if Pass(pass_) is Pass.TRAIN_STEP:  # the passes run one after the other: the step's floor is their sum
         return sum(physics_floor_ms(layer, cost, hw, precision, p, optimizer=optimizer)
                    for p in (Pass.FORWARD, Pass.BACKWARD, Pass.UPDATE))
-    w = pass_work(layer, cost, hw, precision, pass_, optimizer=optimizer)
+    return _floor_ms(pass_work(layer, cost, hw, precision, pass_, optimizer=optimizer), hw)
+
+
+def _floor_ms(w: PassWork, hw: HardwareSpec) -> float:
     return max(w.flops_min / w.peak_flops_per_s, w.bytes_ / hw.memory_bandwidth_bytes_per_s) * 1e3
 
+
+
+def floors_by_pass_ms(
+    layer: Layer,
+    cost: LayerCost,
+    hw: HardwareSpec,
+    precision: Precision | str,
+    *,
+    training: bool,
+    optimizer: str = "none",
+) -> tuple[float, float, float]:
+    """``(forward, backward, update)`` physics floors in ms (:func:`physics_floor_ms` of each pass), the
+    bytes rescaled to the precision once; backward and update are 0 when not ``training``."""
+    rescaled = cost_at_precision(layer, cost, precision)
+
+    def floor(p: Pass) -> float:
+        return _floor_ms(pass_work(layer, cost, hw, precision, p, optimizer=optimizer, rescaled=rescaled), hw)
+
+    if not training:
+        return floor(Pass.FORWARD), 0.0, 0.0
+    return floor(Pass.FORWARD), floor(Pass.BACKWARD), floor(Pass.UPDATE)

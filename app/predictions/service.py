@@ -95,7 +95,8 @@ def predict(session: Session, predictor: Predictor, *, request: PredictionCreate
     else:
         assert request.hardware is not None
         hw = hardware_service.spec_from_inline(request.hardware)
-    return estimate(analyze(graph), hw, predictor, request=request, graph_id=graph_id)
+    analysis = analyze(graph, software_stack=request.software_stack)
+    return estimate(analysis, hw, predictor, request=request, graph_id=graph_id)
 
 
 def estimate(
@@ -129,7 +130,7 @@ def estimate(
     rows: list[LayerPrediction] = []
     fwd = bwd = upd = p10 = p90 = 0.0
     ood_layers = 0
-    for layer, cost in zip(layers, analysis.costs, strict=True):
+    for i, (layer, cost) in enumerate(zip(layers, analysis.costs, strict=True)):
         common: dict[str, Any] = {
             "name": layer.name,
             "op_type": layer.op_type,
@@ -141,6 +142,8 @@ def estimate(
             "bytes_read": cost.forward_bytes_read + (cost.backward_bytes_read if training else 0),
             "bytes_written": cost.forward_bytes_written + (cost.backward_bytes_written if training else 0),
             "operational_intensity_flops_per_byte": cost.operational_intensity,
+            "fused_from": list(analysis.fused_from[i]) if analysis.fused_from else [],
+            "fusion_rule": analysis.fusion_rules[i] if analysis.fusion_rules else None,
         }
         if not cost.supported:
             rows.append(LayerPrediction(
@@ -206,26 +209,34 @@ def estimate(
                 time_s_p90=request.epochs * epoch.time_s_p90,
                 time_h=request.epochs * epoch.time_s / 3600,
             )
-    fp = footprint(analysis, mode=request.mode, optimizer=optimizer, precision=storage_precision(precision))
+    mem_opts: dict[str, Any] = {"mode": request.mode, "optimizer": optimizer,
+                                "precision": storage_precision(precision), "hardware": hw,
+                                "activation_checkpointing": request.activation_checkpointing}
+    fp = footprint(analysis, **mem_opts)
     memory = MemoryPrediction(
         precision=storage_precision(precision),
+        activation_checkpointing=request.activation_checkpointing,
         weights_bytes=fp.weights_bytes,
-        master_weights_bytes=fp.master_weights_bytes,
+        weight_copies_bytes=fp.weight_copies_bytes,
         gradients_bytes=fp.gradients_bytes,
         optimizer_state_bytes=fp.optimizer_state_bytes,
         activations_bytes=fp.activations_bytes,
+        backward_transient_bytes=fp.backward_transient_bytes,
+        runtime_bytes=fp.runtime_bytes,
         total_bytes=fp.total_bytes,
         device_memory_bytes=hw.memory_bytes,
         usable_fraction=HEADROOM,
         fits=fits(fp, hw.memory_bytes),
-        largest_batch_size_that_fits=largest_batch_that_fits(
-            analysis, memory_bytes=hw.memory_bytes, mode=request.mode, optimizer=optimizer,
-            precision=storage_precision(precision),
-        ),
+        largest_batch_size_that_fits=largest_batch_that_fits(analysis, memory_bytes=hw.memory_bytes, **mem_opts),
     )
+    if request.activation_checkpointing:
+        warnings.append(
+            f"activation checkpointing recomputes the forward pass in backward: about {fwd:.1f} ms more per "
+            "iteration, not included in the times above"
+        )
     if not memory.fits:
         warnings.append(
-            f"estimated footprint {fp.total_bytes / 2**30:.1f} GiB exceeds {HEADROOM:.0%} of the device's "
+            f"estimated peak {fp.total_bytes / 2**30:.1f} GiB exceeds {HEADROOM:.0%} of the device's "
             f"{hw.memory_bytes / 2**30:.1f} GiB"
         )
     n_uns = analysis.unsupported_layer_count
@@ -265,10 +276,17 @@ def estimate(
         assumptions={
             "iteration": "sum over layers of forward + backward + optimizer update; no data loading, no "
                          "inter-layer overlap, single device",
+            "fusion": "layers fused as the software stack fuses them (attention core, erf-GELU chains, bias "
+                      "adds, and activation epilogues under compiled graphs); a fused layer keeps its members' "
+                      "FLOPs and moves only its external tensors",
             "interval": "p10/p90 of the iteration are sums of per-layer p10/p90 (errors assumed correlated)",
             "epoch": "ceil(dataset_size / batch_size) iterations (last partial batch counted as full)",
-            "memory": "weights, gradients, optimizer state (fp32 master copy and state under fp16/bf16 mixed "
-                      "precision), activations saved for backward; fits = total <= "
-                      f"{HEADROOM:.0%} of device memory",
+            "memory": "predicted peak of one step (app/core/memory.py): fp32 weights, gradients and optimizer "
+                      "state, autocast's 16-bit weight copies under fp16/bf16, the tensors autograd saves per op "
+                      "(fused attention keeps Q, K, V, O and the log-sum-exp), a cross-entropy loss on the "
+                      "output, gradients in flight during backward, device context and workspace; fits = peak "
+                      f"<= {HEADROOM:.0%} of device memory"
+                      + ("; activation checkpointing: sqrt(layers) segments recomputed in backward"
+                         if request.activation_checkpointing else ""),
         },
     )

@@ -14,8 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.core.precision import physics_floor_ms
-from app.core.vocab import Pass
+from app.core.precision import floors_by_pass_ms
 from app.predictor.base import LayerTimeEstimate, LayerTimeQuery
 from app.predictor.onnx_model import LearnedPredictor, read_metadata
 from app.predictor.roofline import RooflineConstants, RooflinePredictor
@@ -38,18 +37,16 @@ class ModelVersion:
 def clamp_to_physics_floor(query: LayerTimeQuery, est: LayerTimeEstimate) -> LayerTimeEstimate:
     """``est`` with each pass raised to at least its physics floor (ms), the floor recorded on it.
 
-    Floors per pass from :func:`app.core.precision.physics_floor_ms` at the query's precision: forward
+    Floors per pass from :func:`app.core.precision.floors_by_pass_ms` (``physics_floor_ms`` of each pass)
+    at the query's precision: forward
     always; backward and the optimizer update (``query.optimizer``) in training mode. The interval moves
     with the point estimate: ``p10 >= Σ floors`` and ``p90 >= total``. A raised pass is named in
     ``notes`` and ``floor_clamped`` is set. Raises what ``physics_floor_ms`` raises (unsupported cost,
     :class:`~app.core.precision.PrecisionNotSupported`).
     """
     q = query
-    f_floor = physics_floor_ms(q.layer, q.cost, q.hardware, q.precision, Pass.FORWARD)
-    b_floor = u_floor = 0.0
-    if q.mode == "training":
-        b_floor = physics_floor_ms(q.layer, q.cost, q.hardware, q.precision, Pass.BACKWARD)
-        u_floor = physics_floor_ms(q.layer, q.cost, q.hardware, q.precision, Pass.UPDATE, optimizer=q.optimizer)
+    f_floor, b_floor, u_floor = floors_by_pass_ms(
+        q.layer, q.cost, q.hardware, q.precision, training=q.mode == "training", optimizer=q.optimizer)
     floor_sum = f_floor + b_floor + u_floor
     raised = [
         name

@@ -13,6 +13,7 @@ from app.core.precision import (
     PrecisionNotSupported,
     check_precision,
     cost_at_precision,
+    floors_by_pass_ms,
     min_algorithm_flops_factor,
     op_precision,
     physics_floor_ms,
@@ -135,3 +136,14 @@ def test_train_step_floor_is_the_sum_of_its_passes() -> None:
     assert physics_floor_ms(gemm, cost, t4, "fp16", Pass.TRAIN_FORWARD) == parts[0]
     with pytest.raises(ValueError):
         physics_floor_ms(gemm, cost, t4, "fp16", Pass.BACKWARD_INPUT)
+
+
+def test_floors_by_pass_equal_the_floor_of_each_pass() -> None:
+    conv, cost = _layer({"op": "conv2d", "out_channels": 128, "kernel_size": 3, "padding": 1}, [64, 28, 28])
+    a10 = CAT["a10"]
+    for precision in ("fp32", "bf16"):
+        got = floors_by_pass_ms(conv, cost, a10, precision, training=True, optimizer="momentum")
+        want = tuple(physics_floor_ms(conv, cost, a10, precision, p, optimizer="momentum")
+                     for p in ("forward", "backward", "update"))
+        assert got == pytest.approx(want)
+        assert floors_by_pass_ms(conv, cost, a10, precision, training=False)[1:] == (0.0, 0.0)
