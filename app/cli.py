@@ -82,7 +82,7 @@ DELEGATED: dict[str, tuple[str, str]] = {
     "evaluate": ("app.training.evaluate", "evaluate the shipped predictor against baselines; writes a report"),
     "finetune": ("app.training.finetune", "fine-tune the predictor to a new device from a few measurements"),
     "profile": ("app.profiler.run", "measure per-layer times on this machine with torch (train extra)"),
-    "import": ("app.measurements.cli", "import public measurements (justus, deepbench) into the database"),
+    "import": ("app.measurements.cli", "import public measurements (justus, deepbench, neusight, vidur)"),
 }
 
 

@@ -14,14 +14,15 @@ class Settings(BaseSettings):
 
     ``database_url``: SQLAlchemy URL; default an SQLite file under ``./var``.
     ``models_dir``: folder of predictor artifacts (ONNX + metadata JSON); default the shipped ``models/``.
-    ``max_upload_bytes``: largest accepted graph upload.
+    ``max_upload_bytes``: largest accepted request body, 2 GiB by default (GPT-2 XL-sized ONNX files
+    with their weights; uploads are streamed to disk, and weights are not stored).
     """
 
     model_config = SettingsConfigDict(env_prefix="LAYERCAST_", extra="ignore")
 
     database_url: str = f"sqlite:///{REPO_ROOT / 'var' / 'layercast.db'}"
     models_dir: Path = REPO_ROOT / "models"
-    max_upload_bytes: int = 512 * 1024 * 1024
+    max_upload_bytes: int = 2 * 1024**3
     host: str = "127.0.0.1"
     port: int = 8000
     seed_catalog: bool = True

@@ -1,17 +1,21 @@
 """SQLAlchemy 2 base, engine and session plumbing.
 
 Conventions (STYLE.md §8): a constraint naming convention so Alembic migrations are deterministic on
-SQLite and PostgreSQL alike; timezone-aware ``*_at`` columns; nothing is created at import time.
+SQLite and PostgreSQL alike; timezone-aware ``*_at`` columns (:class:`UTCDateTime`: SQLite has no time
+zone type and returns naive values, so every value is stored as UTC and read back as aware UTC);
+nothing is created at import time.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import DateTime, MetaData, create_engine, event
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Dialect, Engine
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
+from sqlalchemy.types import TypeDecorator
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -22,11 +26,40 @@ NAMING_CONVENTION = {
 }
 
 
+class UTCDateTime(TypeDecorator[datetime]):
+    """``DateTime(timezone=True)`` that always round-trips as an aware UTC datetime.
+
+    Writes: an aware value is converted to UTC; a naive one is taken to be UTC already (every timestamp
+    this service writes is UTC: :func:`utcnow`, the profiler's ISO 8601 ``measured_at``). Reads: a
+    naive value (SQLite stores the text without an offset) is UTC by construction and gets
+    ``tzinfo=UTC``; an aware one (PostgreSQL ``timestamptz``) is converted to UTC. The DDL is
+    the plain ``DateTime(timezone=True)`` column, so no migration is involved.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None or value.utcoffset() is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
 class Base(DeclarativeBase):
-    """Declarative base of every ORM model; carries the naming convention."""
+    """Declarative base of every ORM model; carries the naming convention. Every ``datetime`` column
+    is a :class:`UTCDateTime`."""
 
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
-    type_annotation_map = {datetime: DateTime(timezone=True)}
+    type_annotation_map = {datetime: UTCDateTime()}
 
 
 def utcnow() -> datetime:

@@ -52,6 +52,13 @@ class UnboundDimension(LayercastError):
     code = "unbound_dimension"
 
 
+class UnknownDimension(LayercastError):
+    """The request binds a dimension name (``dims``) that the graph does not have."""
+
+    status_code = 422
+    code = "unknown_dimension"
+
+
 class InvalidRequest(LayercastError):
     status_code = 422
     code = "invalid_request"
@@ -69,3 +76,11 @@ class HardwareExists(Conflict):
 class PayloadTooLarge(LayercastError):
     status_code = 413
     code = "payload_too_large"
+
+
+class PrecisionNotSupportedError(LayercastError):
+    """The device lacks the arithmetic the requested precision needs (bf16 before Ampere, tf32 before
+    Ampere, fp16 on Kepler/Maxwell): never answered silently in fp32."""
+
+    status_code = 422
+    code = "precision_not_supported"

@@ -138,3 +138,18 @@ def session(client: TestClient) -> Iterator[Session]:
     finally:
         db.rollback()
         db.close()
+
+
+#: Justus rows per file stored by :func:`justus_db` (10 files: 3,000 rows).
+JUSTUS_ROWS_PER_FILE = 300
+
+
+@pytest.fixture(scope="session")
+def justus_db(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """SQLite URL of a database holding the first :data:`JUSTUS_ROWS_PER_FILE` rows of every Justus file
+    (``layercast import justus --limit``), shared by the tests that train or featurise Justus rows."""
+    from tests.helpers import import_measurements
+
+    url = f"sqlite:///{tmp_path_factory.mktemp('justus-db') / 'measurements.db'}"
+    import_measurements(url, "justus", "--limit", str(JUSTUS_ROWS_PER_FILE))
+    return url

@@ -23,7 +23,7 @@ def _tables(url: str) -> set[str]:
 
 
 def test_single_head() -> None:
-    assert current_heads() == ("0001",)
+    assert current_heads() == ("0003",)
 
 
 def test_upgrade_downgrade_upgrade(database_url: str) -> None:
@@ -44,7 +44,7 @@ def test_upgrade_downgrade_upgrade(database_url: str) -> None:
             "ix_measurements_source",
         }
         with engine.connect() as conn:
-            assert MigrationContext.configure(conn).get_current_revision() == "0001"
+            assert MigrationContext.configure(conn).get_current_revision() == "0003"
     finally:
         engine.dispose()
 

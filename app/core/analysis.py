@@ -1,4 +1,4 @@
-"""Whole-graph analytical summary: per-layer costs, totals, op counts, unsupported ops."""
+"""Whole-graph analytical summary: per-layer costs, totals, op counts, unsupported ops, fusion."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ from collections import Counter
 from dataclasses import dataclass
 
 from app.core.costs import LayerCost, layer_cost
+from app.core.fusion import fuse_graph
 from app.core.ir import Graph, Layer, OpKind, UnsupportedAttrs
+from app.core.vocab import SoftwareStack
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,7 +27,10 @@ class GraphAnalysis:
 
     Totals sum the supported layers only; ``unsupported`` lists the rest (never counted as zero cost
     silently: callers must surface it). ``params`` counts every distinct weight tensor once (tied
-    embeddings), so it can be lower than the sum of per-layer ``params``.
+    embeddings), so it can be lower than the sum of per-layer ``params``. When the analysis was asked to
+    fuse (:func:`analyze` with a ``software_stack``), ``graph`` is the fused graph, ``fused_from[i]`` names
+    the nodes layer ``i`` was fused from (empty when it was not fused), ``fusion_rules[i]`` the rule
+    (None when not fused) and ``fusion_stack`` the stack whose fusions were applied.
     """
 
     graph: Graph
@@ -38,6 +43,9 @@ class GraphAnalysis:
     backward_flops: int
     forward_bytes: int
     saved_activation_bytes: int
+    fused_from: tuple[tuple[str, ...], ...] = ()
+    fusion_rules: tuple[str | None, ...] = ()
+    fusion_stack: SoftwareStack | None = None
 
     @property
     def layer_count(self) -> int:
@@ -50,9 +58,22 @@ class GraphAnalysis:
         return sum(u.count for u in self.unsupported)
 
 
-def analyze(graph: Graph) -> GraphAnalysis:
-    """Cost every layer of ``graph`` (see :mod:`app.core.costs` for the formulas) and sum them."""
-    costs = tuple(layer_cost(layer) for layer in graph.layers)
+def analyze(graph: Graph, *, software_stack: SoftwareStack | str | None = None) -> GraphAnalysis:
+    """Cost every layer of ``graph`` (see :mod:`app.core.costs` for the formulas) and sum them.
+
+    With a ``software_stack``, first fuse what that stack fuses (:func:`app.core.fusion.fuse_graph`): the
+    analysis is then of the fused graph (fewer layers, same FLOPs, less intermediate memory traffic).
+    """
+    fused_from: tuple[tuple[str, ...], ...] = ()
+    rules: tuple[str | None, ...] = ()
+    stack = SoftwareStack(software_stack) if software_stack is not None else None
+    if stack is not None:
+        fusion = fuse_graph(graph, software_stack=stack)
+        graph, costs = fusion.graph, fusion.costs
+        fused_from = tuple(f.fused_from for f in fusion.layers)
+        rules = tuple(f.rule for f in fusion.layers)
+    else:
+        costs = tuple(layer_cost(layer) for layer in graph.layers)
     op_counts = Counter(layer.op_type for layer in graph.layers)
     by_op: dict[str, list[Layer]] = {}
     for layer, cost in zip(graph.layers, costs, strict=True):
@@ -79,6 +100,9 @@ def analyze(graph: Graph) -> GraphAnalysis:
         backward_flops=sum(c.backward_flops for c in ok),
         forward_bytes=sum(c.forward_bytes for c in ok),
         saved_activation_bytes=sum(c.saved_activation_bytes for c in ok),
+        fused_from=fused_from,
+        fusion_rules=rules,
+        fusion_stack=stack,
     )
 
 

@@ -1,84 +1,472 @@
-"""Training and inference memory footprint by component (after Hestness et al. 2019, §3).
+"""Training and inference memory footprint: what a framework (PyTorch) actually keeps, tensor by tensor.
 
-Components, in bytes:
+Model of one training step (forward, backward, optimizer update), from the layer IR alone (op kind, tensors,
+a few attributes), each activation tensor identified by its name (views share their base's name):
 
-* **weights**: parameters in the working precision (4 B for fp32; 2 B for fp16/bf16 mixed precision);
-* **master weights**: mixed precision only, an fp32 copy the optimizer updates (4 B per parameter);
-* **gradients** (training): one per parameter in the working precision;
-* **optimizer state** (training): ``states`` fp32 tensors the size of the weights, from
-  :data:`app.core.costs.OPTIMIZERS` (0 for SGD, 1 for momentum, 2 for Adam/AdamW), always fp32;
-* **activations**: training: every layer's ``saved_activation_bytes`` (what autograd keeps for
-  backward), rescaled to 2 B per element under mixed precision; inference: the largest input+output
-  pair of any single layer (activations are freed as soon as they are consumed).
+* **Model state**: weights in fp32 (4 B/param; under fp16/bf16 autocast they are the fp32 master copy);
+  gradients fp32 (4 B/param); optimizer state ``states × 4 B/param`` (:data:`app.core.costs.OPTIMIZERS`:
+  0 SGD, 1 momentum, 2 Adam/AdamW). Under autocast, every weight a conv/GEMM/matmul/recurrent layer reads
+  is also cast once to 16 bits (autocast's weight cache) and that copy is saved for backward (by a GEMM
+  only when its input needs a gradient: the copy serves the input gradient).
+* **Saved activations**: per layer, exactly the tensors autograd saves (PyTorch ``derivatives.yaml``):
+  conv/linear save their input (not their output); matmul both operands; BatchNorm its input plus the
+  per-channel ``save_mean``/``save_invstd`` (2 × C × 4 B); LayerNorm its input plus mean and rstd per row;
+  ReLU, Sigmoid, Tanh, Exp, Softmax their *output* (so an in-place ReLU after conv/BN adds nothing: its
+  output is the tensor the next conv saves anyway); GELU, SiLU, Erf, LeakyReLU, Log, Pow and ReLU6 (Clip:
+  torch's ``hardtanh`` keeps its input, measured even for ``inplace=True``) their input;
+  Add/Sub/Concat/views/Pad save nothing; Mul/Div save the operands the other gradient needs (nothing for a
+  constant); Dropout a bool mask (1 B/element) on a GPU (``native_dropout``), a mask of the input's type on
+  a CPU (``input * bernoulli``); MaxPool its input plus int64 indices;
+  AveragePool its input, GlobalAveragePool nothing (a mean); an embedding its indices. Attention follows
+  ``scaled_dot_product_attention`` as flash/memory-efficient kernels run it: a ``MatMul → (scale, mask)
+  → Softmax → (Dropout) → MatMul`` chain (or a fused Attention op) keeps only Q, K, V, the output O and the
+  fp32 log-sum-exp per query row; the S×S scores are recomputed. Recurrent layers keep input, output
+  and the fused kernel's workspace (:data:`RECURRENT_WORKSPACE_PER_OUTPUT`). A tensor saved by several
+  layers is counted once.
+* **Autocast dtypes** (fp16/bf16, ``torch.autocast``): conv/GEMM/matmul/attention/recurrent layers run in
+  16 bits (a 32-bit input is cast: the 16-bit copy is what they save) and write 16-bit outputs; on CUDA the
+  ops of autocast's fp32 list (:data:`CUDA_AUTOCAST_FP32_OPS`: softmax, layer/group norm, pow, exp, log...)
+  run in fp32; every other op keeps its inputs' precision (a 32-bit operand promotes, a bias add does
+  not). The CPU autocast's fp32 list holds none of the ops above (measured: softmax, layer norm, pow stay
+  bf16 on CPU).
+* **Loss**: cross-entropy on the graph's first output (classes on the last axis), as classifiers and
+  language models train: ``log_softmax`` saves its fp32 output (autocast runs it in fp32), and its
+  backward holds two fp32 gradients of the output's size at once.
+* **Peak**: the end-of-forward live set (model state + saved activations + the model's output) is followed
+  by a reverse walk over the layers: at each layer's backward, live = model state + the saved tensors of
+  layers not yet back-propagated + the gradients of the weights already reached (fp32) + the activation
+  gradients in flight (produced, not yet consumed by their producer's backward: residual branches keep
+  theirs) + the layer's transient (cuDNN workspace for a conv on a GPU). The optimizer step adds its
+  temporaries (a parameter-sized fp32 buffer for Adam-like foreach updates on a GPU; on a CPU, where the
+  update runs tensor by tensor, two buffers the size of the largest parameter: ``sqrt`` then ``/``).
+  ``total_bytes`` = max over those instants + device runtime (below). This is
+  "weights + grads + optimizer state + saved activations at the end of forward + the largest transient
+  in backward", made step by step because saved activations are released while gradients accumulate.
+* **Device runtime** (:data:`DEVICE_RUNTIME`, per vendor generation, GPUs only): the CUDA/HIP context that
+  the caching allocator never sees, the cuBLAS workspace, and allocator rounding (every block rounded up
+  to 512 B, blocks of 10 MiB and more to 2 MiB: ``c10/cuda/CUDACachingAllocator.cpp``).
+* **Activation checkpointing** (``activation_checkpointing=True``): the layers are cut into ⌈√L⌉
+  segments of similar saved size (Chen et al. 2016, "Training deep nets with sublinear memory cost");
+  forward keeps only each segment's input; backward recomputes one segment at a time, so the saved set
+  is the segment boundaries plus the largest segment's own saved tensors.
+* **Inference**: weights plus the largest input+output pair of any single layer (activations are freed as
+  soon as they are consumed).
 
-Mixed precision follows the fp16 weights/grads + fp32 master + fp32 state scheme of Micikevicius et al.
-2018 and ZeRO (Rajbhandari et al. 2020): with Adam, 2 (weights) + 2 (gradients) + 4 (master) + 8 (two
-moments) = 16 bytes per parameter, the same as fp32's 4 + 4 + 8: mixed precision halves the
-activations, not the model state. Not modelled: framework/CUDA context (~0.3-1 GB on a GPU), allocator fragmentation and
-caching, convolution workspaces, temporaries alive during backward (an output gradient and an input
-gradient at a time), the loss. They are why ``fits`` keeps a 10 % headroom. Measured against torch on
-CPU in docs/memory_validation.md (``scripts/measure_memory.py``).
+Validated against torch's real peak on CPU (10 architectures × 3 batch sizes × fp32/bf16 autocast) in
+docs/memory_validation.md (``scripts/measure_memory.py``).
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from app.core.analysis import GraphAnalysis
 from app.core.costs import OPTIMIZERS
-from app.core.ir import BYTES_PER_ELEMENT
+from app.core.hardware import HardwareSpec
+from app.core.ir import BYTES_PER_ELEMENT, Layer, OpKind, Tensor
 
-HEADROOM = 0.9  # usable share of device memory, for context, fragmentation and workspaces
+# Usable share of device memory once context, workspace and rounding are counted: the caching allocator's
+# fragmentation (blocks split and cached but not reusable for a given size), a few % in steady training.
+HEADROOM = 0.95
 
-# precision → (bytes per weight/gradient/activation element, fp32 master copy?)
-PRECISIONS: dict[str, tuple[int, bool]] = {
-    "fp32": (4, False), "tf32": (4, False), "fp16": (2, True), "bf16": (2, True),  # tf32: fp32 storage
+# precision → bytes per activation element under autocast (None: activations as the graph declares them)
+PRECISIONS: dict[str, int | None] = {"fp32": None, "tf32": None, "fp16": 2, "bf16": 2}  # tf32: fp32 storage
+
+MIB = 2**20
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceRuntime:
+    """Memory a framework needs on a device beyond tensors: context, library workspace, allocator rounding.
+
+    ``context_bytes`` is the driver context (CUDA/HIP) plus the framework's loaded kernels, outside the
+    caching allocator; ``workspace_bytes`` the cuBLAS (hipBLAS) workspace per handle; ``block_bytes``
+    the allocator's block granularity (1: no rounding); ``large_block_bytes`` the rounding of blocks of
+    ``large_from_bytes`` and more. ``source`` says where the numbers come from.
+    """
+
+    context_bytes: int
+    workspace_bytes: int
+    block_bytes: int
+    large_block_bytes: int
+    large_from_bytes: int
+    source: str
+
+    def rounded(self, nbytes: int) -> int:
+        """``nbytes`` as the caching allocator hands it out (block-rounded)."""
+        if self.block_bytes <= 1 or nbytes <= 0:
+            return nbytes
+        r = -(-nbytes // self.block_bytes) * self.block_bytes
+        if r >= self.large_from_bytes:
+            r = -(-r // self.large_block_bytes) * self.large_block_bytes
+        return r
+
+
+_ALLOC = "c10/cuda/CUDACachingAllocator.cpp: kMinBlockSize 512 B, kRoundLarge 2 MiB from kMinLargeAlloc 10 MiB"
+_CONTEXT = ("CUDA context with lazy module loading (CUDA >= 11.7, PyTorch's default) as nvidia-smi minus "
+            "torch.cuda.memory_reserved() right after the first kernel: ~300 MiB on Pascal-Turing, more on "
+            "newer generations with larger kernel images; 700+ MiB without lazy loading "
+            "(discuss.pytorch.org/t/high-gpu-memory-overhead/81330)")
+_CUBLAS = "cuBLAS docs, cublasSetWorkspace: 4 MiB recommended before Hopper, 32 MiB on Hopper"
+
+# vendor generation (first word of HardwareSpec.architecture, lower case) → runtime. Every GPU constant of
+# the footprint lives here; CPUs have none (no context, the CPU allocator does not round).
+DEVICE_RUNTIME: dict[str, DeviceRuntime] = {
+    **{gen: DeviceRuntime(300 * MIB, 4 * MIB, 512, 2 * MIB, 10 * MIB, f"{_CONTEXT}; {_CUBLAS}; {_ALLOC}")
+       for gen in ("kepler", "maxwell", "pascal", "volta", "turing")},
+    "ampere": DeviceRuntime(400 * MIB, 4 * MIB, 512, 2 * MIB, 10 * MIB, f"{_CONTEXT}; {_CUBLAS}; {_ALLOC}"),
+    "ada": DeviceRuntime(450 * MIB, 4 * MIB, 512, 2 * MIB, 10 * MIB, f"{_CONTEXT}; {_CUBLAS}; {_ALLOC}"),
+    "hopper": DeviceRuntime(500 * MIB, 32 * MIB, 512, 2 * MIB, 10 * MIB, f"{_CONTEXT}; {_CUBLAS}; {_ALLOC}"),
+    "blackwell": DeviceRuntime(500 * MIB, 32 * MIB, 512, 2 * MIB, 10 * MIB, f"{_CONTEXT}; {_CUBLAS}; {_ALLOC}"),
+    "cdna": DeviceRuntime(400 * MIB, 4 * MIB, 512, 2 * MIB, 10 * MIB,
+                          "ROCm HIP context, same order as CUDA's; PyTorch's caching allocator is shared "
+                          f"by HIP ({_ALLOC}); hipBLAS workspace as cuBLAS'"),
 }
+GPU_DEFAULT_RUNTIME = DEVICE_RUNTIME["hopper"]  # unknown generation: the largest known context (safe side)
+CPU_RUNTIME = DeviceRuntime(0, 0, 1, 1, 1, "CPU: no device context; the CPU allocator does not round blocks")
+
+# CUDA autocast's fp32 list (torch/csrc/autograd/autocast_mode / aten/src/ATen/autocast_mode.cpp), the ONNX
+# op types among it: these run (and save) in fp32 under fp16/bf16 autocast on a GPU.
+CUDA_AUTOCAST_FP32_OPS = frozenset({
+    "Softmax", "LogSoftmax", "LayerNormalization", "GroupNormalization", "InstanceNormalization", "Pow",
+    "Exp", "Log", "Reciprocal", "Softplus", "ReduceSum", "ReduceProd", "ReduceL2", "ReduceSumSquare", "Erf",
+})
+
+# Workspace of a fused recurrent training kernel, per element of its output sequence (T·B·dirs·H), as
+# (tensors in the compute precision, fp32 tensors). LSTM measured with saved-tensor hooks on torch 2.13's
+# CPU kernel (oneDNN): 62 B/element in fp32, 44 B/element under bf16 autocast → 9 + 6.5; GRU and RNN
+# scaled by their gate count (3/4, 1/4). cuDNN's reserve space is not measured here.
+RECURRENT_WORKSPACE_PER_OUTPUT: dict[str, tuple[float, float]] = {
+    "LSTM": (9.0, 6.5), "GRU": (6.75, 4.875), "RNN": (2.25, 1.625),
+}
+
+_VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+_MAC_KINDS = frozenset({OpKind.CONV, OpKind.CONV_TRANSPOSE, OpKind.GEMM, OpKind.MATMUL, OpKind.ATTENTION,
+                        OpKind.RECURRENT})
+_SAVES_OUTPUT = frozenset({"Relu", "Sigmoid", "Tanh", "Exp", "Sqrt", "Reciprocal", "Elu", "Selu",
+                           "Softmax", "LogSoftmax", "HardSigmoid"})
+_SAVES_NOTHING = frozenset({"Neg", "Cast", "Add", "Sub", "Sum", "Mean", "Equal", "Less", "Greater", "And", "Or",
+                            "Not", "ReduceMean", "ReduceSum", "GlobalAveragePool"})
+_ATTENTION_CHAIN_OPS = frozenset({"Div", "Mul", "Add", "Sub", "Where", "Softmax", "Dropout", "Cast"})
+
+
+def _attr(layer: Layer, key: str, default: Any) -> Any:
+    """The one place this module reads a layer attribute: a field of the layer's typed attribute record
+    (:data:`app.core.ir.ATTRS_FOR_KIND`), ``default`` when the record (or the field) is absent."""
+    return getattr(layer.attrs, key, default)
 
 
 @dataclass(frozen=True, slots=True)
 class MemoryFootprint:
-    """Bytes per component; ``total_bytes`` is their sum."""
+    """Bytes per component of one step and its peak.
+
+    ``weights_bytes`` fp32 parameters (the master copy under autocast); ``weight_copies_bytes`` autocast's
+    16-bit weight cache; ``gradients_bytes`` fp32 weight gradients; ``optimizer_state_bytes`` fp32 state;
+    ``activations_bytes`` what is saved for backward at the end of forward (including the model output);
+    ``backward_transient_bytes`` the peak's excess over the end of forward (activation gradients in
+    flight, workspace) or the optimizer step's temporaries; ``runtime_bytes`` context + library
+    workspace. ``total_bytes`` is the predicted peak: model state + ``peak_live_bytes`` + runtime.
+    """
 
     weights_bytes: int
     gradients_bytes: int
     optimizer_state_bytes: int
     activations_bytes: int
-    master_weights_bytes: int = 0
+    weight_copies_bytes: int = 0
+    backward_transient_bytes: int = 0
+    runtime_bytes: int = 0
     precision: str = "fp32"
+    activation_checkpointing: bool = False
 
     @property
     def total_bytes(self) -> int:
-        """Sum of all components."""
-        return (self.weights_bytes + self.gradients_bytes + self.optimizer_state_bytes + self.activations_bytes
-                + self.master_weights_bytes)
+        """Predicted peak: weights + optimizer state + the largest live set of the step + device runtime."""
+        return (self.weights_bytes + self.optimizer_state_bytes + self.weight_copies_bytes + self.activations_bytes
+                + self.backward_transient_bytes + self.runtime_bytes)
 
     @property
     def model_state_bytes(self) -> int:
-        """Everything that does not scale with the batch: weights, master copy, gradients, optimizer state."""
-        return self.total_bytes - self.activations_bytes
+        """What does not scale with the batch: weights, weight copies, gradients, optimizer state, runtime."""
+        return (self.weights_bytes + self.gradients_bytes + self.optimizer_state_bytes + self.weight_copies_bytes
+                + self.runtime_bytes)
 
 
-def _activation_bytes(analysis: GraphAnalysis, *, mode: str, element_bytes: int | None) -> int:
-    """Saved (training) or working-set (inference) activation bytes, optionally re-sized per element."""
+def runtime_for(hardware: HardwareSpec | None) -> DeviceRuntime:
+    """Device runtime constants for ``hardware`` (:data:`CPU_RUNTIME` for a CPU or ``None``).
 
-    def resize(nbytes: int, dtype: str) -> int:
-        own = BYTES_PER_ELEMENT.get(dtype, 4)
-        if element_bytes is None or not dtype.startswith(("float", "bfloat")):
-            return nbytes
-        return nbytes * element_bytes // own
+    A GPU is looked up by the first word of its ``architecture`` ("Volta (GV100)" → ``volta``; "Ada
+    Lovelace" → ``ada``; "CDNA 3" → ``cdna``); an unknown or missing generation gets
+    :data:`GPU_DEFAULT_RUNTIME` (the largest context known, never zero).
+    """
+    if hardware is None or hardware.kind != "gpu":
+        return CPU_RUNTIME
+    gen = (hardware.architecture or "").split(" ")[0].split("(")[0].strip().lower()
+    return DEVICE_RUNTIME.get(gen, GPU_DEFAULT_RUNTIME)
 
-    if mode == "training":
-        return sum(
-            resize(c.saved_activation_bytes, layer.outputs[0].dtype if layer.outputs else "float32")
-            for layer, c in zip(analysis.graph.layers, analysis.costs, strict=True)
-            if c.supported
-        )
-    working = 0
-    for layer in analysis.graph.layers:
-        ts = (*layer.inputs, *layer.outputs)
-        working = max(working, sum(resize(t.nbytes, t.dtype) for t in ts))
-    return working
+
+# ------------------------------------------------------------------------------------------ tensor model
+@dataclass(slots=True)
+class _Plan:
+    """Per-layer saved keys and extra bytes, tensor sizes, producers and consumers (canonical names)."""
+
+    nbytes: dict[str, int]
+    saved: list[set[str]]
+    extra: list[int]
+    produced: list[set[str]]
+    consumed: list[set[str]]
+    needs_grad: set[str]
+    transient: list[int]
+
+
+def _is_float(t: Tensor) -> bool:
+    return t.dtype.startswith(("float", "bfloat"))
+
+
+def _plan(layers: Sequence[Layer], outputs: Iterable[Tensor], *, half: int | None, gpu: bool,
+          runtime: DeviceRuntime, scale: float, weight_names: set[str]) -> _Plan:
+    """Walk the layers in order: alias views, assign autocast dtypes, list what each layer saves."""
+    alias: dict[str, str] = {}
+    is16: dict[str, bool] = {}
+    nbytes: dict[str, int] = {}
+    needs_grad: set[str] = set()
+    n = len(layers)
+    saved: list[set[str]] = [set() for _ in range(n)]
+    extra = [0] * n
+    produced: list[set[str]] = [set() for _ in range(n)]
+    consumed: list[set[str]] = [set() for _ in range(n)]
+    transient = [0] * n
+
+    def canon(name: str) -> str:
+        return alias.get(name, name)
+
+    def size(t: Tensor, sixteen: bool) -> int:
+        own = BYTES_PER_ELEMENT.get(t.dtype, 4)
+        numel = t.numel if t.name in weight_names else int(t.numel * scale)  # activations carry the batch
+        return runtime.rounded(numel * (half if (sixteen and half and _is_float(t)) else own))
+
+    def rnd(nbytes: float, per_batch: bool = True) -> int:
+        return runtime.rounded(int(nbytes * scale) if per_batch else int(nbytes))
+
+    def key(t: Tensor, sixteen: bool | None = None) -> str:
+        """Key of ``t`` as stored (``sixteen=None``) or as a copy cast to 16/32 bits; registers its size."""
+        c = canon(t.name)
+        stored16 = is16.get(c, False)
+        want = stored16 if sixteen is None or not _is_float(t) or not half else sixteen
+        k = c if want == stored16 else f"{c}@{'16' if want else '32'}"
+        nbytes.setdefault(k, size(t, want))
+        return k
+
+    fused = _fused_attention(layers)
+    for i, layer in enumerate(layers):
+        ins, outs, op, kind = layer.inputs, layer.outputs, layer.op_type, layer.kind
+        for t in ins:
+            consumed[i].add(canon(t.name))
+            nbytes.setdefault(canon(t.name), size(t, is16.get(canon(t.name), False)))  # graph inputs
+        grad = bool(layer.weights) or any(canon(t.name) in needs_grad for t in ins)
+        # dtype of this layer's compute under autocast
+        if not half:
+            out16 = False
+        elif kind in _MAC_KINDS:
+            out16 = True
+        elif gpu and op in CUDA_AUTOCAST_FP32_OPS or kind is OpKind.EMBEDDING or not any(_is_float(t) for t in ins):
+            out16 = False
+        else:
+            # a 16-bit activation times/plus an fp32 parameter promotes to fp32 (ViT's position embedding),
+            # except a bias (1-D) added to a GEMM's output, which torch fuses into the 16-bit GEMM
+            promote = any(_is_float(w) and w.numel > 1 and (op in ("Mul", "Div") or len(w.shape) > 1)
+                          for w in layer.weights)
+            out16 = not promote and all(is16.get(canon(t.name), False) for t in ins if _is_float(t))
+        if op in _VIEW_OPS and ins and outs:
+            for o in outs:
+                alias[o.name] = canon(ins[0].name)
+        else:
+            for o in outs:
+                c = canon(o.name)
+                is16[c] = out16 and _is_float(o)
+                nbytes[c] = size(o, is16[c])
+                produced[i].add(c)
+                if grad and _is_float(o):
+                    needs_grad.add(c)
+        if layer.kind is OpKind.UNSUPPORTED:
+            continue
+        grad_in = any(canon(t.name) in needs_grad for t in ins)
+        s, e = _saved_by(layer, i, fused, key=key, rnd=rnd, half=half, out16=out16, grad_in=grad_in, gpu=gpu)
+        saved[i] |= s
+        extra[i] += e
+        if gpu and kind in (OpKind.CONV, OpKind.CONV_TRANSPOSE) and outs:
+            transient[i] = min(sum(nbytes[canon(o.name)] for o in outs), 1024 * MIB)  # cuDNN workspace
+    for t in outputs:  # the model output is alive until backward has consumed its gradient
+        nbytes.setdefault(canon(t.name), rnd(t.nbytes))
+    return _Plan(nbytes, saved, extra, produced, consumed, needs_grad, transient)
+
+
+def _fused_attention(layers: Sequence[Layer]) -> dict[int, tuple[int, int]]:
+    """Decomposed attention chains ``MatMul(Q, Kᵀ) → scale/mask → Softmax → (Dropout) → MatMul(P, V)``.
+
+    Returns ``{index: (first matmul index, second matmul index)}`` for every layer of a chain. A chain
+    follows single-output links through :data:`_ATTENTION_CHAIN_OPS` and must contain one Softmax.
+    """
+    consumers: dict[str, list[int]] = {}
+    for i, layer in enumerate(layers):
+        for t in layer.inputs:
+            consumers.setdefault(t.name, []).append(i)
+    found: dict[int, tuple[int, int]] = {}
+    for i, layer in enumerate(layers):
+        if layer.kind is not OpKind.MATMUL or len(layer.inputs) < 2 or not layer.outputs:
+            continue
+        chain, cur, softmax = [i], layer, False
+        while True:
+            nxt = consumers.get(cur.outputs[0].name, []) if cur.outputs else []
+            if len(nxt) != 1:
+                break
+            j = nxt[0]
+            cand = layers[j]
+            if cand.kind is OpKind.MATMUL and softmax and cand.inputs and cand.inputs[0].name == cur.outputs[0].name:
+                for k in (*chain, j):
+                    found[k] = (i, j)
+                break
+            if cand.op_type not in _ATTENTION_CHAIN_OPS:
+                break
+            softmax |= cand.op_type == "Softmax"
+            chain.append(j)
+            cur = cand
+    return found
+
+
+def _saved_by(layer: Layer, i: int, fused: dict[int, tuple[int, int]], *, key: Callable[..., str],
+              rnd: Callable[..., int], half: int | None, out16: bool, grad_in: bool,
+              gpu: bool) -> tuple[set[str], int]:
+    """Keys of the tensors ``layer`` saves for backward and the bytes of saved buffers it creates."""
+    ins, outs, op, kind = layer.inputs, layer.outputs, layer.op_type, layer.kind
+    f_ins = [t for t in ins if _is_float(t)]
+    s: set[str] = set()
+    extra = 0
+    cast = True if (half and kind in _MAC_KINDS) else (False if half and gpu and op in CUDA_AUTOCAST_FP32_OPS
+                                                          else None)
+    # addmm/mm keep the weight only for the input gradient; convolution keeps it whatever its input
+    if half and kind in _MAC_KINDS and (grad_in or kind is not OpKind.GEMM):
+        for w in layer.weights:
+            if _is_float(w) and len(w.shape) > 1:
+                s.add(key(w, True))  # autocast's cached 16-bit copy, saved by the layer
+    if i in fused:
+        first, second = fused[i]
+        if i == first:
+            s |= {key(t, cast) for t in ins}  # Q, K
+            q = ins[0]
+            rows = q.numel // q.shape[-1] if q.shape else 1
+            extra += rnd(4 * rows)  # log-sum-exp per query row, fp32
+        elif i == second:
+            s |= {key(t, cast) for t in ins[1:]}  # V
+            s |= {key(t) for t in outs}  # O
+        elif op in ("Add", "Where") and len(ins) > 1:
+            s |= {key(t) for t in ins[1:]}  # the mask (broadcast, small)
+        return s, extra
+    if kind is OpKind.ATTENTION:
+        s |= {key(t, cast) for t in ins} | {key(t) for t in outs}
+        if ins and ins[0].shape:
+            x = ins[0]  # (B, H, S, D) (opset 23) or (B, S, H·D) with a heads attribute (com.microsoft)
+            heads = 1 if len(x.shape) == 4 else int(_attr(layer, "heads", 1) or 1)
+            extra += rnd(4 * heads * (x.numel // x.shape[-1]))
+        return s, extra
+    if kind in (OpKind.CONV, OpKind.CONV_TRANSPOSE, OpKind.GEMM):
+        s |= {key(t, cast) for t in f_ins[:1]}
+        if not f_ins and ins:
+            s.add(key(ins[0]))
+        return s, extra
+    if kind is OpKind.MATMUL:
+        return {key(t, cast) for t in ins}, extra
+    if kind is OpKind.RECURRENT:
+        s |= {key(t, cast) for t in f_ins[:1]} | {key(t) for t in outs[:1]}
+        w16, w32 = RECURRENT_WORKSPACE_PER_OUTPUT.get(op, (9.0, 6.5))
+        elems = outs[0].numel if outs else 0
+        extra += rnd(int(elems * (w16 * (half or 4) + w32 * 4)))
+        return s, extra
+    if kind is OpKind.EMBEDDING:
+        return {key(t) for t in ins if not _is_float(t)}, extra
+    if kind is OpKind.BATCHNORM:
+        s |= {key(t, cast) for t in f_ins[:1]}
+        channels = ins[0].shape[1] if ins and len(ins[0].shape) > 1 else 1
+        return s, extra + 2 * rnd(4 * channels, per_batch=False)  # save_mean, save_invstd (fp32)
+    if kind is OpKind.NORM:
+        s |= {key(t, cast) for t in f_ins[:1]}
+        xn = ins[0] if ins else None
+        if xn is None or not xn.shape:
+            return s, extra
+        if op == "LayerNormalization":
+            rows = math.prod(xn.shape[:-1])  # statistics per row of the last axis (nn.LayerNorm's normal use)
+        elif op == "LRN":
+            return s | {key(t) for t in outs}, extra
+        else:
+            rows = math.prod(xn.shape[:2])  # Instance/GroupNorm: at most one statistic per (sample, channel)
+        return s, extra + 2 * rnd(4 * rows)  # mean and rstd, fp32
+    if kind is OpKind.DROPOUT:
+        # CUDA's fused native_dropout keeps a bool mask; the CPU path multiplies by a mask of the input's type
+        per = 1 if gpu else (half if out16 and half else 4)
+        return s, sum(rnd(t.numel * per) for t in outs[:1])
+    if kind is OpKind.POOL:
+        s |= {key(t) for t in ins[:1]}
+        if op == "MaxPool":
+            extra += sum(rnd(8 * t.numel) for t in outs[:1])  # int64 indices
+        elif op == "LpPool":
+            s |= {key(t) for t in outs}
+        return s, extra
+    if kind is OpKind.GLOBAL_POOL:
+        if op == "GlobalMaxPool":
+            s |= {key(t) for t in ins[:1]}
+            extra += sum(rnd(8 * t.numel) for t in outs[:1])
+        return s, extra
+    if op in _SAVES_NOTHING or kind is OpKind.DATA_MOVEMENT:
+        if op in ("GatherElements", "ScatterND", "Gather"):
+            return {key(t) for t in ins if not _is_float(t)}, extra
+        return s, extra
+    if op in _SAVES_OUTPUT:
+        return {key(t, cast) for t in outs[:1]}, extra
+    if op in ("Mul", "Div"):
+        if len(f_ins) >= 2:
+            return {key(t) for t in f_ins}, extra
+        if layer.weights:  # activation × parameter: the weight gradient needs the activation
+            return {key(t) for t in f_ins}, extra
+        return s, extra  # × or ÷ a constant: nothing of batch size
+    if op == "Where":
+        return {key(t) for t in ins if t.dtype == "bool"}, extra
+    if kind is OpKind.REDUCE:
+        return {key(t) for t in ins[:1]} | ({key(t) for t in outs} if op != "ReduceSumSquare" else set()), extra
+    # the rest (GELU, SiLU, Erf, LeakyReLU, Log, Pow, Abs, Max, Min, PRelu, ...) save their inputs
+    return {key(t, cast) for t in f_ins}, extra
+
+
+# ------------------------------------------------------------------------------------------ footprint
+def _checkpoint(plan: _Plan, n: int) -> tuple[list[set[str]], list[int]]:
+    """Saved keys/extras per layer under √L-segment activation checkpointing (see module docstring)."""
+    costs = [sum(plan.nbytes[k] for k in plan.saved[i]) + plan.extra[i] for i in range(n)]
+    segments = max(1, math.ceil(math.sqrt(n)))
+    target = sum(costs) / segments if segments else 0
+    bounds, acc = [0], 0.0
+    for i, c in enumerate(costs):
+        acc += c
+        if acc >= target and i + 1 < n and len(bounds) < segments:
+            bounds.append(i + 1)
+            acc = 0.0
+    bounds.append(n)
+    kept: list[set[str]] = [set() for _ in range(n)]
+    kept_extra = [0] * n
+    largest, largest_keys = 0, set()
+    for a, b in zip(bounds, bounds[1:], strict=False):
+        inner: set[str] = set().union(*plan.saved[a:b]) if b > a else set()
+        inner_bytes = sum(plan.nbytes[k] for k in inner) + sum(plan.extra[a:b])
+        if inner_bytes > largest:
+            largest, largest_keys = inner_bytes, inner
+        if b > a:
+            # the segment's input(s): what its first layer reads (the checkpoint's argument)
+            kept[a] |= plan.consumed[a]
+    # one segment's recomputed activations are alive at a time during backward: its worst case sits in the
+    # first layer's slot so that the reverse walk counts it until the end of backward's last segment
+    kept[0] |= largest_keys
+    kept_extra[0] += largest - sum(plan.nbytes[k] for k in largest_keys)
+    return kept, kept_extra
 
 
 def footprint(
@@ -86,35 +474,123 @@ def footprint(
     *,
     mode: str,
     optimizer: str,
-    bytes_per_param: int = 4,
     precision: str = "fp32",
+    hardware: HardwareSpec | None = None,
+    activation_checkpointing: bool = False,
+    batch_size: int | None = None,
 ) -> MemoryFootprint:
-    """Memory footprint of one step of ``analysis.graph`` at its batch size, in bytes per component.
+    """Peak memory of one step of ``analysis.graph`` at its batch size, by component, in bytes.
 
-    ``mode`` is ``training`` or ``inference``; ``optimizer`` a key of :data:`OPTIMIZERS`;
-    ``precision`` ``fp32`` (weights ``bytes_per_param`` B, activations as in the graph) or ``fp16``/``bf16``
-    mixed precision (2 B weights, gradients and activations, fp32 master weights and optimizer state).
-    Raises ``KeyError`` for an unknown optimizer or precision.
+    ``mode`` is ``training`` or ``inference``; ``optimizer`` a key of :data:`OPTIMIZERS`; ``precision``
+    ``fp32``/``tf32`` (activations as the graph declares them) or ``fp16``/``bf16`` (torch autocast: see
+    the module docstring); ``hardware`` decides the device runtime (:func:`runtime_for`; ``None`` = CPU)
+    and the autocast op lists. ``activation_checkpointing`` recomputes activations in backward (training
+    only). ``batch_size`` (default: the graph's) rescales every activation tensor linearly from the
+    graph's batch (each carries the batch axis), so other batches need no re-import. Raises ``KeyError``
+    for an unknown optimizer or precision and ``ValueError`` for an unknown mode or a batch below 1.
     """
-    elem, master = PRECISIONS[precision]
-    params = analysis.params
-    w_bytes = params * (elem if master else bytes_per_param)
-    act = _activation_bytes(analysis, mode=mode, element_bytes=elem if master else None)
-    if mode == "training":
-        _, states = OPTIMIZERS[optimizer]
-        return MemoryFootprint(
-            weights_bytes=w_bytes,
-            gradients_bytes=w_bytes,
-            optimizer_state_bytes=states * params * (4 if master else bytes_per_param),
-            activations_bytes=act,
-            master_weights_bytes=4 * params if master else 0,
-            precision=precision,
-        )
-    return MemoryFootprint(w_bytes, 0, 0, act, 0, precision)
+    half = PRECISIONS[precision]
+    _, states = OPTIMIZERS[optimizer]
+    if mode not in ("training", "inference"):
+        raise ValueError(f"mode must be 'training' or 'inference', not {mode!r}")
+    if batch_size is not None and batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, not {batch_size}")
+    scale = 1.0 if batch_size is None else batch_size / analysis.graph.batch_size
+    runtime = runtime_for(hardware)
+    gpu = hardware is not None and hardware.kind == "gpu"
+    graph = analysis.graph
+    layers = graph.layers
+    weights: dict[str, Tensor] = {}
+    last_use: dict[str, int] = {}  # backward reaches a weight's gradient at its last forward use
+    for i, layer in enumerate(layers):
+        for w in layer.weights:
+            weights.setdefault(w.name, w)
+            last_use[w.name] = i
+    w_bytes = sum(runtime.rounded(w.numel * 4) for w in weights.values())
+    runtime_bytes = runtime.context_bytes + runtime.workspace_bytes
+    if mode == "inference":
+        working = 0
+        for layer in layers:
+            ts = (*layer.inputs, *layer.outputs)
+            working = max(working, sum(int(t.numel * scale) * (half if half and _is_float(t) else
+                                                               BYTES_PER_ELEMENT.get(t.dtype, 4)) for t in ts))
+        return MemoryFootprint(w_bytes, 0, 0, working, 0, 0, runtime_bytes, precision)
+
+    plan = _plan(layers, graph.outputs, half=half, gpu=gpu, runtime=runtime, scale=scale,
+                 weight_names=set(weights))
+    n = len(layers)
+    saved, extra = (_checkpoint(plan, n) if activation_checkpointing else (plan.saved, plan.extra))
+    out_keys = {k for k in plan.nbytes if k in {t.name for t in graph.outputs}}
+    copies = {k for s in saved for k in s if k.endswith("@16") and k.split("@")[0] in weights}
+    # free after the backward of the earliest layer that saved it
+    release: dict[str, int] = {}
+    for i in range(n):
+        for k in saved[i]:
+            release.setdefault(k, i)
+    live_saved = {k for k in release} | out_keys
+    act_keys = live_saved - copies
+    first_out = next((t for t in graph.outputs if _is_float(t)), None)
+    loss_bytes = runtime.rounded(int(4 * first_out.numel * scale)) if first_out is not None else 0  # log_softmax output
+    act_bytes = sum(plan.nbytes[k] for k in act_keys) + sum(extra) + loss_bytes
+    copy_bytes = sum(plan.nbytes[k] for k in copies)
+    end_of_forward = act_bytes + copy_bytes
+
+    # reverse walk
+    last_consumer: dict[str, int] = {}
+    producer: dict[str, int] = {}
+    for i in range(n):
+        for k in plan.consumed[i]:
+            last_consumer[k] = max(last_consumer.get(k, -1), i)
+        for k in plan.produced[i]:
+            producer[k] = i
+    for k in out_keys:
+        last_consumer[k] = n
+    release_at: dict[int, list[str]] = {}
+    for k, i in release.items():
+        release_at.setdefault(i, []).append(k)
+    alive = end_of_forward
+    grads = 0
+    grad_live: set[str] = set(out_keys)  # the loss gradient w.r.t. the output
+    grad_bytes = sum(plan.nbytes[k] for k in grad_live)
+    peak = end_of_forward + 2 * loss_bytes  # the loss's backward: two fp32 output-sized gradients
+    alive -= loss_bytes
+    grads_at: dict[int, int] = {}
+    for name, w in weights.items():
+        grads_at[last_use[name]] = grads_at.get(last_use[name], 0) + runtime.rounded(w.numel * 4)
+    for i in range(n - 1, -1, -1):
+        grads += grads_at.get(i, 0)
+        for k in plan.consumed[i]:
+            if k in plan.needs_grad and k not in grad_live and k in producer:
+                grad_live.add(k)
+                grad_bytes += plan.nbytes.get(k, 0)
+        peak = max(peak, alive + grads + grad_bytes + plan.transient[i])
+        for k in plan.produced[i]:
+            if k in grad_live:
+                grad_live.discard(k)
+                grad_bytes -= plan.nbytes.get(k, 0)
+        for k in release_at.get(i, ()):
+            alive -= plan.nbytes[k]
+        alive -= extra[i]
+    grads_total = sum(runtime.rounded(w.numel * 4) for w in weights.values())
+    state_bytes = states * grads_total
+    largest_param = max((runtime.rounded(w.numel * 4) for w in weights.values()), default=0)
+    step_tmp = (grads_total if states >= 2 else 0) if gpu else (2 * largest_param if states else 0)
+    peak = max(peak, grads_total + step_tmp)
+    return MemoryFootprint(
+        weights_bytes=w_bytes,
+        gradients_bytes=grads_total,
+        optimizer_state_bytes=state_bytes,
+        activations_bytes=act_bytes,
+        weight_copies_bytes=copy_bytes,
+        backward_transient_bytes=peak - end_of_forward,
+        runtime_bytes=runtime_bytes,
+        precision=precision,
+        activation_checkpointing=activation_checkpointing,
+    )
 
 
 def fits(fp: MemoryFootprint, memory_bytes: float) -> bool:
-    """Whether ``fp`` fits in ``memory_bytes`` with :data:`HEADROOM`."""
+    """Whether the predicted peak ``fp.total_bytes`` fits in :data:`HEADROOM` of ``memory_bytes``."""
     return fp.total_bytes <= HEADROOM * memory_bytes
 
 
@@ -124,24 +600,29 @@ def largest_batch_that_fits(
     memory_bytes: float,
     mode: str,
     optimizer: str,
-    bytes_per_param: int = 4,
     precision: str = "fp32",
+    hardware: HardwareSpec | None = None,
+    activation_checkpointing: bool = False,
     max_batch: int = 1 << 20,
 ) -> int:
-    """Largest batch size whose footprint fits in ``memory_bytes`` (with :data:`HEADROOM`); 0 if none.
+    """Largest batch size whose predicted peak fits in ``memory_bytes`` (:func:`fits`); 0 if none does.
 
-    Model state (weights, master copy, gradients, optimizer state) does not depend on the batch;
-    activations are linear in it, because every activation tensor of the graph carries the batch axis
-    (attention's S×S scores included: they grow with the sequence, not the batch). So the activations
-    per sample are ``activations_bytes / graph.batch_size`` of this analysis and
-    ``batch = ⌊(HEADROOM · memory − model state) / per-sample activations⌋``, capped at ``max_batch``.
-    Raises ``KeyError`` like :func:`footprint`.
+    The peak is monotone in the batch (every activation tensor scales with it, model state does not), so
+    this is a binary search over :func:`footprint` with ``batch_size`` rescaling, capped at ``max_batch``.
+    Raises like :func:`footprint`.
     """
-    fp = footprint(analysis, mode=mode, optimizer=optimizer, bytes_per_param=bytes_per_param, precision=precision)
-    free = HEADROOM * memory_bytes - fp.model_state_bytes
-    if free <= 0:
+
+    def ok(b: int) -> bool:
+        return fits(footprint(analysis, mode=mode, optimizer=optimizer, precision=precision, hardware=hardware,
+                              activation_checkpointing=activation_checkpointing, batch_size=b), memory_bytes)
+
+    if not ok(1):
         return 0
-    per_sample = fp.activations_bytes / analysis.graph.batch_size
-    if per_sample <= 0:
-        return max_batch
-    return int(min(max_batch, free // per_sample))
+    lo, hi = 1, 2
+    while hi <= max_batch and ok(hi):
+        lo, hi = hi, hi * 2
+    hi = min(hi, max_batch + 1)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo

@@ -54,6 +54,7 @@ from app.core.ir import (
     TopKAttrs,
     UnsupportedAttrs,
 )
+from app.core.onnx_weights import drop_external_data, has_inline_data
 from app.core.shape_prop import MAX_VALUE_NUMEL, propagate_shapes
 from app.errors import InvalidGraph, UnboundDimension
 
@@ -144,7 +145,7 @@ _DTYPES = {
 
 
 def parse_model(content: bytes) -> onnx.ModelProto:
-    """Deserialize ONNX bytes.
+    """Deserialize ONNX bytes (external-data references are kept as references; nothing is opened).
 
     Raises :class:`InvalidGraph` (code ``invalid_graph``) when the bytes are not a ModelProto with at
     least one node.
@@ -507,6 +508,8 @@ def _rewrite_fixed_batch_reshapes(model: onnx.ModelProto, fixed_batch: int) -> N
     for node in g.node:
         if node.op_type != "Reshape" or len(node.input) < 2 or node.input[1] not in inits:
             continue
+        if not has_inline_data(inits[node.input[1]]):
+            continue
         if any(a.name == "allowzero" and a.i == 1 for a in node.attribute):
             continue
         target = numpy_helper.to_array(inits[node.input[1]]).copy()
@@ -544,7 +547,7 @@ def _duplicate_initializers(g: onnx.GraphProto) -> dict[str, str]:
         if len(init.dims) < 2 or init.data_type not in _FLOAT_TYPES:
             continue
         numel = int(np.prod(init.dims))
-        if numel < 1024:
+        if numel < 1024 or not has_inline_data(init):
             continue
         arr = numpy_helper.to_array(init)
         lo, hi = float(arr.min()), float(arr.max())
@@ -582,7 +585,7 @@ def _light_copy(model: onnx.ModelProto) -> onnx.ModelProto:
     lg.input.extend(g.input)
     for init in g.initializer:
         numel = int(np.prod(init.dims)) if init.dims else 1
-        if numel <= MAX_VALUE_NUMEL:
+        if numel <= MAX_VALUE_NUMEL and has_inline_data(init):
             lg.initializer.append(init)
         elif init.name not in input_names:
             lg.input.append(helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
@@ -620,9 +623,11 @@ def import_onnx(
     if batch_size <= 0:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     dims = dict(dims or {})
-    model = parse_model(content) if isinstance(content, bytes) else onnx.ModelProto.FromString(
-        content.SerializeToString()
-    )
+    if isinstance(content, bytes):
+        model = parse_model(content)
+    else:
+        model = onnx.ModelProto.FromString(content.SerializeToString())
+    drop_external_data(model)  # costed from declared dims; the files a model names are never opened
     model = _inline_functions(model)
     g = model.graph
     _check_declared(g)
@@ -878,7 +883,7 @@ def _merged_constant_warnings(g: onnx.GraphProto, shared: tuple[str, ...]) -> li
     inits = {i.name: i for i in g.initializer}
     merged = []
     for name in shared:
-        if name in inits:
+        if name in inits and has_inline_data(inits[name]):
             arr = numpy_helper.to_array(inits[name])
             if arr.size > 1 and arr.min() == arr.max():
                 merged.append(name)

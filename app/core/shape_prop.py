@@ -64,9 +64,12 @@ def _concrete(shape: Shape | None) -> bool:
 
 
 def _constant_value(node: onnx.NodeProto) -> np.ndarray | None:
+    from app.core.onnx_weights import has_inline_data  # onnx_weights imports this module
+
     for a in node.attribute:
         if a.name == "value":
-            return numpy_helper.to_array(a.t)
+            # a stripped or external-data weight: only its shape is known, never its values
+            return numpy_helper.to_array(a.t) if has_inline_data(a.t) else None
         if a.name == "value_float":
             return np.array(a.f, dtype=np.float32)
         if a.name == "value_floats":
@@ -121,9 +124,11 @@ def propagate_shapes(
     opsets.setdefault("", 17)
     types: dict[str, tuple[Shape | None, int]] = dict(known)
     values: dict[str, np.ndarray] = {}
+    from app.core.onnx_weights import has_inline_data  # onnx_weights imports this module
+
     for init in g.initializer:
         numel = int(np.prod(init.dims)) if init.dims else 1
-        if numel <= MAX_VALUE_NUMEL:
+        if numel <= MAX_VALUE_NUMEL and has_inline_data(init):
             values[init.name] = numpy_helper.to_array(init)
 
     for node in g.node:

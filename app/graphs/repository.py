@@ -26,6 +26,10 @@ class GraphRepository:
     def count(self) -> int:
         return int(self.session.scalar(select(func.count()).select_from(StoredGraph)) or 0)
 
+    def delete(self, graph: StoredGraph) -> None:
+        self.session.delete(graph)
+        self.session.flush()
+
     def add(self, graph: StoredGraph) -> StoredGraph:
         self.session.add(graph)
         self.session.flush()

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
-from typing import Annotated, Any
+import tempfile
+from typing import IO, Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response, status
 from pydantic import ValidationError
@@ -18,10 +20,16 @@ from app.schemas import ErrorResponse
 
 router = APIRouter(prefix="/v1/graphs", tags=["graphs"])
 
+_SPOOL_IN_MEMORY_BYTES = 8 * 2**20  # an upload larger than this is spooled to disk
+_CHUNK_BYTES = 2**20
+
 _ERRORS: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorResponse, "description": "graph_not_found"},
     413: {"model": ErrorResponse, "description": "payload_too_large"},
-    422: {"model": ErrorResponse, "description": "invalid_graph, unbound_dimension, validation_error"},
+    422: {
+        "model": ErrorResponse,
+        "description": "invalid_graph, unbound_dimension, unknown_dimension, validation_error",
+    },
 }
 
 BatchQuery = Annotated[int, Query(gt=0, le=1_000_000, description="batch size the summary is computed at")]
@@ -49,7 +57,7 @@ def parse_dims(raw: str | None) -> dict[str, int]:
     return out
 
 
-def _read(row: StoredGraph) -> GraphRead:
+def _read(row: StoredGraph, *, notices: list[str] | None = None) -> GraphRead:
     return GraphRead.model_validate(
         {
             "id": row.id,
@@ -57,7 +65,14 @@ def _read(row: StoredGraph) -> GraphRead:
             "source_format": row.source_format,
             "size_bytes": row.size_bytes,
             "created_at": row.created_at,
+            "storage": {
+                "weights_stored": row.weights_stored,
+                "stored_bytes": row.stored_bytes,
+                "stripped_weight_bytes": row.stripped_weight_bytes,
+                "structure_sha256": row.structure_sha256,
+            },
             "summary": row.summary,
+            "notices": notices or [],
         }
     )
 
@@ -94,51 +109,95 @@ async def create_graph(
     name: Annotated[str | None, Query(max_length=200)] = None,
 ) -> GraphRead:
     """Upload an ONNX file (multipart field ``file``, or the raw bytes as ``application/octet-stream``)
-    or a JSON layer list (``application/json``). Stored by content hash; the same content twice returns
-    the stored graph with 200."""
+    or a JSON layer list (``application/json``).
+
+    ONNX bodies are streamed to a spooled temporary file (in memory up to 8 MiB, on disk above) while
+    being hashed, never held whole as a request body; the file is read once, to parse it. External-data
+    references in the model are never opened. Stored by the sha256 of the upload, without weight data;
+    the same content twice returns the stored graph with 200 and ``notices`` saying what was done with
+    this request's ``name``, ``batch_size`` and ``dims``.
+    """
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     limit = settings.max_upload_bytes
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"upload larger than {limit} bytes", detail={"max_upload_bytes": limit})
-    if ctype == "multipart/form-data":
-        form = await request.form()
-        upload = form.get("file")
-        if upload is None or isinstance(upload, str):
-            raise InvalidRequest("multipart upload needs a file field named 'file'")
-        content = await upload.read()
-        name = name or (str(form.get("name")) if form.get("name") else None) or (upload.filename or "")
-        fmt = "onnx"
-    elif ctype == "application/json":
-        try:
-            doc = json.loads(await request.body())
-            parsed = JsonGraphCreate.model_validate(doc)
-        except ValueError as exc:  # JSONDecodeError and pydantic ValidationError
-            errors = exc.errors(include_url=False) if isinstance(exc, ValidationError) else []
-            raise InvalidGraph(f"JSON graph is not valid: {str(exc).splitlines()[0]}", detail={"errors": errors}) \
-                from None
-        content = service.canonical_json(parsed.model_dump())
-        name = name or parsed.name
-        fmt = "json"
-    elif ctype in ("application/octet-stream", "application/onnx", ""):
-        content = await request.body()
-        fmt = "onnx"
-    else:
-        raise InvalidRequest(
-            f"unsupported content type {ctype!r}; send multipart/form-data, application/octet-stream "
-            "or application/json",
-            detail={"content_type": ctype},
+    binding = parse_dims(dims)
+    with tempfile.SpooledTemporaryFile(max_size=_SPOOL_IN_MEMORY_BYTES) as spool:
+        digest = hashlib.sha256()
+        size = 0
+        source: IO[bytes]
+        if ctype == "multipart/form-data":
+            form = await request.form()
+            upload = form.get("file")
+            if upload is None or isinstance(upload, str):
+                raise InvalidRequest("multipart upload needs a file field named 'file'")
+            # Starlette already spooled the part to a temporary file: hash it in chunks, read it once later.
+            while chunk := await upload.read(_CHUNK_BYTES):
+                digest.update(chunk)
+                size += len(chunk)
+            await upload.seek(0)
+            source = upload.file
+            name = name or (str(form.get("name")) if form.get("name") else None) or (upload.filename or "")
+            fmt = "onnx"
+        elif ctype == "application/json":
+            try:
+                doc = json.loads(await request.body())
+                parsed = JsonGraphCreate.model_validate(doc)
+            except ValueError as exc:  # JSONDecodeError and pydantic ValidationError
+                errors = exc.errors(include_url=False) if isinstance(exc, ValidationError) else []
+                raise InvalidGraph(
+                    f"JSON graph is not valid: {str(exc).splitlines()[0]}", detail={"errors": errors}
+                ) from None
+            content = service.canonical_json(parsed.model_dump())
+            digest.update(content)
+            size = len(content)
+            spool.write(content)
+            spool.seek(0)
+            source = spool
+            name = name or parsed.name
+            fmt = "json"
+        elif ctype in ("application/octet-stream", "application/onnx", ""):
+            async for chunk in request.stream():
+                digest.update(chunk)
+                size += len(chunk)
+                if size > limit:
+                    raise PayloadTooLarge(f"upload larger than {limit} bytes", detail={"max_upload_bytes": limit})
+                spool.write(chunk)
+            spool.seek(0)
+            source = spool
+            fmt = "onnx"
+        else:
+            raise InvalidRequest(
+                f"unsupported content type {ctype!r}; send multipart/form-data, application/octet-stream "
+                "or application/json",
+                detail={"content_type": ctype},
+            )
+        if size > limit:
+            raise PayloadTooLarge(f"upload larger than {limit} bytes", detail={"max_upload_bytes": limit})
+        if not size:
+            raise InvalidGraph("empty upload")
+        result = service.create_graph(
+            session,
+            content=source,
+            source_format=fmt,
+            name=name or "",
+            batch_size=batch_size,
+            dims=binding,
+            upload_sha256=digest.hexdigest(),
         )
-    if len(content) > limit:
-        raise PayloadTooLarge(f"upload larger than {limit} bytes", detail={"max_upload_bytes": limit})
-    if not content:
-        raise InvalidGraph("empty upload")
-    row, created = service.create_graph(
-        session, content=content, source_format=fmt, name=name or "", batch_size=batch_size, dims=parse_dims(dims)
-    )
-    if not created:
+    if not result.created:
         response.status_code = status.HTTP_200_OK
-    return _read(row)
+    return _read(result.row, notices=result.notices)
+
+
+@router.delete(
+    "/{graph_id}", status_code=status.HTTP_204_NO_CONTENT, response_class=Response, responses={404: _ERRORS[404]}
+)
+def delete_graph(graph_id: str, session: SessionDep) -> Response:
+    """Delete a stored graph (204); 404 ``graph_not_found`` if there is none with this id."""
+    service.delete_graph(session, graph_id=graph_id)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
 @router.get("", response_model=GraphList)

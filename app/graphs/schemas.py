@@ -41,13 +41,37 @@ class GraphSummary(Schema):
     warnings: list[str]
 
 
+class GraphStorage(Schema):
+    """What the database keeps of an upload: the structure and shapes, not the weight data."""
+
+    weights_stored: bool = Field(
+        description="false: the data of weight-sized tensors was removed before storing (names, dims and "
+        "dtypes kept); true only for graphs stored before weights were stripped"
+    )
+    stored_bytes: int = Field(description="bytes kept in the database for this graph")
+    stripped_weight_bytes: int = Field(
+        description="declared bytes of weight data not stored: inline data removed plus external data, "
+        "which is never read"
+    )
+    structure_sha256: str | None = Field(
+        description="sha256 of the stored (weightless) content: equal for uploads that differ only in the "
+        "values of weight-sized tensors (over 65536 elements)"
+    )
+
+
 class GraphRead(Schema):
-    id: str = Field(description="sha256 of the uploaded content")
+    id: str = Field(description="sha256 of the content as uploaded (the canonical JSON for a layer list)")
     name: str
     source_format: str
-    size_bytes: int
+    size_bytes: int = Field(description="size of the upload in bytes")
     created_at: datetime
+    storage: GraphStorage
     summary: GraphSummary
+    notices: list[str] = Field(
+        default_factory=list,
+        description="on a re-upload of stored content (200): what was done with this request's name, "
+        "batch_size and dims (the stored graph and its summary are left as they were)",
+    )
 
 
 class GraphList(Schema):

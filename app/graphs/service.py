@@ -1,20 +1,33 @@
-"""Graph import and storage: content-addressed, validated before anything is stored."""
+"""Graph import and storage: content-addressed, validated before anything is stored, kept without
+weight data.
+
+Storage and dedup: the id of an upload is the hex sha256 of its bytes as uploaded (the canonical JSON for
+a layer list), so the same file uploaded again is found without parsing it. What is stored for ONNX is
+the model with the data of every weight-sized tensor removed (:func:`app.core.onnx_weights.strip_weights`;
+names, dims, dtypes and shape-sized constants kept), and its sha256 is ``structure_sha256``: two files
+that differ only in the values of weight-sized tensors are two graphs (two ids) with equal
+``structure_sha256``.
+The upload's summary is computed from the stripped model, the very bytes every later request
+re-imports, so the numbers never depend on whether the weights were there.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import IO, Any
 
 from sqlalchemy.orm import Session
 
 from app.core.analysis import GraphAnalysis, analyze
 from app.core.ir import Graph
 from app.core.json_import import import_json
-from app.core.onnx_import import import_onnx
-from app.errors import GraphNotFound, InvalidGraph, InvalidRequest
+from app.core.onnx_import import import_onnx, parse_model
+from app.core.onnx_weights import strip_weights
+from app.errors import GraphNotFound, InvalidGraph, InvalidRequest, UnknownDimension
 from app.graphs.models import StoredGraph
 from app.graphs.repository import GraphRepository
 
@@ -34,12 +47,23 @@ def build_graph(
 ) -> Graph:
     """Import stored content (``onnx`` bytes or canonical ``json``) into the IR at ``batch_size``.
 
-    Raises :class:`InvalidGraph`, :class:`UnboundDimension`, or :class:`InvalidRequest` for a
-    non-positive batch size.
+    Raises :class:`InvalidGraph`, :class:`UnboundDimension`, :class:`UnknownDimension` (422) when
+    ``dims`` names a dimension the graph does not have (a typo would otherwise be ignored silently), or
+    :class:`InvalidRequest` for a non-positive batch size.
     """
     if batch_size <= 0:
         raise InvalidRequest(f"batch_size must be positive, got {batch_size}", detail={"batch_size": batch_size})
-    return _build_cached(content, source_format, batch_size, tuple(sorted((dims or {}).items())), name)
+    dims = dict(dims or {})
+    graph = _build_cached(content, source_format, batch_size, tuple(sorted(dims.items())), name)
+    unknown = sorted(set(dims) - set(graph.dims))
+    if unknown:
+        known = sorted(graph.dims)
+        raise UnknownDimension(
+            f"dims names dimension(s) the graph does not have: {', '.join(map(repr, unknown))}; "
+            f"its symbolic dimensions are: {', '.join(map(repr, known)) or 'none'}",
+            detail={"unknown_dims": unknown, "graph_dims": known},
+        )
+    return graph
 
 
 @lru_cache(maxsize=64)
@@ -77,37 +101,109 @@ def summarize(analysis: GraphAnalysis) -> dict[str, Any]:
     }
 
 
+@dataclass
+class CreateResult:
+    """Outcome of :func:`create_graph`: the row, whether it is new, and what the request's ``name``,
+    ``batch_size`` and ``dims`` did when the content was stored already (``notices``)."""
+
+    row: StoredGraph
+    created: bool
+    notices: list[str] = field(default_factory=list)
+
+
+def _reupload_notices(
+    row: StoredGraph, *, name: str, batch_size: int, dims: Mapping[str, int] | None
+) -> list[str]:
+    notices = []
+    if name and name != row.name:
+        notices.append(
+            f"this content is stored already as '{row.name}'; the stored graph keeps its original name and "
+            f"the name '{name}' was not applied"
+        )
+    stored_batch = row.summary.get("batch_size")
+    stored_dims = row.summary.get("dims") or {}
+    if batch_size != stored_batch or any(stored_dims.get(k) != v for k, v in (dims or {}).items()):
+        notices.append(
+            f"the stored summary stays at the binding it was first computed for (batch_size={stored_batch}, "
+            f"dims={stored_dims}); batch_size={batch_size} and dims={dict(dims or {})} were not applied: pass "
+            "them to GET /v1/graphs/{id}/layers or POST /v1/predictions"
+        )
+    return notices
+
+
 def create_graph(
     session: Session,
     *,
-    content: bytes,
+    content: bytes | IO[bytes],
     source_format: str,
     name: str,
     batch_size: int = 1,
     dims: Mapping[str, int] | None = None,
-) -> tuple[StoredGraph, bool]:
-    """Validate, analyse and store a graph by content hash.
+    upload_sha256: str | None = None,
+) -> CreateResult:
+    """Validate, analyse and store a graph by content hash, without its weight data.
 
-    Returns ``(row, created)``; an identical upload returns the stored row with ``created=False`` and
-    changes nothing. The graph is fully imported before anything is written, so a graph that fails
-    (:class:`InvalidGraph`, :class:`UnboundDimension`) leaves the database untouched.
+    ``content``: the ONNX upload (bytes, or a binary file positioned at its start, e.g. the spooled
+    temporary file of a streamed upload, so the bytes are held in memory only while protobuf parses
+    them) or the canonical JSON layer list; ``upload_sha256``: hex sha256 of those bytes when the caller
+    hashed them while streaming (required with a file; computed here for bytes). An ONNX model is
+    parsed, its external-data references dropped unread and its weight data stripped
+    (:func:`app.core.onnx_weights.strip_weights`); the stripped model is imported at ``batch_size`` /
+    ``dims`` for the summary and stored. The graph is fully imported before anything is written, so
+    one that fails (:class:`InvalidGraph`, :class:`UnboundDimension`, :class:`UnknownDimension`)
+    leaves the database untouched. An identical upload returns the stored row with ``created=False``,
+    changes nothing, and says in ``notices`` what it did with a different ``name``/``batch_size``/``dims``.
     """
-    gid = content_id(content)
+    if isinstance(content, bytes):
+        gid = upload_sha256 or content_id(content)
+    elif upload_sha256 is None:
+        raise ValueError("upload_sha256 is required when content is a file")
+    else:
+        gid = upload_sha256
     repo = GraphRepository(session)
     existing = repo.get(gid)
     if existing is not None:
-        return existing, False
-    graph = build_graph(content, source_format, batch_size=batch_size, dims=dims, name=name)
+        return CreateResult(existing, False, _reupload_notices(existing, name=name, batch_size=batch_size, dims=dims))
+    stripped_bytes = 0
+    if source_format == "onnx":
+        if isinstance(content, bytes):
+            size = len(content)
+            model = parse_model(content)
+        else:
+            start = content.tell()
+            model = parse_model(content.read())  # the bytes live only while protobuf parses them
+            size = content.tell() - start
+        report = strip_weights(model)
+        stored = model.SerializeToString()
+        del model
+        stripped_bytes = report.stripped_bytes + report.external_bytes
+    else:
+        stored = content if isinstance(content, bytes) else content.read()
+        size = len(stored)
+    graph = build_graph(stored, source_format, batch_size=batch_size, dims=dims, name=name)
     summary = summarize(analyze(graph))
     row = StoredGraph(
         id=gid,
         name=(name or graph.name)[:200],
         source_format=source_format,
-        size_bytes=len(content),
-        content=content,
+        size_bytes=size,
+        stored_bytes=len(stored),
+        weights_stored=False,
+        stripped_weight_bytes=stripped_bytes,
+        structure_sha256=content_id(stored),
+        content=stored,
         summary=summary,
     )
-    return repo.add(row), True
+    return CreateResult(repo.add(row), True)
+
+
+def delete_graph(session: Session, *, graph_id: str) -> None:
+    """Delete the stored graph ``graph_id``; raises :class:`GraphNotFound` (404). Flushes."""
+    repo = GraphRepository(session)
+    row = repo.get(graph_id)
+    if row is None:
+        raise GraphNotFound(f"no graph with id '{graph_id}'", detail={"graph_id": graph_id})
+    repo.delete(row)
 
 
 def get_graph(session: Session, *, graph_id: str) -> StoredGraph:

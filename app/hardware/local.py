@@ -1,6 +1,8 @@
 """Spec of the machine this process runs on (hardware id ``local``), detected at runtime.
 
-Values come from ``/proc/cpuinfo``, ``/sys/devices/system/cpu`` and psutil; memory bandwidth is measured.
+Values come from ``/proc/cpuinfo``, ``/sys/devices/system/cpu`` and psutil; memory bandwidth is measured
+once and stored with the ``local`` hardware row: later starts reuse it while the machine is the same
+(:func:`local_cpu_spec`), so a prediction on ``local`` does not change with the noise of a re-measurement.
 Every value records its origin in ``sources``. Any file or field that is missing (containers, VMs, non-Linux)
 degrades to the next source or is left out; detection never raises.
 
@@ -26,6 +28,7 @@ import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
 
@@ -40,6 +43,8 @@ LOCAL_ID = "local"
 _CPUINFO = Path("/proc/cpuinfo")
 _SYS_CPU = Path("/sys/devices/system/cpu")
 _SVE_VL = Path("/proc/sys/abi/sve_default_vector_length")
+
+_CURRENT_CLOCK_SOURCE = "/proc/cpuinfo cpu MHz"
 
 BANDWIDTH_BUDGET_S = 0.5
 """Wall-time budget of the memory bandwidth measurement (allocation and first touch included)."""
@@ -167,7 +172,7 @@ def _frequencies_mhz(cpuinfo: dict[str, str]) -> tuple[float | None, str, float 
             except ValueError:
                 current = 0.0
             if current > 0:
-                max_mhz, max_src = current, "/proc/cpuinfo cpu MHz (current clock; max unavailable)"
+                max_mhz, max_src = current, f"{_CURRENT_CLOCK_SOURCE} (current clock; max unavailable)"
     base_mhz, base_src = sys_khz("base_frequency"), f"{cpufreq}/base_frequency"
     if base_mhz is None and model_ghz:
         base_mhz, base_src = model_ghz, "/proc/cpuinfo model name"
@@ -272,16 +277,48 @@ def _vendor(cpuinfo: dict[str, str]) -> str:
     return arm.get(implementer, "unknown")
 
 
+_IDENTITY_FIELDS = (
+    "name", "architecture", "compute_units", "memory_bytes", "vector_width_bits", "boost_clock_mhz",
+    "l2_cache_bytes",
+)
+"""Fields that must match for a stored measurement of ``local`` to be reused (same CPU, same usable
+cores, same RAM): the measured values describe that machine only. A clock read from the current
+``cpu MHz`` (no max frequency available) is itself a drifting reading and is reused, not compared."""
+
+
 @cache
 def detect_local_cpu() -> HardwareSpec:
-    """Spec of this machine's CPU (id ``local``, kind ``cpu``), detected once per process.
+    """Spec of this machine's CPU (id ``local``, kind ``cpu``), detected and measured once per process.
 
     ``compute_units``: usable physical cores; ``peak_flops_per_s``: fp32 and fp64 from the formula of the
     module docstring (FLOP/s); ``memory_bytes``: total RAM (psutil); ``memory_bandwidth_bytes_per_s``:
     measured (:func:`measure_memory_bandwidth`, ≤ ~0.5 s); ``l2_cache_bytes``: total L2 over its
     instances (sysfs); ``tdp_w`` unknown (left out). Each value's origin is in ``sources``.
-    Never raises for missing /proc or /sys fields: it falls back as documented.
+    Never raises for missing /proc or /sys fields: it falls back as documented. The service does not
+    call this at every start: see :func:`local_cpu_spec`.
     """
+    return _detect(stored=None)
+
+
+def local_cpu_spec(stored: HardwareSpec | None) -> HardwareSpec:
+    """Spec of ``local`` for the service: the measured values (memory bandwidth, and the fp32 peak when
+    it had to be measured) come from ``stored``, the spec saved in the database at an earlier start,
+    whenever that was measured on this machine (equal :data:`_IDENTITY_FIELDS`), so predictions on
+    ``local`` do not change between restarts. Without a matching ``stored`` spec this is
+    :func:`detect_local_cpu` (a fresh measurement). Never raises for missing /proc or /sys fields.
+    """
+    if stored is None:
+        return detect_local_cpu()
+    return _detect(stored=stored)
+
+
+def _measured(spec: HardwareSpec, key: str) -> bool:
+    return spec.sources.get(key, "").startswith("measured:")
+
+
+def _detect(*, stored: HardwareSpec | None) -> HardwareSpec:
+    """Detect the static facts; take the measured values from ``stored`` when it describes the same
+    machine, else measure them now (see :func:`detect_local_cpu`, :func:`local_cpu_spec`)."""
     machine = platform.machine().lower() or "unknown"
     cpuinfo = _parse_cpuinfo(_read_text(_CPUINFO))
     flags = set((cpuinfo.get("flags") or cpuinfo.get("features") or "").split())
@@ -291,10 +328,42 @@ def detect_local_cpu() -> HardwareSpec:
     max_mhz, max_src, base_mhz, base_src = _frequencies_mhz(cpuinfo)
     bits, ports, vec_src = _vector_width(machine, flags)
     sources["vector_width_bits"] = vec_src
+    caches = _cache_sizes()
+    l2 = caches.get(2)
+    if l2:
+        sources["l2_cache_bytes"] = "/sys/devices/system/cpu/cpu*/cache/index*: level-2 size x instances"
+    llc = caches.get(max(caches)) if caches else None
+    memory = float(psutil.virtual_memory().total)
+    sources["memory_bytes"] = "psutil.virtual_memory().total"
+    name = cpuinfo.get("model name") or platform.processor() or f"{machine} CPU"
+    identity = {
+        "name": name, "architecture": machine, "compute_units": cores, "memory_bytes": memory,
+        "vector_width_bits": bits, "boost_clock_mhz": max_mhz, "l2_cache_bytes": float(l2) if l2 else None,
+    }
+    # Without a max frequency the clock is the *current* one, which drifts between reads: a reading,
+    # like the bandwidth, so it is compared by its source and the stored value reused.
+    current_clock = max_mhz is not None and max_src.startswith(_CURRENT_CLOCK_SOURCE)
+    keys = [k for k in _IDENTITY_FIELDS if not (current_clock and k == "boost_clock_mhz")]
+    reuse = (
+        stored is not None
+        and all(getattr(stored, key) == identity[key] for key in keys)
+        and (not current_clock or stored.sources.get("boost_clock_mhz") == max_src)
+        and _measured(stored, "memory_bandwidth_bytes_per_s")
+        and (max_mhz is not None or _measured(stored, "peak_flops_per_s.fp32"))
+    )
+    if reuse and current_clock:
+        assert stored is not None
+        max_mhz, base_mhz = stored.boost_clock_mhz, stored.base_clock_mhz
+        base_src = stored.sources.get("base_clock_mhz", base_src)
     if max_mhz is not None:
         sources["boost_clock_mhz"] = max_src
     if base_mhz is not None:
         sources["base_clock_mhz"] = base_src
+    stamp = datetime.now(UTC).isoformat(timespec="seconds")
+    note = (
+        f"; measured at {stamp} (the service keeps this measurement in the hardware row '{LOCAL_ID}' and "
+        f"reuses it at every start while {', '.join(_IDENTITY_FIELDS)} stay the same)"
+    )
 
     if max_mhz is not None:
         fp32 = cores * max_mhz * 1e6 * (bits / 32) * 2 * ports
@@ -302,28 +371,29 @@ def detect_local_cpu() -> HardwareSpec:
             f"derived: {cores} cores x {max_mhz / 1000:.3g} GHz x {bits // 32} fp32 lanes x 2 (FMA) x "
             f"{ports} FMA port(s) (assumption: {ports} FMA unit(s) per core, see app/hardware/local.py)"
         )
+    elif reuse:
+        assert stored is not None
+        fp32 = float(stored.peak_flops_per_s["fp32"])
+        sources["peak_flops_per_s.fp32"] = stored.sources["peak_flops_per_s.fp32"]
     else:
         fp32 = _measure_matmul_flops(cores)
-        sources["peak_flops_per_s.fp32"] = "measured: numpy float32 1024^3 matmul (clock unknown)"
+        sources["peak_flops_per_s.fp32"] = "measured: numpy float32 1024^3 matmul (clock unknown)" + note
     peaks = {"fp32": fp32, "fp64": fp32 / 2}
     sources["peak_flops_per_s.fp64"] = "derived: fp32 peak / 2 (half the vector lanes)"
 
-    caches = _cache_sizes()
-    l2 = caches.get(2)
-    if l2:
-        sources["l2_cache_bytes"] = "/sys/devices/system/cpu/cpu*/cache/index*: level-2 size x instances"
-    llc = caches.get(max(caches)) if caches else None
+    if reuse:
+        assert stored is not None
+        bandwidth = float(stored.memory_bandwidth_bytes_per_s)
+        sources["memory_bandwidth_bytes_per_s"] = stored.sources["memory_bandwidth_bytes_per_s"]
+    else:
+        bw = measure_memory_bandwidth(threads=cores, llc_bytes=llc)
+        bandwidth = bw.bytes_per_s
+        llc_txt = f"last-level cache {llc / 2**20:.0f} MiB" if llc else "last-level cache unknown, 32 MiB assumed"
+        sources["memory_bandwidth_bytes_per_s"] = (
+            f"measured: numpy STREAM add a=b+c, float64, 3 x {bw.array_bytes / 2**20:.0f} MiB arrays "
+            f"({llc_txt}), {bw.threads} thread(s), best of {bw.repetitions}, 24 bytes/element" + note
+        )
 
-    memory = float(psutil.virtual_memory().total)
-    sources["memory_bytes"] = "psutil.virtual_memory().total"
-    bw = measure_memory_bandwidth(threads=cores, llc_bytes=llc)
-    llc_txt = f"last-level cache {llc / 2**20:.0f} MiB" if llc else "last-level cache unknown, 32 MiB assumed"
-    sources["memory_bandwidth_bytes_per_s"] = (
-        f"measured: numpy STREAM add a=b+c, float64, 3 x {bw.array_bytes / 2**20:.0f} MiB arrays "
-        f"({llc_txt}), {bw.threads} thread(s), best of {bw.repetitions}, 24 bytes/element"
-    )
-
-    name = cpuinfo.get("model name") or platform.processor() or f"{machine} CPU"
     spec = HardwareSpec(
         id=LOCAL_ID,
         name=name,
@@ -331,7 +401,7 @@ def detect_local_cpu() -> HardwareSpec:
         kind="cpu",
         peak_flops_per_s=peaks,
         memory_bytes=memory,
-        memory_bandwidth_bytes_per_s=bw.bytes_per_s,
+        memory_bandwidth_bytes_per_s=bandwidth,
         compute_units=cores,
         base_clock_mhz=base_mhz,
         boost_clock_mhz=max_mhz,
@@ -341,10 +411,11 @@ def detect_local_cpu() -> HardwareSpec:
         sources=sources,
     )
     logger.info(
-        "local CPU: %s, %d cores, %.1f GFLOP/s fp32 peak, %.1f GB/s measured",
+        "local CPU: %s, %d cores, %.1f GFLOP/s fp32 peak, %.1f GB/s %s",
         name,
         cores,
         fp32 / 1e9,
-        bw.bytes_per_s / 1e9,
+        bandwidth / 1e9,
+        "(stored measurement reused)" if reuse else "measured",
     )
     return spec

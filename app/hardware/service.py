@@ -21,7 +21,7 @@ from app.hardware.catalog import (
     spec_to_dict,
     validate_spec,
 )
-from app.hardware.local import LOCAL_ID, detect_local_cpu
+from app.hardware.local import LOCAL_ID, local_cpu_spec
 from app.hardware.models import Hardware
 from app.hardware.repository import HardwareRepository
 from app.hardware.schemas import HardwareCreate, HardwareList, HardwareRead
@@ -52,8 +52,11 @@ def builtin_ids() -> set[str]:
 
 def seed_builtin(session: Session, *, include_local: bool = True) -> int:
     """Insert or refresh the built-in entries (``builtin=True``): every catalog entry and, when
-    ``include_local``, this machine's CPU as ``local`` (detection measures memory bandwidth, ~0.5 s
-    once per process; if detection fails, ``local`` is skipped and the error logged).
+    ``include_local``, this machine's CPU as ``local``. Its memory bandwidth is measured (~0.5 s) only
+    when the stored ``local`` row was not measured on this same machine
+    (:func:`app.hardware.local.local_cpu_spec`); otherwise the stored measurement is kept, so
+    predictions on ``local`` survive restarts unchanged. If detection fails, ``local`` is skipped and
+    the error logged.
 
     Idempotent: a second call changes nothing unless the catalog file or the local machine changed.
     A stored *custom* row whose id collides with a built-in id is left untouched (logged). Flushes,
@@ -63,7 +66,7 @@ def seed_builtin(session: Session, *, include_local: bool = True) -> int:
     specs = list(load_catalog().values())
     if include_local:
         try:
-            specs.append(validate_spec(detect_local_cpu()))
+            specs.append(validate_spec(local_cpu_spec(_stored_local(repo))))
         except Exception:  # a failed detection must not stop the service from starting
             logger.exception("local CPU detection failed; 'local' is not seeded")
     changed = 0
@@ -81,6 +84,18 @@ def seed_builtin(session: Session, *, include_local: bool = True) -> int:
             changed += 1
     repo.flush()
     return changed
+
+
+def _stored_local(repo: HardwareRepository) -> HardwareSpec | None:
+    """The built-in ``local`` spec stored at an earlier start, if any and readable."""
+    row = repo.get(LOCAL_ID)
+    if row is None or not row.builtin:
+        return None
+    try:
+        return spec_from_dict(row.spec)
+    except InvalidHardwareSpec:
+        logger.warning("stored 'local' hardware spec is unreadable; measuring again")
+        return None
 
 
 def get_spec(session: Session, *, hardware_id: str) -> HardwareSpec:

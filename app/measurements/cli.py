@@ -1,13 +1,18 @@
-"""``layercast import {justus,deepbench}``: load the public measured data sets into the measurements table.
+"""``layercast import {justus,deepbench,neusight,vidur}``: load public measured data sets into the database.
 
 Usage (``argv`` is what follows ``import``)::
 
     layercast import justus    [--data-dir ../shared/data/justus2018] [--database-url URL] [--limit N]
     layercast import deepbench [--data-dir ../shared/data/deepbench]  [--database-url URL] [--limit N]
                                [--kinds gemm conv rnn allreduce]
+    layercast import neusight  [--data-dir ../shared/data/neusight]   [--database-url URL] [--limit N]
+                               [--families bmm linear conv elementwise ln softmax]
+    layercast import vidur     [--data-dir ../shared/data/vidur]      [--database-url URL] [--limit N]
+    layercast import profiler  [--data-dir data/seed] [--hardware-id local] [--database-url URL] [--limit N]
 
 Steps: migrate the database (``app.migrate.upgrade``), seed the built-in hardware catalog
-(:func:`app.hardware.service.seed_builtin`, without ``local``), import file by file
+(:func:`app.hardware.service.seed_builtin`; ``local``, this machine's CPU, only for profiler rows
+measured on it), import file by file
 (:func:`app.measurements.service.import_records`: re-importing replaces a file's rows), commit once at
 the end (any error rolls the whole run back), print the report. Exit code 0 on success, 1 when a file is
 missing or malformed or a device is not stored.
@@ -20,15 +25,21 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 from app.config import REPO_ROOT, Settings
 from app.errors import LayercastError
 from app.measurements import importers
+from app.measurements.neusight import NEUSIGHT_FAMILIES, iter_neusight, neusight_files
+from app.measurements.profiler_rows import profiler_files
 from app.measurements.schemas import ImportReport
+from app.measurements.vidur import vidur_files
 
 DEFAULT_DATA_ROOT = REPO_ROOT.parent / "shared" / "data"
-DEFAULT_DIRS = {"justus": DEFAULT_DATA_ROOT / "justus2018", "deepbench": DEFAULT_DATA_ROOT / "deepbench"}
+DEFAULT_DIRS = {"justus": DEFAULT_DATA_ROOT / "justus2018", "deepbench": DEFAULT_DATA_ROOT / "deepbench",
+                "neusight": DEFAULT_DATA_ROOT / "neusight", "vidur": DEFAULT_DATA_ROOT / "vidur",
+                "profiler": REPO_ROOT / "data" / "seed"}
 DEEPBENCH_KINDS = {"gemm": "deepbench_gemm.csv", "conv": "deepbench_conv.csv", "rnn": "deepbench_rnn.csv",
                    "allreduce": "deepbench_allreduce.csv"}
 
@@ -38,7 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="layercast import", description=(__doc__ or "").split("\n", 1)[0])
     sub = parser.add_subparsers(dest="dataset", required=True, metavar="DATASET")
     for name, help_ in (("justus", "Justus et al. 2018 per-layer timings (conv_*/dense_*.csv.gz)"),
-                        ("deepbench", "Baidu DeepBench kernel timings (deepbench_*.csv)")):
+                        ("deepbench", "Baidu DeepBench kernel timings (deepbench_*.csv)"),
+                        ("neusight", "NeuSight fp32 kernel timings (train_<family>_<gpu>.csv.gz)"),
+                        ("vidur", "Vidur fp16 LLM per-op and NCCL collective timings (compute_mlp_*, network_*)"),
+                        ("profiler", "the profiler's layer and whole-iteration shards (layers_*, e2e_*.jsonl.gz)")):
         p = sub.add_parser(name, help=help_)
         p.add_argument("--data-dir", type=Path, default=DEFAULT_DIRS[name],
                        help=f"folder of the files (default {DEFAULT_DIRS[name]})")
@@ -47,6 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "deepbench":
             p.add_argument("--kinds", nargs="+", choices=sorted(DEEPBENCH_KINDS), default=list(DEEPBENCH_KINDS),
                            help="which DeepBench files (default all)")
+        if name == "neusight":
+            p.add_argument("--families", nargs="+", choices=NEUSIGHT_FAMILIES, default=list(NEUSIGHT_FAMILIES),
+                           help="which op families (default all)")
+        if name == "profiler":
+            p.add_argument("--hardware-id", default="local",
+                           help="catalog id of the device the shards were measured on (default local: this CPU)")
     return parser
 
 
@@ -54,6 +74,12 @@ def _streams(args: argparse.Namespace) -> list[tuple[Path, Callable[..., importe
     """``(path, parser)`` pairs to import; raises ``FileNotFoundError`` for a missing folder or file."""
     if args.dataset == "justus":
         return [(p, importers.iter_justus) for p in importers.justus_files(args.data_dir)]
+    if args.dataset == "neusight":
+        return [(p, iter_neusight) for p in neusight_files(args.data_dir, families=tuple(args.families))]
+    if args.dataset == "vidur":
+        return vidur_files(args.data_dir)
+    if args.dataset == "profiler":
+        return [(p, partial(parse, hardware_id=args.hardware_id)) for p, parse in profiler_files(args.data_dir)]
     pairs: list[tuple[Path, Callable[..., importers.RecordStream]]] = []
     for kind in args.kinds:
         name = DEEPBENCH_KINDS[kind]
@@ -77,7 +103,7 @@ def run_import(args: argparse.Namespace) -> ImportReport:
     engine = make_engine(url)
     try:
         with contextmanager(session_scope)(make_sessionmaker(engine)) as session:
-            seed_builtin(session, include_local=False)
+            seed_builtin(session, include_local=getattr(args, "hardware_id", None) == "local")
             report = ImportReport()
             for path, parse in pairs:
                 stream = parse(path, limit=args.limit)

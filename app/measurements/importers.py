@@ -23,14 +23,19 @@ Record conventions:
   shape with their own fields: a bare GEMM ``{"op": "matmul", "m", "n", "k", "a_trans", "b_trans"}``
   (C[m×n] = op(A)[m×k]·op(B)[k×n]) and an all-reduce ``{"op": "allreduce", "size_floats", "size_bytes",
   "n_ranks", "n_nodes"}``. GEMM and all-reduce records have ``batch_size`` 1 (no batch axis).
-* ``pass_`` uses the profiler's vocabulary (:data:`app.profiler.TIMED_PASSES`): ``forward``,
+* ``pass_`` uses :class:`app.core.vocab.Pass`: ``forward``,
   ``backward`` (DeepBench RNN: weight gradients), ``backward_input`` (gradient w.r.t. the input),
   ``backward_weight`` (gradient w.r.t. the weights) and ``train_step`` (forward + backward + update).
   An all-reduce has no passes; its one execution is recorded as ``forward``.
+* ``software_stack`` (:class:`app.core.vocab.SoftwareStack`) and ``granularity``
+  (:class:`app.core.vocab.Granularity`) are set on every record: Justus ``tf1-session``/``layer``,
+  DeepBench ``cuda-library``/``kernel``, NeuSight and Vidur ``pytorch-eager``/``kernel``.
 * ``context`` always has ``source_file`` (file name in its data set folder) and ``source_row`` (0-based
-  data row): with ``source`` and ``pass_`` they are the natural key that makes re-imports idempotent
-  (see :func:`app.measurements.service.import_records`). It also names the upstream repository and
-  commit, the upstream file, the framework/library, the original device name and precision label.
+  data row), plus ``source_column`` where one row holds several ops (Vidur): with ``source`` and
+  ``pass_`` they are the natural key that makes re-imports idempotent (see
+  :func:`app.measurements.service.import_records`). It also names the upstream repository and commit,
+  the upstream file, ``framework`` and ``framework_version``, ``timing`` (how the time was taken), the
+  original device name and precision label.
 """
 
 from __future__ import annotations
@@ -47,19 +52,34 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from app.core.vocab import Granularity, SoftwareStack
 from app.hardware.catalog import load_catalog
-from app.training.justus import GPU_IDS as JUSTUS_GPU_IDS
 
 SOURCE_JUSTUS = "justus2018"
 SOURCE_DEEPBENCH = "deepbench"
-IMPORT_SOURCES: tuple[str, ...] = (SOURCE_JUSTUS, SOURCE_DEEPBENCH)
+SOURCE_NEUSIGHT = "neusight"
+SOURCE_VIDUR = "vidur"
+SOURCE_PROFILER = "profiler"
+#: Sources written only by an importer; a reported measurement (``POST /v1/measurements``) may not use them.
+IMPORT_SOURCES: tuple[str, ...] = (SOURCE_JUSTUS, SOURCE_DEEPBENCH, SOURCE_NEUSIGHT, SOURCE_VIDUR, SOURCE_PROFILER)
+
+#: Justus ``gpu`` column → hardware catalog id (app/hardware/catalog.toml explains the board choices).
+JUSTUS_GPU_IDS: dict[str, str] = {
+    "Tesla K40": "k40",
+    "Tesla K80": "k80",
+    "Tesla M60": "m60",
+    "GTX 1080 Ti": "gtx-1080-ti",
+    "Tesla P100": "p100",
+}
 
 JUSTUS_UPSTREAM = "CDECatapult/ml-performance-prediction@e649f32"
-JUSTUS_FRAMEWORK = "TensorFlow 1.x"
+JUSTUS_FRAMEWORK = "TensorFlow"
+JUSTUS_FRAMEWORK_VERSION = "1.x"
 JUSTUS_REPETITIONS = 5  # repetitions of 50 iterations each (shared/data/README.md)
 JUSTUS_ITERATIONS_PER_REPETITION = 50
 DEEPBENCH_UPSTREAM = "baidu-research/DeepBench@da81ba78"
-DEEPBENCH_FRAMEWORK = "cuDNN 6-7 / cuBLAS, CUDA 8-10 (DeepBench kernels)"
+DEEPBENCH_FRAMEWORK = "cuDNN / cuBLAS (DeepBench kernels)"
+DEEPBENCH_FRAMEWORK_VERSION = "cuDNN 6-7, CUDA 8-10"
 
 # --- skip reasons (stable strings: they appear in import reports) ---
 SKIP_UNKNOWN_DEVICE = "unknown_device"
@@ -119,6 +139,8 @@ class MeasurementRecord:
     pass_: str
     optimizer: str
     precision: str
+    software_stack: SoftwareStack
+    granularity: Granularity
     batch_size: int
     config: dict[str, Any]
     time_ms_median: float
@@ -136,6 +158,8 @@ class MeasurementRecord:
             "pass_": self.pass_,
             "optimizer": self.optimizer,
             "precision": self.precision,
+            "software_stack": self.software_stack.value,
+            "granularity": self.granularity.value,
             "batch_size": self.batch_size,
             "config": self.config,
             "time_ms_median": self.time_ms_median,
@@ -362,8 +386,8 @@ def iter_justus(path: str | Path, *, limit: int | None = None) -> RecordStream:
     ``pass_`` ``forward`` (``optimizer`` ``none``) or ``train_step``; ``precision`` from
     ``precision_bits``; ``time_ms_median``/``time_ms_std`` per iteration in ms over
     :data:`JUSTUS_REPETITIONS` repetitions; ``measured_at`` is the date in the upstream pickle's name.
-    The ``gpu`` column maps to a catalog id through :data:`app.training.justus.GPU_IDS` (the trainer's
-    mapping). ``limit`` reads only the first ``limit`` rows.
+    The ``gpu`` column maps to a catalog id through :data:`JUSTUS_GPU_IDS`. ``software_stack``
+    ``tf1-session``, ``granularity`` ``layer``. ``limit`` reads only the first ``limit`` rows.
 
     Skips (counted on the stream): unknown GPU, GPU absent from the catalog, missing or non-positive
     median time, unknown precision. Raises ``FileNotFoundError`` (no file) and, while iterating,
@@ -409,6 +433,8 @@ def iter_justus(path: str | Path, *, limit: int | None = None) -> RecordStream:
                 "upstream": JUSTUS_UPSTREAM,
                 "upstream_file": upstream_file,
                 "framework": JUSTUS_FRAMEWORK,
+                "framework_version": JUSTUS_FRAMEWORK_VERSION,
+                "timing": "wall time per session iteration, median of 5 repetitions of 50 iterations",
                 "precision": f"precision_bits={row['precision_bits'].strip()}",
                 "device_name": gpu,
                 "time_ms_min": _optional_float(row, "time_ms_min"),
@@ -422,6 +448,8 @@ def iter_justus(path: str | Path, *, limit: int | None = None) -> RecordStream:
                 pass_=pass_,
                 optimizer=optimizer,
                 precision=precision,
+                software_stack=SoftwareStack.TF1_SESSION,
+                granularity=Granularity.LAYER,
                 batch_size=batch,
                 config=config,
                 time_ms_median=time,
@@ -498,6 +526,8 @@ def _deepbench_parse(
             "sheet": row["sheet"],
             "mode": row["mode"],
             "framework": DEEPBENCH_FRAMEWORK,
+            "framework_version": DEEPBENCH_FRAMEWORK_VERSION,
+            "timing": "DeepBench benchmark harness (vendor-library call, ms)",
             "precision": row["precision"],
             "device_name": row["gpu_model"].strip() or platform,
             "platform": platform,
@@ -520,6 +550,8 @@ def _deepbench_parse(
                 pass_=pass_,
                 optimizer="none",
                 precision=precision[0],
+                software_stack=SoftwareStack.CUDA_LIBRARY,
+                granularity=Granularity.KERNEL,
                 batch_size=batch,
                 config=config,
                 time_ms_median=time,

@@ -16,6 +16,7 @@ class Measurement(Base):
 
     ``config`` holds the layer description (op type, shapes, attributes) as JSON; ``context`` holds the
     conditions of the measurement (framework and version, driver, threads, clocks, date, source file).
+    ``software_stack`` and ``granularity`` (:mod:`app.core.vocab`) say which fixed overheads the time holds.
     """
 
     __tablename__ = "measurements"
@@ -26,7 +27,10 @@ class Measurement(Base):
     op_kind: Mapped[str] = mapped_column(String(32), index=True)
     pass_: Mapped[str] = mapped_column("pass", String(16))  # forward | backward | update | train_step
     optimizer: Mapped[str] = mapped_column(String(16), default="none")
-    precision: Mapped[str] = mapped_column(String(8), default="fp32")
+    precision: Mapped[str] = mapped_column(String(16), default="fp32")
+    # app.core.vocab.SoftwareStack / Granularity; NULL only for reported rows stored before revision 0002
+    software_stack: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    granularity: Mapped[str | None] = mapped_column(String(16), nullable=True)
     batch_size: Mapped[int] = mapped_column(Integer)
     config: Mapped[dict[str, Any]] = mapped_column(JSON)
     time_ms_median: Mapped[float] = mapped_column(Float)

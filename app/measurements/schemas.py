@@ -8,18 +8,15 @@ Units are in the names: milliseconds (``_ms``), samples (``batch_size``). The JS
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any
 
 from pydantic import AwareDatetime, ConfigDict, Field
 
+from app.core.precision import Precision as PrecisionMode
+from app.core.vocab import Granularity, Pass, SoftwareStack
 from app.hardware.catalog import HARDWARE_ID_PATTERN
 from app.hardware.schemas import Precision
-from app.profiler import TIMED_PASSES
 from app.schemas import Schema
-
-Pass = Literal["forward", "train_forward", "backward", "update", "train_step", "backward_input", "backward_weight"]
-if set(get_args(Pass)) != set(TIMED_PASSES):  # pragma: no cover - keeps the two lists in step
-    raise RuntimeError("app.measurements.schemas.Pass differs from app.profiler.TIMED_PASSES")
 
 Name = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")]
 PositiveMs = Annotated[float, Field(gt=0, allow_inf_nan=False)]
@@ -32,7 +29,10 @@ class MeasurementCreate(Schema):
     ``config`` describes what ran: a layer (``{"input_shape": [...], "layer": {"op": ...}}`` in the JSON
     layer vocabulary), a model, or a whole job. ``context`` holds the measurement conditions (framework
     and version, driver, threads, clocks, host): a measurement without its context cannot be trusted.
-    ``source`` names the reporter; the import sources (``justus2018``, ``deepbench``) are reserved.
+    ``software_stack`` (what launched the work: ``pytorch-eager``, ``tf1-session``...) and ``granularity``
+    (``kernel``, ``layer`` or ``iteration``) are required: they decide which fixed overheads the time
+    contains. ``source`` names the reporter; the import sources (``justus2018``, ``deepbench``,
+    ``neusight``, ``vidur``, ``profiler``) are reserved.
     """
 
     hardware_id: str = Field(pattern=HARDWARE_ID_PATTERN, examples=["a100-sxm4-40gb"])
@@ -41,7 +41,11 @@ class MeasurementCreate(Schema):
                           description="cost family (app.core.ir.OpKind values) or 'iteration'/'job'")
     pass_: Pass = Field(alias="pass", examples=["forward"])
     optimizer: Name = Field(default="none", max_length=16, examples=["none", "sgd", "adam"])
-    precision: Precision = "fp32"
+    precision: PrecisionMode | Precision = Field(
+        default="fp32", description="a precision mode (app.core.precision: fp32, fp32-strict, tf32, fp16, bf16) "
+        "or a storage format of the catalog (fp64, fp8, int8)")
+    software_stack: SoftwareStack = Field(examples=["pytorch-eager"])
+    granularity: Granularity = Field(examples=["layer"])
     batch_size: int = Field(gt=0, description="samples per batch")
     config: dict[str, Any] = Field(min_length=1, description="what was measured (layer, model or job)")
     time_ms_median: PositiveMs
@@ -63,6 +67,8 @@ class MeasurementRead(Schema):
     pass_: str = Field(alias="pass")
     optimizer: str
     precision: str
+    software_stack: str | None
+    granularity: str | None
     batch_size: int
     config: dict[str, Any]
     time_ms_median: float

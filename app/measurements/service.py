@@ -51,7 +51,7 @@ def import_records(
 
     Raises :class:`app.errors.HardwareNotFound` (a record's ``hardware_id`` is not stored: seed the
     catalog first), ``ValueError`` (a record without ``source_file``/``source_row``, a duplicate natural
-    key ``(source, source_file, source_row, pass)``, a non-positive time, or ``batch_size`` < 1).
+    key ``(source, source_file, source_row, source_column, pass)``, a non-positive time, or ``batch_size`` < 1).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -83,7 +83,7 @@ def import_records(
             )
         if not (math.isfinite(record.time_ms_median) and record.time_ms_median > 0):
             raise ValueError(f"{source_file} row {source_row}: time_ms_median must be positive")
-        natural = (source, source_file, source_row, record.pass_)
+        natural = (source, source_file, source_row, record.context.get("source_column"), record.pass_)
         if natural in seen:
             raise ValueError(f"duplicate measurement {natural}")
         seen.add(natural)
@@ -145,11 +145,30 @@ def create_measurement(session: Session, *, data: MeasurementCreate) -> Measurem
     repo = MeasurementRepository(session)
     if not repo.hardware_exists(data.hardware_id):
         raise HardwareNotFound(f"unknown hardware id {data.hardware_id!r}", detail={"hardware_id": data.hardware_id})
-    values = data.model_dump()
-    if data.measured_at is not None:
-        values["measured_at"] = data.measured_at.astimezone(UTC)
-    row = repo.add(Measurement(**values))
+    row = repo.add(Measurement(**reported_record(data).to_row()))
     return MeasurementRead.model_validate(row)
+
+
+def reported_record(data: MeasurementCreate) -> MeasurementRecord:
+    """The :class:`MeasurementRecord` of a reported measurement: the same record type every importer
+    yields, so stored rows have one shape whatever their source (``measured_at`` normalised to UTC)."""
+    return MeasurementRecord(
+        hardware_id=data.hardware_id,
+        source=data.source,
+        op_kind=data.op_kind,
+        pass_=data.pass_.value,
+        optimizer=data.optimizer,
+        precision=str(data.precision),
+        software_stack=data.software_stack,
+        granularity=data.granularity,
+        batch_size=data.batch_size,
+        config=dict(data.config),
+        time_ms_median=data.time_ms_median,
+        time_ms_std=data.time_ms_std,
+        repetitions=data.repetitions,
+        context=dict(data.context),
+        measured_at=data.measured_at.astimezone(UTC) if data.measured_at is not None else None,
+    )
 
 
 def list_measurements(

@@ -6,13 +6,14 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from app.core.precision import Precision
+from app.core.vocab import SoftwareStack
 from app.graphs.schemas import JsonGraphCreate
 from app.hardware.schemas import HardwareCreate
 from app.schemas import Schema
 
 Mode = Literal["training", "inference"]
 Optimizer = Literal["none", "sgd", "momentum", "nesterov", "adagrad", "adadelta", "rmsprop", "adam", "adamw"]
-Precision = Literal["fp32", "tf32", "fp16", "bf16"]
 
 
 class PredictionCreate(Schema):
@@ -25,7 +26,19 @@ class PredictionCreate(Schema):
     batch_size: int = Field(gt=0, le=1_000_000)
     mode: Mode = "training"
     optimizer: Optimizer = Field(default="sgd", description="ignored (treated as 'none') in inference mode")
-    precision: Precision = "fp32"
+    precision: Precision = Field(
+        default=Precision.FP32,
+        description="fp32 = PyTorch defaults (strict fp32 matmuls, TF32 cuDNN convolutions on Ampere+); "
+                    "fp32-strict = no tensor cores; tf32 = matmul and conv on TF32 tensor cores; fp16/bf16 = "
+                    "autocast mixed precision. A precision the device lacks is a 422 precision_not_supported.",
+    )
+    software_stack: SoftwareStack = Field(
+        default=SoftwareStack.PYTORCH_EAGER,
+        description="what launches the kernels; sets the fixed per-kernel and per-layer overheads",
+    )
+    activation_checkpointing: bool = Field(
+        default=False, description="training only: keep one input per segment of sqrt(layers) layers and "
+                                   "recompute the rest in backward (torch.utils.checkpoint)")
     dims: dict[str, int] = Field(default_factory=dict, description="symbolic dimensions other than the batch")
     dataset_size: int | None = Field(default=None, gt=0, description="samples per epoch")
     epochs: float | None = Field(default=None, gt=0)
@@ -36,6 +49,8 @@ class PredictionCreate(Schema):
             raise ValueError("give exactly one of 'graph_id' or 'graph'")
         if (self.hardware_id is None) == (self.hardware is None):
             raise ValueError("give exactly one of 'hardware_id' or 'hardware'")
+        if self.activation_checkpointing and self.mode != "training":
+            raise ValueError("'activation_checkpointing' applies to mode 'training' only")
         if self.epochs is not None and self.dataset_size is None:
             raise ValueError("'epochs' needs 'dataset_size'")
         return self
@@ -56,7 +71,16 @@ class LayerPrediction(Schema):
     bytes_written: int
     operational_intensity_flops_per_byte: float
     bound: str | None = Field(description="'compute' or 'memory' on this hardware (roofline)")
-    roofline_ms: float | None
+    roofline_ms: float | None = Field(
+        description="max(FLOPs / peak, bytes / bandwidth) of forward (+ backward in training), at the request's "
+                    "precision (peak each op may use, bytes at the precision's storage types), direct algorithm")
+    physics_floor_ms: float | None = Field(
+        description="the time no kernel can beat: the roofline with the FLOPs of the cheapest algorithm the "
+                    "library may pick (Winograd for 3x3 stride-1 convolutions), summed over forward, backward and "
+                    "update")
+    floor_clamped: bool = Field(default=False, description="a pass was raised to its physics floor")
+    fused_from: list[str] = Field(default_factory=list, description="graph nodes this layer was fused from")
+    fusion_rule: str | None = Field(default=None, description="attention, gelu, bias or activation_epilogue")
     forward_ms: float | None
     backward_ms: float | None
     update_ms: float | None
@@ -102,20 +126,25 @@ class JobPrediction(Schema):
 
 
 class MemoryPrediction(Schema):
-    """Footprint of one step by component (Hestness et al. 2019). Mixed precision (fp16/bf16) keeps
-    2-byte weights, gradients and activations plus fp32 master weights and fp32 optimizer state."""
+    """Peak memory of one step by component (``app/core/memory.py``). Under fp16/bf16 autocast the weights
+    stay fp32 (the master copy), 16-bit copies of the GEMM/conv weights are cached and saved, activations
+    of GEMM/conv layers are 16-bit; gradients and optimizer state are fp32."""
 
     precision: str
-    weights_bytes: int
-    master_weights_bytes: int
+    activation_checkpointing: bool
+    weights_bytes: int = Field(description="fp32 parameters")
+    weight_copies_bytes: int = Field(description="autocast's 16-bit weight copies (0 in fp32)")
     gradients_bytes: int
     optimizer_state_bytes: int
-    activations_bytes: int
-    total_bytes: int
+    activations_bytes: int = Field(description="saved for backward at the end of forward, loss and output included")
+    backward_transient_bytes: int = Field(description="peak's excess over the end of forward: gradients "
+                                                      "accumulated, activation gradients in flight, workspace")
+    runtime_bytes: int = Field(description="device context and library workspace (0 on a CPU)")
+    total_bytes: int = Field(description="predicted peak")
     device_memory_bytes: float
-    usable_fraction: float = Field(description="share of device memory counted as usable (context, workspaces)")
+    usable_fraction: float = Field(description="share of device memory counted as usable (allocator fragmentation)")
     fits: bool
-    largest_batch_size_that_fits: int = Field(description="activations scale linearly with the batch")
+    largest_batch_size_that_fits: int = Field(description="largest batch whose predicted peak fits")
 
 
 class Totals(Schema):
@@ -137,7 +166,9 @@ class PredictionRead(Schema):
     batch_size: int
     mode: Mode
     optimizer: str
-    precision: str
+    precision: Precision
+    precision_semantics: str = Field(description="what the precision meant for this answer")
+    software_stack: SoftwareStack = Field(description="the software stack the overheads assume")
     predictor_version: str
     methods: dict[str, int] = Field(description="layer count per method")
     layers: list[LayerPrediction]

@@ -14,6 +14,8 @@ from typing import Protocol
 from app.core.costs import LayerCost
 from app.core.hardware import HardwareSpec
 from app.core.ir import Layer
+from app.core.precision import Precision
+from app.core.vocab import SoftwareStack
 
 MODES: tuple[str, ...] = ("training", "inference")
 
@@ -24,7 +26,11 @@ class LayerTimeQuery:
 
     ``mode`` is ``"training"`` (forward + backward + optimizer update) or ``"inference"`` (forward only);
     ``optimizer`` a key of :data:`app.core.costs.OPTIMIZERS` (``"none"`` for inference); ``precision`` a
-    key of :data:`app.core.hardware.PRECISIONS`. ``cost`` must be ``layer_cost(layer)`` and supported.
+    :class:`app.core.precision.Precision` (its semantics, not a dtype: see that module), already checked
+    against the device (:func:`app.core.precision.check_precision`). ``cost`` must be ``layer_cost(layer)``
+    and supported (bytes at the graph's dtypes; predictors rescale them to the precision).
+    ``software_stack`` is the stack the layer runs under (it sets the fixed per-kernel and per-layer
+    overheads); the default is current PyTorch eager.
     """
 
     layer: Layer
@@ -32,7 +38,8 @@ class LayerTimeQuery:
     hardware: HardwareSpec
     mode: str  # "training" | "inference"
     optimizer: str  # key of app.core.costs.OPTIMIZERS ("none" for inference)
-    precision: str = "fp32"
+    precision: Precision = Precision.FP32
+    software_stack: SoftwareStack = SoftwareStack.PYTORCH_EAGER
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +49,9 @@ class LayerTimeEstimate:
     ``forward_ms + backward_ms + update_ms`` is the point estimate (p50) of the whole step;
     ``total_ms_p10``/``total_ms_p90`` bound it (80 % interval). ``method`` says which predictor produced
     it; ``out_of_distribution`` is True when the input lies outside what that predictor was fitted on.
+    ``physics_floor_ms`` is the sum of the per-pass floors (:func:`app.core.precision.physics_floor_ms`)
+    once the serving clamp has applied them (None before); ``floor_clamped`` says whether any pass was
+    raised to its floor.
     """
 
     forward_ms: float
@@ -52,6 +62,8 @@ class LayerTimeEstimate:
     method: str  # "learned" | "roofline"
     out_of_distribution: bool
     notes: tuple[str, ...] = ()
+    physics_floor_ms: float | None = None
+    floor_clamped: bool = False
 
     @property
     def total_ms(self) -> float:

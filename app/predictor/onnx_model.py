@@ -302,7 +302,7 @@ def _cpu_identity(hw: HardwareSpec) -> tuple[str, int, int | None]:
 
 
 def _spec_from_snapshot(hw_id: str, d: Mapping[str, Any]) -> HardwareSpec:
-    """A :class:`HardwareSpec` from a ``training_hardware`` snapshot (``app.training.seed.hardware_to_dict``)."""
+    """A :class:`HardwareSpec` from a ``training_hardware`` snapshot (``app.training.snapshot.hardware_to_dict``)."""
     return HardwareSpec(
         id=str(d.get("id", hw_id)),
         name=str(d.get("name", hw_id)),

@@ -3,7 +3,9 @@
 
 :func:`load_predictor` returns a :class:`CompositePredictor` that routes each query to the learned ONNX
 model when it applies (:meth:`LearnedPredictor.applies`) and to the roofline fallback otherwise (with
-the fallback constants stored in the same metadata). Every estimate says which method produced it.
+the fallback constants stored in the same metadata). Every estimate says which method produced it, and
+every estimate, whichever method produced it, passes through :func:`clamp_to_physics_floor`: no served
+forward, backward or update time is below its physics floor (DESIGN.md, "Never faster than physics").
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from app.core.precision import floors_by_pass_ms
 from app.predictor.base import LayerTimeEstimate, LayerTimeQuery
 from app.predictor.onnx_model import LearnedPredictor, read_metadata
 from app.predictor.roofline import RooflineConstants, RooflinePredictor
@@ -31,8 +34,51 @@ class ModelVersion:
     created_unix_s: int | None
 
 
+def clamp_to_physics_floor(query: LayerTimeQuery, est: LayerTimeEstimate) -> LayerTimeEstimate:
+    """``est`` with each pass raised to at least its physics floor (ms), the floor recorded on it.
+
+    Floors per pass from :func:`app.core.precision.floors_by_pass_ms` (``physics_floor_ms`` of each pass)
+    at the query's precision: forward
+    always; backward and the optimizer update (``query.optimizer``) in training mode. The interval moves
+    with the point estimate: ``p10 >= Σ floors`` and ``p90 >= total``. A raised pass is named in
+    ``notes`` and ``floor_clamped`` is set. Raises what ``physics_floor_ms`` raises (unsupported cost,
+    :class:`~app.core.precision.PrecisionNotSupported`).
+    """
+    q = query
+    f_floor, b_floor, u_floor = floors_by_pass_ms(
+        q.layer, q.cost, q.hardware, q.precision, training=q.mode == "training", optimizer=q.optimizer)
+    floor_sum = f_floor + b_floor + u_floor
+    raised = [
+        name
+        for name, value, floor in (
+            ("forward", est.forward_ms, f_floor),
+            ("backward", est.backward_ms, b_floor),
+            ("update", est.update_ms, u_floor),
+        )
+        if value < floor
+    ]
+    fwd, bwd, upd = max(est.forward_ms, f_floor), max(est.backward_ms, b_floor), max(est.update_ms, u_floor)
+    total = fwd + bwd + upd
+    notes = est.notes
+    if raised:
+        notes = (*notes, f"raised to the physics floor ({', '.join(raised)}): {floor_sum:.4g} ms in all")
+    return LayerTimeEstimate(
+        forward_ms=fwd,
+        backward_ms=bwd,
+        update_ms=upd,
+        total_ms_p10=min(max(est.total_ms_p10, floor_sum), total),
+        total_ms_p90=max(est.total_ms_p90, total),
+        method=est.method,
+        out_of_distribution=est.out_of_distribution,
+        notes=notes,
+        physics_floor_ms=floor_sum,
+        floor_clamped=bool(raised),
+    )
+
+
 class CompositePredictor:
-    """Learned model where it applies, roofline fallback elsewhere; ``version`` = ``<name>-<version>``."""
+    """Learned model where it applies, roofline fallback elsewhere, every answer clamped to its physics floor
+    (:func:`clamp_to_physics_floor`); ``version`` = ``<name>-<version>``."""
 
     def __init__(self, learned: LearnedPredictor, fallback: RooflinePredictor) -> None:
         self.learned = learned
@@ -40,7 +86,8 @@ class CompositePredictor:
         self.version = learned.version
 
     def estimate(self, queries: Sequence[LayerTimeQuery]) -> list[LayerTimeEstimate]:
-        """One estimate per query, in order; the learned queries go through one ``session.run``.
+        """One estimate per query, in order, each clamped to its physics floor; the learned queries go through
+        one ``session.run``.
 
         Raises ``ValueError`` for an unsupported layer (``cost.supported`` False) or an unknown mode.
         """
@@ -70,7 +117,7 @@ class CompositePredictor:
                 out_of_distribution=est.out_of_distribution,
                 notes=(f"fallback: {reasons[i]}", *est.notes),
             )
-        return [e for e in out if e is not None]
+        return [clamp_to_physics_floor(q, e) for q, e in zip(queries, out, strict=True) if e is not None]
 
 
 def current_stem(models_dir: Path) -> str:

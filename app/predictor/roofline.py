@@ -23,6 +23,19 @@ one more for backward in training). Metadata-only views (Reshape/Flatten/Squeeze
 take no time. Applying the conv/dense efficiency and TF1 session floor to them would overstate a
 ResNet-50 step by ~2× (they are ~70 % of its layers).
 
+Precision (:mod:`app.core.precision`): each op uses the peak it may use under the request's precision
+(tensor-core rates for MAC-class ops under tf32/fp16/bf16 and for cuDNN ops under fp32 on Ampere and
+newer, the fp32 vector rate for streaming ops) and moves its bytes at the precision's storage type
+(2-byte activations and weight copies under fp16/bf16 autocast, so mixed precision speeds up memory-bound
+ops too); the optimizer update streams fp32 master weights, gradients and state.
+
+Software stack (``query.software_stack``, :class:`app.core.vocab.SoftwareStack`): the fixed cost per
+kernel launch differs between stacks (:data:`KERNEL_FLOOR_MS_BY_STACK`). Under ``tf1-session`` a MAC-class
+layer keeps the per-layer floors fitted on the Justus data (one ``Session.run`` per timed layer); under
+every other stack a layer pays the stack's per-kernel floor for each kernel it launches: one forward, one
+or two backward (input and weight gradients), and its share of the foreach optimizer step's launches
+(:func:`app.core.fusion.update_kernel_launches`). Streaming ops pay one per-kernel floor per pass.
+
 Intervals: ``p10 = total · interval_low``, ``p90 = total · interval_high``, the 10th and 90th
 percentiles of measured / predicted time on held-out Justus rows (so the 80 % interval is calibrated
 for conv/dense layers on the five Justus GPUs and only indicative elsewhere).
@@ -36,9 +49,12 @@ from typing import Any
 
 import numpy as np
 
-from app.core.costs import optimizer_update_cost
+from app.core.costs import LayerCost, optimizer_update_cost
+from app.core.fusion import update_kernel_launches
 from app.core.ir import OpKind
+from app.core.precision import UPDATE_BYTES_PER_PARAM, cost_at_precision, op_precision
 from app.core.roofline import roofline_time_s
+from app.core.vocab import SoftwareStack
 from app.predictor.base import LayerTimeEstimate, LayerTimeQuery, split_training_step
 
 
@@ -74,9 +90,26 @@ class RooflineConstants:
 # "Dissecting the NVIDIA Volta GPU Architecture via Microbenchmarking": 750 of 900 GB/s on V100) and on CPUs
 # for STREAM triad. 0.8 is the conservative end.
 STREAM_EFFICIENCY = 0.8
-# Per-kernel overhead of a streaming op inside a running network: CUDA launch + framework dispatch,
-# ~5-20 µs (Jia et al. 2018; PyTorch eager dispatch ~10 µs). Not fitted: no isolated measurements.
-KERNEL_FLOOR_MS = 0.01
+# Fixed cost of one kernel inside a running network, ms, per software stack. Estimates, not fitted (h-model
+# fits per-stack floors from data inside the learned model):
+# - pytorch-eager: Python, autograd recording, ATen dispatch and cudaLaunchKernel add ~5-25 µs of host work
+#   per op ("From PyTorch op to kernel launch", jiahuanglin.xyz GPU-kernel-serving lesson 18; Jia et al. 2018
+#   measure ~5 µs for the launch alone); 10 µs.
+# - pytorch-cuda-graph: a graph replay removes the host work; ~2-4 µs of back-to-back kernel gaps remain
+#   (PyTorch blog "Accelerating PyTorch with CUDA Graphs", 2021, qualitative); 3 µs.
+# - pytorch-compiled: Inductor's generated wrapper launches fused Triton/library kernels without ATen
+#   dispatch; 5 µs (estimate).
+# - cuda-library: a bare library call from C++ (DeepBench), launch only; 5 µs (Jia et al. 2018).
+# - tf1-session: per-op executor overhead inside a TF1 graph ~10 µs (estimate); MAC-class layers use the
+#   per-layer floors fitted on Justus (RooflineConstants) instead.
+KERNEL_FLOOR_MS_BY_STACK: Mapping[SoftwareStack, float] = {
+    SoftwareStack.PYTORCH_EAGER: 0.010,
+    SoftwareStack.PYTORCH_CUDA_GRAPH: 0.003,
+    SoftwareStack.PYTORCH_COMPILED: 0.005,
+    SoftwareStack.CUDA_LIBRARY: 0.005,
+    SoftwareStack.TF1_SESSION: 0.010,
+}
+KERNEL_FLOOR_MS = KERNEL_FLOOR_MS_BY_STACK[SoftwareStack.PYTORCH_EAGER]
 # Interval of streaming ops: not calibrated (no measurements), a ×2 band either side.
 STREAM_INTERVAL = (0.5, 2.0)
 _MAC_KINDS = frozenset({OpKind.CONV, OpKind.CONV_TRANSPOSE, OpKind.GEMM, OpKind.MATMUL, OpKind.RECURRENT})
@@ -147,40 +180,47 @@ class RooflinePredictor:
         self.version = version
 
     def _one(self, q: LayerTimeQuery) -> LayerTimeEstimate:
-        c = q.cost
-        if not c.supported:
-            raise ValueError(f"layer {c.name!r} ({c.op_type}) is unsupported; list it, do not estimate it")
+        if not q.cost.supported:
+            raise ValueError(f"layer {q.cost.name!r} ({q.cost.op_type}) is unsupported; list it, do not estimate it")
         hw = q.hardware
         try:
-            peak = float(hw.peak_for(q.precision))
+            peak = op_precision(hw, q.precision, q.layer.kind).peak_flops_per_s
+            vector_peak = op_precision(hw, q.precision, OpKind.ELEMENTWISE).peak_flops_per_s
         except KeyError as exc:
-            raise ValueError(f"hardware {hw.id!r} lists no peak for {q.precision!r} or fp32") from exc
+            raise ValueError(f"hardware {hw.id!r} lists no fp32 peak") from exc
+        c = cost_at_precision(q.layer, q.cost, q.precision)
         bw = float(hw.memory_bandwidth_bytes_per_s)
         k = self.constants
 
-        def roof_ms(flops: float, nbytes: float) -> float:
-            return roofline_time_s(flops, nbytes, peak_flops_per_s=peak, bandwidth_bytes_per_s=bw) * 1e3
+        def roof_ms(flops: float, nbytes: float, rate: float = peak) -> float:
+            return roofline_time_s(flops, nbytes, peak_flops_per_s=rate, bandwidth_bytes_per_s=bw) * 1e3
 
         ood = hw.kind != "gpu"
         if c.kind not in _MAC_KINDS:
-            return self._streaming(q, peak, bw, ood)
-        notes: list[str] = [f"roofline/efficiency {k.efficiency:.3g} + per-layer floor ({k.source})"]
+            return self._streaming(q, c, peak, bw, ood)
+        stack = SoftwareStack(q.software_stack)
+        kernel_ms = KERNEL_FLOOR_MS_BY_STACK[stack]
+        tf1 = stack is SoftwareStack.TF1_SESSION
+        if tf1:
+            notes = [f"roofline/efficiency {k.efficiency:.3g} + per-layer tf1-session floor ({k.source})"]
+        else:
+            notes = [f"roofline/efficiency {k.efficiency:.3g} ({k.source}) + {stack.value} floor of "
+                     f"{kernel_ms * 1e3:.0f} us per kernel"]
         if ood:
             notes.append("floor and efficiency were fitted on GPUs; CPU estimate is indicative only")
-        fwd = roof_ms(c.forward_flops, c.forward_bytes) / k.efficiency + k.floor_forward_ms
+        fwd = roof_ms(c.forward_flops, c.forward_bytes) / k.efficiency + (k.floor_forward_ms if tf1 else kernel_ms)
         if q.mode == "inference":
             total, f, b, u = fwd, fwd, 0.0, 0.0
         elif q.mode == "training":
-            upd_flops, upd_bytes = optimizer_update_cost(c.params, q.optimizer)
-            upd = roof_ms(upd_flops, upd_bytes) / k.efficiency
-            total = (
-                roof_ms(
-                    c.forward_flops + c.backward_flops + upd_flops,
-                    c.forward_bytes + c.backward_bytes + upd_bytes,
-                )
-                / k.efficiency
-                + k.floor_train_step_ms
-            )
+            upd_flops, upd_bytes = optimizer_update_cost(c.params, q.optimizer, bytes_per_param=UPDATE_BYTES_PER_PARAM)
+            upd = roof_ms(upd_flops, upd_bytes, vector_peak) / k.efficiency
+            fb = roof_ms(c.forward_flops + c.backward_flops, c.forward_bytes + c.backward_bytes) / k.efficiency
+            if tf1:
+                total = fb + upd + k.floor_train_step_ms
+            else:  # one forward kernel, one per backward product, the layer's share of the foreach launches
+                n_bwd = int(c.backward_input_flops > 0) + int(c.backward_weight_flops > 0)
+                upd += kernel_ms * update_kernel_launches(len(q.layer.weights), q.optimizer)
+                total = fb + upd + kernel_ms * (1 + n_bwd)
             bwd_min = roof_ms(c.backward_flops, c.backward_bytes) if c.backward_flops or c.backward_bytes else 0.0
             f, b, u = split_training_step(total_ms=total, forward_ms=fwd, update_ms=upd, backward_min_ms=bwd_min)
         else:
@@ -196,21 +236,25 @@ class RooflinePredictor:
             notes=tuple(notes),
         )
 
-    def _streaming(self, q: LayerTimeQuery, peak: float, bw: float, ood: bool) -> LayerTimeEstimate:
-        """Memory-bound kernel model for non-MAC ops (see module docstring)."""
-        c = q.cost
+    def _streaming(self, q: LayerTimeQuery, c: LayerCost, peak: float, bw: float, ood: bool) -> LayerTimeEstimate:
+        """Memory-bound kernel model for non-MAC ops (see module docstring); ``c`` is the cost at the
+        query's precision, ``peak`` the fp32 vector rate."""
 
-        def t_ms(flops: float, nbytes: float) -> float:
+        stack = SoftwareStack(q.software_stack)
+        kernel_ms = KERNEL_FLOOR_MS_BY_STACK[stack]
+
+        def t_ms(flops: float, nbytes: float, kernels: float = 1.0) -> float:
             if flops == 0 and nbytes == 0:
                 return 0.0  # metadata-only view: no kernel runs
-            return max(flops / peak, nbytes / (bw * STREAM_EFFICIENCY)) * 1e3 + KERNEL_FLOOR_MS
+            return max(flops / peak, nbytes / (bw * STREAM_EFFICIENCY)) * 1e3 + kernel_ms * kernels
 
         fwd = t_ms(c.forward_flops, c.forward_bytes)
         bwd = upd = 0.0
         if q.mode == "training":
             bwd = t_ms(c.backward_flops, c.backward_bytes)
             if c.params:
-                upd = t_ms(*optimizer_update_cost(c.params, q.optimizer))
+                upd = t_ms(*optimizer_update_cost(c.params, q.optimizer, bytes_per_param=UPDATE_BYTES_PER_PARAM),
+                           kernels=update_kernel_launches(len(q.layer.weights), q.optimizer))
         elif q.mode != "inference":
             raise ValueError(f"mode must be 'training' or 'inference', got {q.mode!r}")
         total = fwd + bwd + upd
@@ -223,7 +267,8 @@ class RooflinePredictor:
             total_ms_p90=total * hi,
             method="roofline",
             out_of_distribution=ood,
-            notes=(f"streaming kernel: bytes / ({STREAM_EFFICIENCY:.0%} of bandwidth) + {KERNEL_FLOOR_MS} ms",),
+            notes=(f"streaming kernel: bytes / ({STREAM_EFFICIENCY:.0%} of bandwidth) + {stack.value} floor of "
+                   f"{kernel_ms * 1e3:.0f} us per kernel",),
         )
 
     def estimate(self, queries: Sequence[LayerTimeQuery]) -> list[LayerTimeEstimate]:

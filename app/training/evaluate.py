@@ -1,7 +1,10 @@
 """``layercast evaluate``: the shipped predictor against the baselines on held-out rows; writes a report.
 
-``python -m app.training.evaluate [--models-dir models] [--stem NAME] [--data-dir D] [--seed-dir S]
+``python -m app.training.evaluate [--models-dir models] [--stem NAME] [--database-url URL]
 [--out-dir reports] [--no-logo] [--no-e2e]``
+
+Every row comes from the measurement database (:mod:`app.training.dataset`), filled by
+``layercast import justus`` and ``layercast import profiler``, the same rows ``layercast train`` read.
 
 What it measures (DESIGN.md "Judging accuracy"), all on rows the shipped model never trained on:
 
@@ -47,10 +50,19 @@ from typing import Any
 import numpy as np
 
 from app.core.features import roofline_ms_from_raw
+from app.core.precision import Precision
+from app.measurements.importers import IMPORT_SOURCES
 from app.predictor.onnx_model import LearnedPredictor, _spec_from_snapshot
 from app.predictor.registry import current_stem, load_predictor
 from app.predictor.roofline import fit_roofline_constants, predict_total_ms
-from app.training.justus import DEFAULT_DATA_DIR, JustusData, load_hardware_catalog, load_justus, split_by_config
+from app.training.dataset import (
+    DEFAULT_SOURCES,
+    iterations_from_database,
+    load_from_database,
+    split_by_config,
+    split_by_hash,
+)
+from app.training.dataset import TrainingRows as JustusData
 from app.training.metrics import (
     finite_metrics,
     flop_linear_fit,
@@ -59,7 +71,6 @@ from app.training.metrics import (
     metrics,
     nearest_neighbour_predict,
 )
-from app.training.seed import DEFAULT_SEED_DIR, layer_files, load_e2e, load_seed_layers, split_by_hash
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MODELS_DIR = REPO_ROOT / "models"
@@ -158,7 +169,7 @@ def e2e_predictions(
         opt = str(r.get("optimizer", "sgd"))
         queries = [
             LayerTimeQuery(layer=layer, cost=cost, hardware=cpu_hardware, mode="training", optimizer=opt,
-                           precision=str(r.get("precision", "fp32")))
+                           precision=Precision(str(r.get("precision", "fp32"))))
             for layer, cost in zip(g.layers, a.costs, strict=True)
             if cost.supported
         ]  # fmt: skip
@@ -387,8 +398,7 @@ def run(
     *,
     models_dir: Path,
     stem: str | None,
-    data_dir: Path,
-    seed_dir: Path | None,
+    database_url: str,
     out_dir: Path,
     logo: bool,
     e2e: bool,
@@ -407,20 +417,24 @@ def run(
     learned: LearnedPredictor = predictor.learned
     meta = learned.metadata
     split_seed = int(meta.get("training_data", {}).get("split_seed", meta.get("model", {}).get("seed", 0)))
-    catalog = load_hardware_catalog()
-    gpu = load_justus(data_dir, catalog=catalog, sample=sample, seed=split_seed)
+    # artifacts trained from the database name their source ids; older ones describe files (Justus + seed)
+    named = meta.get("training_data", {}).get("sources") or []
+    sources = tuple(named) if named and set(named) <= set(IMPORT_SOURCES) else DEFAULT_SOURCES
+    gpu = load_from_database(database_url, sources=sources, hardware_kinds=("gpu",), sample_per_file=sample,
+                             seed=split_seed)  # fmt: skip
     s = split_by_config(gpu.config, seed=split_seed)
     parts = {"gpu": (gpu.subset(s == 0), gpu.subset(s == 1), gpu.subset(s == 2))}
-    log(f"Justus: {len(gpu)} rows")
+    log(f"GPU: {len(gpu)} rows of {sources}")
     cpu_snapshot = {k: v for k, v in meta.get("training_hardware", {}).items() if v.get("kind") == "cpu"}
     cpu_hw = None
-    if cpu_snapshot and seed_dir is not None and layer_files(seed_dir):
+    if cpu_snapshot:
         hw_id, snap = next(iter(cpu_snapshot.items()))
         cpu_hw = _spec_from_snapshot(hw_id, snap)
-        cpu = load_seed_layers(seed_dir, hardware=cpu_hw)
+        # featurised against the artifact's snapshot of the CPU, as it was trained
+        cpu = load_from_database(database_url, sources=sources, hardware_ids=(hw_id,), specs={hw_id: cpu_hw})
         sc = split_by_hash(cpu.config, seed=split_seed)
         parts["cpu"] = (cpu.subset(sc == 0), cpu.subset(sc == 1), cpu.subset(sc == 2))
-        log(f"CPU: {len(cpu)} rows from {seed_dir}")
+        log(f"CPU: {len(cpu)} rows of {hw_id}")
 
     held: dict[str, Any] = {}
     all_in: list[np.ndarray] = []
@@ -444,12 +458,12 @@ def run(
     if logo:
         report["logo"] = logo_block(parts, meta, recipe_override=logo_recipe, seed=split_seed, log=log)
     if e2e:
-        records = load_e2e(seed_dir) if seed_dir is not None and seed_dir.is_dir() else []
+        records = iterations_from_database(database_url, hardware_ids=(cpu_hw.id,)) if cpu_hw is not None else []
         # one record per (architecture, batch, precision): the last measurement wins (resumed campaigns)
         records = list({(r["arch"], r["batch_size"], r.get("precision", "fp32")): r for r in records}.values())
         if not records or cpu_hw is None:
             report["e2e_note"] = (
-                f"no end-to-end records (e2e_*.jsonl[.gz]) under {seed_dir} or no CPU model: not measured"
+                "no stored whole-iteration measurements (layercast import profiler) or no CPU model: not measured"
             )
         else:
             rows = e2e_predictions(records, models_dir=models_dir, stem=stem, cpu_hardware=cpu_hw, log=log)
@@ -487,7 +501,7 @@ def logo_block(
     va = JustusData.concat([p[1] for p in parts.values()])
     te = JustusData.concat([p[2] for p in parts.values()])
     folds = leave_one_gpu_out(tr, va, te, recipe=recipe, seed=seed, log=log)
-    catalog = load_hardware_catalog()
+    catalog = tr.hardware
     per: dict[str, Any] = {}
     gtr, gva = parts["gpu"][0], parts["gpu"][1]
     for g, f in folds.items():
@@ -623,12 +637,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="layercast evaluate", description=(__doc__ or "").splitlines()[0])
     p.add_argument("--models-dir", type=Path, default=DEFAULT_MODELS_DIR)
     p.add_argument("--stem", default=None, help="artifact stem (default: models/CURRENT)")
-    p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR, help="Justus 2018 CSVs")
-    p.add_argument("--seed-dir", type=Path, default=DEFAULT_SEED_DIR, help="CPU seed dataset (profiler shards)")
+    p.add_argument("--database-url", default=None, help="measurement database (default $LAYERCAST_DATABASE_URL)")
     p.add_argument("--out-dir", type=Path, default=DEFAULT_REPORT_DIR)
     p.add_argument("--no-logo", action="store_true", help="skip leave-one-GPU-out (needs torch, retrains)")
     p.add_argument("--no-e2e", action="store_true", help="skip end-to-end iterations (needs torch, transformers)")
-    p.add_argument("--sample", type=int, default=None, help="rows per Justus file (quick runs)")
+    p.add_argument("--sample", type=int, default=None, help="measurements per imported GPU file (quick runs)")
     p.add_argument("--logo-epochs", type=int, default=None, help="override the recipe's epochs for LOGO (quick runs)")
     p.add_argument("--logo-ensemble", type=int, default=None, help="override the recipe's ensemble size for LOGO")
     p.add_argument("--threads", type=int, default=1)
@@ -652,8 +665,11 @@ def main(argv: list[str] | None = None) -> int:
         except ModuleNotFoundError:
             print("leave-one-GPU-out and end-to-end need torch: pip install -e '.[train]'", file=sys.stderr)
             return 2
+    from app.config import Settings
+
     run(
-        models_dir=a.models_dir, stem=a.stem, data_dir=a.data_dir, seed_dir=a.seed_dir, out_dir=a.out_dir,
+        models_dir=a.models_dir, stem=a.stem, database_url=a.database_url or Settings().database_url,
+        out_dir=a.out_dir,
         logo=not a.no_logo, e2e=not a.no_e2e, sample=a.sample, logo_recipe=override or None, threads=a.threads,
         argv=args_list,
     )  # fmt: skip

@@ -5,16 +5,14 @@ predictor that takes hardware parameters as input is fine-tuned on a small fract
 measurements instead of building a per-device lookup table (they report > 50 % lower RMSE than the
 ProxylessNAS lookup table).
 
-``python -m app.training.finetune --hardware-id ID (--csv FILE | --jsonl FILE | --database-url URL)
+``python -m app.training.finetune --hardware-id ID [--database-url URL] [--sources S ...]
 [--models-dir models] [--base STEM] [--version V] [--promote]``
 
-* ``--csv``: Justus et al. 2018 column format (``conv_*``/``dense_*`` columns; the ``gpu`` column is
-  ignored, every row is taken as measured on ``--hardware-id``);
-* ``--jsonl``: profiler rows (:mod:`app.profiler.run` format);
-* ``--database-url``: the service database; every ``forward``/``train_step`` measurement of
-  ``--hardware-id`` whose layer can be rebuilt (profiler or Justus configurations).
-
-The hardware spec comes from the catalog (or :func:`app.hardware.local.detect_local_cpu` for ``local``).
+The new device's rows are its stored measurements (:func:`app.training.dataset.load_training_rows`, the
+path training reads): every ``forward``/``train_step`` measurement of ``--hardware-id`` (of ``--sources``,
+default all) whose layer can be rebuilt; the replayed base rows are stored Justus GPU rows of the other
+devices. Import or report the device's measurements first (``layercast import``, ``POST
+/v1/measurements``). The hardware spec is the one stored with the device's hardware row.
 The new rows are split by configuration 80/20: every ensemble member is fine-tuned from the base
 weights on the 80 % (all parameters, small learning rate, the base training rows replayed at a fixed
 share so the other devices are not forgotten), the 20 % calibrate the interval of that hardware kind and
@@ -26,31 +24,19 @@ held-out 20 % (gated retraining, DESIGN.md).
 from __future__ import annotations
 
 import argparse
-import csv
-import gzip
 import json
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from app.core.costs import layer_cost
-from app.core.features import RAW_FIELDS, features_from_raw, raw_quantities
 from app.core.hardware import HardwareSpec
-from app.core.ir import Layer
-from app.training.justus import (
-    DEFAULT_DATA_DIR,
-    JustusData,
-    JustusFile,
-    load_hardware_catalog,
-    load_justus,
-    row_layer,
-    split_by_config,
-)
+from app.measurements.importers import SOURCE_JUSTUS
+from app.training.dataset import TrainingRows, load_from_database, split_by_config
 from app.training.metrics import metrics, nearest_neighbour_predict
 from app.training.train import (
     DEFAULT_OUT_DIR,
@@ -72,107 +58,11 @@ from app.training.train import (
 REPLAY_SHARE = 0.5
 
 
-def _rows_to_data(items: Sequence[tuple[Layer, str, str, str, float, str]], hardware: HardwareSpec,
-                  files: list[JustusFile]) -> JustusData:  # fmt: skip
-    """(layer, pass, optimizer, precision, time_ms, config key) tuples → :class:`JustusData` on ``hardware``."""
-    raw = [
-        raw_quantities(layer=la, cost=layer_cost(la), hardware=hardware, pass_=p, optimizer=o, precision=pr)
-        for la, p, o, pr, _, _ in items
-    ]
-    arr = np.asarray(raw, dtype=np.float64).reshape(-1, len(RAW_FIELDS))
-    return JustusData(
-        family=np.asarray([la.kind.value for la, *_ in items], dtype=object).astype(str),
-        gpu=np.full(len(items), hardware.id),
-        pass_=np.asarray([it[1] for it in items], dtype=object).astype(str),
-        optimizer=np.asarray([it[2] for it in items], dtype=object).astype(str),
-        time_ms=np.asarray([it[4] for it in items], dtype=np.float64),
-        config=np.asarray([it[5] for it in items], dtype=object).astype(str),
-        raw=arr,
-        features=features_from_raw(arr),
-        source=np.zeros((len(items), 2), dtype=np.int64),
-        files=files,
-        precision=np.asarray([it[3] for it in items], dtype=object).astype(str),
-    )
-
-
-def load_csv(path: Path, hardware: HardwareSpec) -> JustusData:
-    """Rows of a Justus-format CSV (plain or ``.gz``) as measured on ``hardware`` (see module docstring)."""
-    opener = gzip.open if str(path).endswith(".gz") else open
-    with opener(path, "rt", newline="") as f:  # type: ignore[operator]
-        rows = list(csv.DictReader(f))
-    items = []
-    for row in rows:
-        family = "conv" if "kernel_size" in row else "dense"
-        try:
-            t = float(row["time_ms_median"])
-            layer, cfg = row_layer(family, row)
-        except (KeyError, ValueError):
-            continue
-        if t > 0:
-            items.append((layer, row.get("pass", "forward"), row.get("optimizer", "none"), "fp32", t, cfg))
-    data = _rows_to_data(items, hardware, [JustusFile(Path(path).name, len(rows), len(items), "")])
-    data.family = np.where(data.family == "gemm", "dense", data.family)
-    return data
-
-
-def load_jsonl(path: Path, hardware: HardwareSpec) -> JustusData:
-    """Profiler rows (:mod:`app.profiler.run`) as measured on ``hardware``."""
-    from app.training.seed import load_seed_layers
-
-    return load_seed_layers(paths=[Path(path)], hardware=hardware)
-
-
-def load_database(database_url: str, hardware: HardwareSpec) -> JustusData:
-    """``forward``/``train_step`` measurements of ``hardware.id`` in the service database whose layer can be
-    rebuilt: profiler configurations (``graph``/``shapes``) and Justus configurations."""
-    from sqlalchemy import select
-    from sqlalchemy.orm import Session
-
-    from app.core.json_import import import_json
-    from app.db import make_engine
-    from app.measurements.models import Measurement
-    from app.profiler.sampler import LayerConfig
-
-    items = []
-    with Session(make_engine(database_url)) as session:
-        stmt = select(Measurement).where(Measurement.hardware_id == hardware.id,
-                                         Measurement.pass_.in_(("forward", "train_step")))  # fmt: skip
-        for m in session.scalars(stmt):
-            c = dict(m.config or {})
-            try:
-                if "graph" in c or "shapes" in c:
-                    row = {**c, "batch_size": m.batch_size, "optimizer": m.optimizer}
-                    layers = LayerConfig.from_row(row).to_layers(m.precision)
-                    key = str(c.get("config_id", json.dumps(c, sort_keys=True)))
-                elif c.get("data_layout") == "NHWC" and "tf_padding" in c:  # Justus conv
-                    lay = c["layer"]
-                    jrow = {"batch_size": m.batch_size, "input_size": c["input_shape"][1],
-                            "kernel_size": lay["kernel_size"], "stride": lay.get("stride", 1),
-                            "in_channels": c["input_shape"][0], "out_channels": lay["out_channels"],
-                            "padding": c["tf_padding"], "use_bias": str(bool(lay.get("bias", True))),
-                            "activation": c.get("activation", "none")}  # fmt: skip
-                    layer, key = row_layer("conv", {k: str(v) for k, v in jrow.items()})
-                    layers = (layer,)
-                elif "layer" in c and "input_shape" in c:
-                    g = import_json({"input_shape": c["input_shape"], "layers": [c["layer"]]}, batch_size=m.batch_size)
-                    layers = tuple(g.layers)
-                    key = json.dumps([c, m.batch_size], sort_keys=True)
-                else:
-                    continue
-            except Exception:  # noqa: BLE001 - a row that cannot be rebuilt is skipped, counted below
-                continue
-            if len(layers) != 1 or m.time_ms_median <= 0:
-                continue
-            opt = m.optimizer if m.pass_ == "train_step" else "none"
-            items.append((layers[0], m.pass_, opt, m.precision, float(m.time_ms_median), key))
-    return _rows_to_data(items, hardware, [JustusFile(f"db:{hardware.id}", len(items), len(items), "")])
-
-
 def finetune_model(
     base: Ensemble | KindHeads,
-    new: JustusData,
+    new: TrainingRows,
     *,
-    replay: JustusData | None = None,
+    replay: TrainingRows | None = None,
     epochs: int = 30,
     lr: float = 1e-3,
     seed: int = 0,
@@ -192,7 +82,7 @@ def finetune_model(
             return KindHeads(base.gpu_head, tuned_head)
         return KindHeads(tuned_head, base.cpu_head)
     names = base.feature_names
-    data = new if replay is None or len(replay) == 0 else JustusData.concat([new, replay])
+    data = new if replay is None or len(replay) == 0 else TrainingRows.concat([new, replay])
     w = np.ones(len(data))
     if replay is not None and len(replay):
         w[len(new) :] = REPLAY_SHARE / (1 - REPLAY_SHARE) * len(new) / len(replay)
@@ -214,10 +104,10 @@ def run(
     models_dir: Path,
     base_stem: str | None,
     hardware: HardwareSpec,
-    new: JustusData,
+    new: TrainingRows,
     version: str,
     out_dir: Path | None = None,
-    data_dir: Path = DEFAULT_DATA_DIR,
+    database_url: str | None = None,
     replay_rows: int = 20000,
     epochs: int = 30,
     seed: int = 0,
@@ -242,9 +132,10 @@ def run(
     if len(tune) == 0 or len(hold) == 0:
         raise ValueError(f"need at least a few configurations to fine-tune and check, got {len(new)} rows")
     replay = None
-    if replay_rows > 0:
+    if replay_rows > 0 and database_url is not None:
         per_file = max(1, replay_rows // 10)
-        replay = load_justus(data_dir, catalog=load_hardware_catalog(), sample=per_file, seed=seed + 1)
+        replay = load_from_database(database_url, sources=(SOURCE_JUSTUS,), hardware_kinds=("gpu",),
+                                    sample_per_file=per_file, seed=seed + 1)  # fmt: skip
         replay = replay.subset(replay.gpu != hardware.id)
     tuned = finetune_model(base, tune, replay=replay, epochs=epochs, seed=seed, log=log)
     kind_row = 1 if hardware.kind == "cpu" else 0
@@ -308,31 +199,17 @@ def run(
     return meta
 
 
-def _hardware(hardware_id: str) -> HardwareSpec:
-    if hardware_id == "local":
-        from app.hardware.local import detect_local_cpu
-
-        return detect_local_cpu()
-    catalog = load_hardware_catalog()
-    if hardware_id not in catalog:
-        raise SystemExit(f"unknown hardware id {hardware_id!r} (not in the catalog)")
-    return catalog[hardware_id]
-
-
 def build_parser() -> argparse.ArgumentParser:
     """Arguments of ``layercast finetune``."""
     p = argparse.ArgumentParser(prog="layercast finetune", description=(__doc__ or "").splitlines()[0])
     p.add_argument("--hardware-id", required=True, help="catalog id of the measured device, or 'local'")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--csv", type=Path, help="Justus-format CSV of measurements")
-    src.add_argument("--jsonl", type=Path, help="profiler rows (JSONL[.gz])")
-    src.add_argument("--database-url", help="service database holding the device's measurements")
+    p.add_argument("--database-url", default=None, help="measurement database (default $LAYERCAST_DATABASE_URL)")
+    p.add_argument("--sources", nargs="+", default=None, help="measurement sources of the device (default all)")
     p.add_argument("--models-dir", type=Path, default=DEFAULT_OUT_DIR)
     p.add_argument("--out-dir", type=Path, default=None, help="default: --models-dir")
     p.add_argument("--base", default=None, help="base artifact stem (default: CURRENT)")
     p.add_argument("--version", required=True, help="version of the new artifact (e.g. 2-ft-a100)")
-    p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR, help="Justus CSVs (replayed rows)")
-    p.add_argument("--replay-rows", type=int, default=20000)
+    p.add_argument("--replay-rows", type=int, default=20000, help="stored Justus rows of other GPUs replayed")
     p.add_argument("--epochs", type=int, default=30)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1)
@@ -344,16 +221,18 @@ def main(argv: list[str] | None = None) -> int:
     """CLI entry point (``layercast finetune`` / ``python -m app.training.finetune``); returns the exit code."""
     a = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     torch.set_num_threads(a.threads)
-    hw = _hardware(a.hardware_id)
-    if a.csv is not None:
-        new = load_csv(a.csv, hw)
-    elif a.jsonl is not None:
-        new = load_jsonl(a.jsonl, hw)
-    else:
-        new = load_database(a.database_url, hw)
-    print(f"{len(new)} measurement rows of {hw.id}", file=sys.stderr)
+    from app.config import Settings
+
+    url = a.database_url or Settings().database_url
+    try:
+        new = load_from_database(url, sources=a.sources, hardware_ids=(a.hardware_id,))
+    except ValueError as exc:
+        print(f"layercast finetune: {exc}", file=sys.stderr)
+        return 1
+    hw = new.hardware[a.hardware_id]
+    print(f"{len(new)} measurement rows of {hw.id} (skipped {dict(new.skipped)})", file=sys.stderr)
     run(models_dir=a.models_dir, base_stem=a.base, hardware=hw, new=new, version=a.version, out_dir=a.out_dir,
-        data_dir=a.data_dir, replay_rows=a.replay_rows, epochs=a.epochs, seed=a.seed, promote=a.promote)  # fmt: skip
+        database_url=url, replay_rows=a.replay_rows, epochs=a.epochs, seed=a.seed, promote=a.promote)  # fmt: skip
     return 0
 
 

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from app.core.features import feature_index, raw_index, roofline_ms_from_raw
-from app.training.justus import JustusData
+from app.training.dataset import TrainingRows
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:
@@ -61,7 +61,7 @@ def metrics(
 
 
 def grouped(
-    data: JustusData,
+    data: TrainingRows,
     pred: np.ndarray,
     lo: np.ndarray | None = None,
     hi: np.ndarray | None = None,
@@ -90,7 +90,7 @@ def grouped(
 # ---------------------------------------------------------------- baselines
 
 
-def flop_linear_fit(data: JustusData) -> dict[str, tuple[float, float]]:
+def flop_linear_fit(data: TrainingRows) -> dict[str, tuple[float, float]]:
     """Least squares ``time_ms = a + b · pass_flops`` per hardware id (Justus et al. 2018's linear baseline)."""
     flops = data.raw[:, raw_index("pass_flops")]
     coef: dict[str, tuple[float, float]] = {}
@@ -102,7 +102,7 @@ def flop_linear_fit(data: JustusData) -> dict[str, tuple[float, float]]:
     return coef
 
 
-def flop_linear_predict(data: JustusData, coef: Mapping[str, tuple[float, float]]) -> np.ndarray:
+def flop_linear_predict(data: TrainingRows, coef: Mapping[str, tuple[float, float]]) -> np.ndarray:
     """Predictions of :func:`flop_linear_fit` in ms (may be ≤ 0, as the linear model allows).
 
     A device without coefficients gets NaN (the baseline cannot answer for unseen hardware).
@@ -113,7 +113,7 @@ def flop_linear_predict(data: JustusData, coef: Mapping[str, tuple[float, float]
     return a + b * flops
 
 
-def pure_roofline_ms(data: JustusData) -> np.ndarray:
+def pure_roofline_ms(data: TrainingRows) -> np.ndarray:
     """Pure roofline time of each row's pass in ms (100 % of peak, no floor)."""
     return roofline_ms_from_raw(data.raw)
 
@@ -141,14 +141,14 @@ _NN_FEATURES: tuple[str, ...] = (
 )
 
 
-def _nn_key(data: JustusData) -> np.ndarray:
+def _nn_key(data: TrainingRows) -> np.ndarray:
     return np.char.add(
         np.char.add(np.char.add(data.gpu.astype(str), "|"), np.char.add(data.family.astype(str), "|")),
         np.char.add(np.char.add(data.pass_.astype(str), "|"), data.precisions.astype(str)),
     )
 
 
-def nearest_neighbour_predict(train: JustusData, test: JustusData, *, chunk: int = 2048) -> np.ndarray:
+def nearest_neighbour_predict(train: TrainingRows, test: TrainingRows, *, chunk: int = 2048) -> np.ndarray:
     """Lookup-table baseline: measured time of the nearest training row with the same device, family,
     pass and precision (Euclidean distance over standardised :data:`_NN_FEATURES`). Rows whose key has
     no training row get NaN (a lookup table cannot answer for an unmeasured device/op).

@@ -1,11 +1,12 @@
 """Train the learned per-layer runtime predictor: Justus et al. 2018 GPU rows + the CPU seed dataset.
 
-``python -m app.training.train [--data-dir D] [--seed-dir data/seed] [--out-dir models] [--epochs N]
-[--sample N] [--seed S] [--version V]`` (also ``layercast train``). Steps:
+``python -m app.training.train [--database-url URL] [--sources justus2018 profiler] [--out-dir models]
+[--epochs N] [--sample N] [--seed S] [--version V]`` (also ``layercast train``). Steps:
 
-1. load and featurise the Justus rows (:func:`app.training.justus.load_justus`) and, when
-   ``--seed-dir`` holds profiler shards, the CPU rows (:func:`app.training.seed.load_seed_layers`,
-   featurised against one snapshot of the local CPU spec that is stored in the metadata);
+1. load and featurise the stored measurements (:func:`app.training.dataset.load_training_rows`, the one
+   path training and retraining read; ``layercast import justus`` / ``layercast import profiler`` fill
+   it): GPU rows and, unless ``--no-cpu``, CPU rows featurised against the CPU spec stored with their
+   hardware row (snapshotted into the metadata);
 2. split each source by **distinct layer configuration** 70/10/20 train/validation/test (a configuration
    never sits on both sides, whatever its GPU, optimizer or precision);
 3. fit the roofline fallback's constants on the GPU training rows (:mod:`app.predictor.roofline`);
@@ -47,20 +48,14 @@ from app.core.features import (
     select_features,
 )
 from app.core.hardware import HardwareSpec
+from app.measurements.importers import JUSTUS_GPU_IDS as GPU_IDS
 from app.predictor.roofline import fit_roofline_constants
-from app.training.justus import (
-    DEFAULT_DATA_DIR,
-    GPU_IDS,
-    JustusData,
-    load_hardware_catalog,
-    load_justus,
-    split_by_config,
-)
+from app.training.dataset import DEFAULT_SOURCES, load_from_database, split_by_config, split_by_hash
+from app.training.dataset import TrainingRows as JustusData
 from app.training.metrics import metrics
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT_DIR = REPO_ROOT / "models"
-DEFAULT_SEED_DIR = REPO_ROOT / "data" / "seed"
 MODEL_NAME = "layer-time-mlp"
 QUANTILES = (0.1, 0.5, 0.9)
 OPSET = 17
@@ -392,46 +387,45 @@ def model_inputs(data: JustusData, names: Sequence[str] = MODEL_FEATURES) -> np.
 
 def load_training_data(
     *,
-    data_dir: Path,
-    seed_dir: Path | None,
-    cpu_spec: HardwareSpec | None,
+    database_url: str,
+    sources: Sequence[str],
+    cpu: bool,
     sample: int | None,
     seed: int,
     log: Callable[[str], None] = print,
 ) -> tuple[JustusData, JustusData | None, HardwareSpec | None]:
-    """Justus rows, CPU seed rows (None when ``seed_dir`` has no shard) and the CPU spec they use.
+    """GPU rows, CPU rows (None without ``cpu`` or without stored CPU rows) and the CPU spec they use, from
+    the measurement database (:func:`app.training.dataset.load_training_rows`).
 
-    ``cpu_spec`` defaults to :func:`app.hardware.local.detect_local_cpu` (this machine).
+    ``sample``: measurements per imported GPU file (seeded), and ``4 · sample`` CPU configurations.
+    Raises ``ValueError`` when no GPU measurement of ``sources`` is stored.
     """
     t0 = time.time()
-    gpu = load_justus(data_dir, catalog=load_hardware_catalog(), sample=sample, seed=seed)
-    log(f"loaded {len(gpu)} Justus rows in {time.time() - t0:.1f}s")
-    cpu: JustusData | None = None
-    if seed_dir is not None:
-        from app.training.seed import layer_files, load_seed_layers
-
-        if layer_files(seed_dir):
-            if cpu_spec is None:
-                from app.hardware.local import detect_local_cpu
-
-                cpu_spec = detect_local_cpu()
-            cpu = load_seed_layers(seed_dir, hardware=cpu_spec)
+    gpu = load_from_database(database_url, sources=sources, hardware_kinds=("gpu",), sample_per_file=sample, seed=seed)
+    log(f"loaded {len(gpu)} GPU rows in {time.time() - t0:.1f}s (skipped {dict(gpu.skipped)})")
+    cpu_rows: JustusData | None = None
+    cpu_spec: HardwareSpec | None = None
+    if cpu:
+        try:
+            cpu_rows = load_from_database(database_url, sources=sources, hardware_kinds=("cpu",))
+        except ValueError:
+            log("no CPU measurements stored: GPU-only model")
+        if cpu_rows is not None:
+            if len(cpu_rows.hardware) != 1:
+                raise ValueError(f"the CPU head trains on one CPU; stored CPU rows name {sorted(cpu_rows.hardware)}")
+            cpu_spec = next(iter(cpu_rows.hardware.values()))
             if sample is not None:
-                keys = np.unique(cpu.config)
+                keys = np.unique(cpu_rows.config)
                 keep = np.random.default_rng(seed).permutation(keys)[: max(1, sample * 4)]
-                cpu = cpu.subset(np.isin(cpu.config, keep))
-            log(f"loaded {len(cpu)} CPU rows from {seed_dir}")
-        else:
-            log(f"no CPU seed shards under {seed_dir}: GPU-only model")
-    return gpu, cpu, (cpu_spec if cpu is not None else None)
+                cpu_rows = cpu_rows.subset(np.isin(cpu_rows.config, keep))
+            log(f"loaded {len(cpu_rows)} CPU rows of {cpu_spec.id} (skipped {dict(cpu_rows.skipped)})")
+    return gpu, cpu_rows, cpu_spec
 
 
 def splits(gpu: JustusData, cpu: JustusData | None, *, seed: int) -> tuple[JustusData, JustusData, JustusData]:
-    """Train / validation / test of both sources, each split by configuration 70/10/20 (Justus:
-    :func:`split_by_config`, as for v1; CPU: :func:`app.training.seed.split_by_hash`, stable as the seed
-    dataset grows)."""
-    from app.training.seed import split_by_hash
-
+    """Train / validation / test of both sources, each split by configuration 70/10/20 (GPU:
+    :func:`split_by_config`, as for v1; CPU: :func:`app.training.dataset.split_by_hash`, stable as the
+    seed dataset grows)."""
     parts: list[tuple[JustusData, JustusData, JustusData]] = []
     for d, split in ((gpu, split_by_config), (cpu, split_by_hash)):
         if d is None or len(d) == 0:
@@ -566,16 +560,17 @@ def load_weights(path: Path, *, feature_names: Sequence[str], hidden: int, depth
 
 def hardware_snapshot(hw: HardwareSpec) -> dict[str, Any]:
     """Spec fields stored in ``training_hardware`` (everything the features read, plus identity)."""
-    from app.training.seed import hardware_to_dict
+    from app.training.snapshot import hardware_to_dict
 
     return hardware_to_dict(hw)
 
 
 def run(
     *,
-    data_dir: Path,
+    database_url: str,
     out_dir: Path,
-    seed_dir: Path | None,
+    sources: Sequence[str] = DEFAULT_SOURCES,
+    cpu: bool = True,
     epochs: int,
     sample: int | None,
     seed: int,
@@ -586,7 +581,6 @@ def run(
     ensemble: int = 3,
     threads: int = 1,
     write_current: bool = True,
-    cpu_spec: HardwareSpec | None = None,
     argv: Sequence[str] = (),
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
@@ -594,11 +588,11 @@ def run(
     t0 = time.time()
     torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(True)
-    catalog = load_hardware_catalog()
-    gpu, cpu, cpu_spec = load_training_data(
-        data_dir=data_dir, seed_dir=seed_dir, cpu_spec=cpu_spec, sample=sample, seed=seed, log=log
+    gpu, cpu_rows, cpu_spec = load_training_data(
+        database_url=database_url, sources=sources, cpu=cpu, sample=sample, seed=seed, log=log
     )
-    tr, va, te = splits(gpu, cpu, seed=seed)
+    catalog = gpu.hardware
+    tr, va, te = splits(gpu, cpu_rows, seed=seed)
     recipe = {
         **DEFAULTS,
         "epochs": epochs,
@@ -649,12 +643,10 @@ def run(
     weights_path = out_dir / f"{stem}.weights.npz"
     save_weights(model, weights_path)
     x_tr = model_inputs(tr)
-    cpu_kinds = sorted({str(f) for f in np.unique(tr.family[is_cpu_rows(tr)])}) if cpu is not None else []
+    cpu_kinds = sorted({str(f) for f in np.unique(tr.family[is_cpu_rows(tr)])}) if cpu_rows is not None else []
     training_hw: dict[str, Any] = {g: hardware_snapshot(catalog[g]) for g in sorted({str(g) for g in g_tr.gpu})}
     if cpu_spec is not None:
         training_hw[cpu_spec.id] = hardware_snapshot(cpu_spec)
-    from app.training.seed import layer_files
-
     meta: dict[str, Any] = {
         "name": MODEL_NAME,
         "version": version,
@@ -696,22 +688,22 @@ def run(
                         "hardware_ids": [cpu_spec.id] if cpu_spec is not None else [],
                     }
                 }
-                if cpu is not None
+                if cpu_rows is not None
                 else {}
             ),
         },
         "training_hardware": training_hw,
         "training_data": {
-            "sources": [
-                "Justus et al. 2018 (CDECatapult/ml-performance-prediction e649f32), ../shared/data/justus2018",
-                *(["CPU seed dataset (app.profiler), " + str(seed_dir)] if cpu is not None else []),
-            ],
+            "sources": list(sources),
+            "database": "measurements table (app.training.dataset.load_training_rows)",
             "files": [
                 {"name": f.name, "rows_read": f.rows_read, "rows_kept": f.rows_kept, "sha256": f.sha256}
                 for f in tr.files
             ],
-            "seed_files": [p.name for p in layer_files(seed_dir)] if (seed_dir and cpu is not None) else [],
+            "seed_files": [f.name for f in cpu_rows.files] if cpu_rows is not None else [],
             "sample_rows_per_file": sample,
+            "skipped": {f"{src}:{reason}": n for (src, reason), n in sorted((gpu.skipped + (
+                cpu_rows.skipped if cpu_rows is not None else type(gpu.skipped)())).items())},
             "target": "time_ms_median",
             "split": "per source, by distinct layer configuration (Justus: family, batch, geometry, bias, "
             "activation, GPU and optimizer excluded; CPU: profiler config_id, precision excluded), seeded "
@@ -776,12 +768,12 @@ def _cpu_op_kinds(tr: JustusData) -> set[str]:
 def build_parser() -> argparse.ArgumentParser:
     """Arguments of ``layercast train``."""
     p = argparse.ArgumentParser(prog="layercast train", description=(__doc__ or "").splitlines()[0])
-    p.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR, help="Justus 2018 CSVs")
-    p.add_argument("--seed-dir", type=Path, default=DEFAULT_SEED_DIR, help="CPU seed dataset (profiler shards)")
-    p.add_argument("--no-cpu", action="store_true", help="GPU (Justus) rows only")
+    p.add_argument("--database-url", default=None, help="measurement database (default $LAYERCAST_DATABASE_URL)")
+    p.add_argument("--sources", nargs="+", default=list(DEFAULT_SOURCES), help="measurement sources to train on")
+    p.add_argument("--no-cpu", action="store_true", help="GPU rows only")
     p.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR)
     p.add_argument("--epochs", type=int, default=DEFAULTS["epochs"])
-    p.add_argument("--sample", type=int, default=None, help="rows per Justus file (quick runs)")
+    p.add_argument("--sample", type=int, default=None, help="measurements per imported GPU file (quick runs)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--version", default="2")
     p.add_argument("--hidden", type=int, default=DEFAULTS["hidden"])
@@ -797,10 +789,13 @@ def main(argv: list[str] | None = None) -> int:
     """CLI entry point (``layercast train`` / ``python -m app.training.train``); returns the exit code."""
     args_list = list(sys.argv[1:] if argv is None else argv)
     a = build_parser().parse_args(args_list)
+    from app.config import Settings
+
     run(
-        data_dir=a.data_dir,
+        database_url=a.database_url or Settings().database_url,
         out_dir=a.out_dir,
-        seed_dir=None if a.no_cpu else a.seed_dir,
+        sources=tuple(a.sources),
+        cpu=not a.no_cpu,
         epochs=a.epochs,
         sample=a.sample,
         seed=a.seed,

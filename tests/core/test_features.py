@@ -20,14 +20,12 @@ from app.core.features import (
     layer_features_batch,
 )
 from app.hardware.catalog import load_catalog
-from app.training.justus import (
-    GPU_IDS,
-    conv_layer,
-    conv_output_size,
-    dense_layer,
-    load_justus,
-    row_layer,
+from app.training.dataset import (
+    justus_conv_layer,
+    justus_dense_layer,
+    load_from_database,
     split_by_config,
+    tf_conv_output_size,
 )
 
 DATA_DIR = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "justus2018"
@@ -35,7 +33,7 @@ needs_data = pytest.mark.skipif(not DATA_DIR.is_dir(), reason="../shared/data/ju
 
 
 def _conv() -> FeatureInput:
-    layer = conv_layer(
+    layer = justus_conv_layer(
         batch=16,
         size=56,
         kernel=3,
@@ -93,13 +91,13 @@ def test_rejects_bad_raw_shape_and_pass() -> None:
 
 
 def test_tf_padding_output_sizes() -> None:
-    assert conv_output_size(7, 3, 2, "same") == 4
-    assert conv_output_size(7, 3, 2, "valid") == 3
-    assert conv_output_size(5, 5, 1, "valid") == 1
+    assert tf_conv_output_size(7, 3, 2, "same") == 4
+    assert tf_conv_output_size(7, 3, 2, "valid") == 3
+    assert tf_conv_output_size(5, 5, 1, "valid") == 1
 
 
 def test_dense_layer_macs_and_geometry() -> None:
-    layer = dense_layer(batch=8, in_features=100, out_features=30, activation="none")
+    layer = justus_dense_layer(batch=8, in_features=100, out_features=30, activation="none")
     cost = layer_cost(layer)
     assert cost.forward_macs == 8 * 100 * 30
     assert cost.params == 100 * 30 + 30
@@ -116,29 +114,42 @@ def test_dense_layer_macs_and_geometry() -> None:
 
 
 @needs_data
-def test_loader_vectorised_features_equal_row_by_row_layer_features() -> None:
-    """The loader's batched path equals layer_features row by row (one definition of each feature)."""
-    data = load_justus(DATA_DIR, sample=40, seed=3)
+def test_loader_vectorised_features_equal_row_by_row_layer_features(justus_db: str) -> None:
+    """The database loader's rows equal layer_features of the same CSV row rebuilt by hand."""
+    data = load_from_database(justus_db, sources=("justus2018",), sample_per_file=40, seed=3)
     catalog = load_catalog()
     assert len(data) == 400
     assert np.isfinite(data.features).all()
-    rows_by_file = []
+    by_file = {}
     for f in data.files:
         with gzip.open(DATA_DIR / f.name, "rt", newline="") as fh:
-            rows_by_file.append(list(csv.DictReader(fh)))
+            by_file[f.name] = list(csv.DictReader(fh))
+    from sqlalchemy import create_engine, select
+
+    from app.measurements.models import Measurement
+
+    engine = create_engine(justus_db)
+    with engine.connect() as conn:
+        where = {int(i): (c["source_file"], c["source_row"]) for i, c in conn.execute(
+            select(Measurement.id, Measurement.context).where(Measurement.id.in_(data.measurement_id.tolist())))}
+    engine.dispose()
     for i in range(len(data)):
-        file_idx, row_idx = data.source[i]
-        row = rows_by_file[file_idx][row_idx]
-        layer, cfg = row_layer(data.files[file_idx].name.split("_", 1)[0], row)
-        assert cfg == data.config[i]
-        one = layer_features(
-            layer=layer,
-            cost=layer_cost(layer),
-            hardware=catalog[GPU_IDS[row["gpu"]]],
-            pass_=row["pass"],
-            optimizer=row["optimizer"],
-            precision="fp32",
-        )
+        name, row_idx = where[int(data.measurement_id[i])]
+        row = by_file[name][row_idx]
+        if name.startswith("conv"):
+            layer = justus_conv_layer(batch=int(row["batch_size"]), size=int(row["input_size"]),
+                                      kernel=int(row["kernel_size"]), stride=int(row["stride"]),
+                                      c_in=int(row["in_channels"]), c_out=int(row["out_channels"]),
+                                      padding=row["padding"], use_bias=row["use_bias"] == "True",
+                                      activation=row["activation"])  # fmt: skip
+        else:
+            layer = justus_dense_layer(batch=int(row["batch_size"]), in_features=int(row["in_features"]),
+                                       out_features=int(row["out_features"]), activation=row["activation"])
+        assert data.layers[i] == layer
+        gpu = data.gpu[i]
+        assert catalog[gpu] == data.hardware[gpu]  # the stored spec is the catalog's
+        one = layer_features(layer=layer, cost=layer_cost(layer), hardware=catalog[gpu], pass_=row["pass"],
+                             optimizer=row["optimizer"], precision="fp32")  # fmt: skip
         np.testing.assert_array_equal(one, data.features[i])
         assert data.time_ms[i] == float(row["time_ms_median"])
 

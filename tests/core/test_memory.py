@@ -1,73 +1,137 @@
-"""Training memory footprint by component and precision; largest batch that fits."""
+"""Training memory: per-op saved tensors, autocast dtypes, loss, device runtime, checkpointing, batch search."""
 
 from __future__ import annotations
 
 import pytest
 
 from app.core.analysis import analyze
+from app.core.hardware import HardwareSpec
 from app.core.json_import import import_json
-from app.core.memory import HEADROOM, fits, footprint, largest_batch_that_fits
+from app.core.memory import (
+    CPU_RUNTIME,
+    DEVICE_RUNTIME,
+    GPU_DEFAULT_RUNTIME,
+    HEADROOM,
+    fits,
+    footprint,
+    largest_batch_that_fits,
+    runtime_for,
+)
 
 DOC = {"input_shape": [3, 32, 32], "layers": [
     {"op": "conv2d", "out_channels": 16, "kernel_size": 3, "padding": 1}, {"op": "relu"},
     {"op": "flatten"}, {"op": "linear", "out_features": 10}]}
-PARAMS = 16 * 27 + 16 + 16 * 1024 * 10 + 10
+CONV_W, FC_W = 16 * 27, 16 * 1024 * 10
+PARAMS = CONV_W + 16 + FC_W + 10
 
 
-def _a(batch: int = 4):
-    return analyze(import_json(DOC, batch_size=batch))
+def _a(batch: int = 4, doc: dict = DOC):
+    return analyze(import_json(doc, batch_size=batch))
+
+
+def _gpu(arch: str | None) -> HardwareSpec:
+    return HardwareSpec(id="g", name="g", vendor="NVIDIA", kind="gpu", peak_flops_per_s={"fp32": 1e13},
+                        memory_bytes=16 * 2**30, memory_bandwidth_bytes_per_s=1e12, compute_units=80,
+                        architecture=arch)
 
 
 @pytest.mark.parametrize(("opt", "states"), [("sgd", 0), ("momentum", 1), ("adam", 2), ("adamw", 2)])
-def test_fp32_components(opt: str, states: int) -> None:
+def test_fp32_components_and_saved_tensors(opt: str, states: int) -> None:
     fp = footprint(_a(), mode="training", optimizer=opt)
     assert fp.weights_bytes == fp.gradients_bytes == 4 * PARAMS
     assert fp.optimizer_state_bytes == 4 * states * PARAMS
-    assert fp.master_weights_bytes == 0
-    # saved for backward: conv input (graph input), relu output, flatten (view: 0), linear input
-    act = 4 * (4 * 3 * 1024 + 4 * 16 * 1024 + 4 * 16 * 1024)
-    assert fp.activations_bytes == act
-    assert fp.total_bytes == 4 * PARAMS * (2 + states) + act
+    assert fp.weight_copies_bytes == 0 and fp.runtime_bytes == 0
+    # conv saves its input (the graph input), relu its output, flatten is a view and the linear layer saves
+    # the same relu output (counted once); the loss's log-softmax and the model output are alive too
+    assert fp.activations_bytes == 4 * (4 * 3 * 1024 + 4 * 16 * 1024 + 4 * 10 + 4 * 10)
+    assert fp.total_bytes >= fp.weights_bytes + fp.optimizer_state_bytes + fp.activations_bytes
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
-def test_mixed_precision_has_fp32_master_and_state_and_half_activations(precision: str) -> None:
+def test_autocast_keeps_fp32_state_and_saves_16_bit_copies(precision: str) -> None:
     fp32 = footprint(_a(), mode="training", optimizer="adam")
     mixed = footprint(_a(), mode="training", optimizer="adam", precision=precision)
-    assert mixed.weights_bytes == mixed.gradients_bytes == 2 * PARAMS
-    assert mixed.master_weights_bytes == 4 * PARAMS
-    assert mixed.optimizer_state_bytes == 8 * PARAMS  # two fp32 moments
-    assert mixed.model_state_bytes == 16 * PARAMS == fp32.model_state_bytes  # ZeRO's 16 bytes/param
-    assert mixed.activations_bytes * 2 == fp32.activations_bytes
+    assert mixed.weights_bytes == mixed.gradients_bytes == 4 * PARAMS  # fp32 master weights and gradients
+    assert mixed.optimizer_state_bytes == fp32.optimizer_state_bytes == 8 * PARAMS
+    assert mixed.weight_copies_bytes == 2 * (CONV_W + FC_W)  # autocast's cache of the conv/linear weights
+    # 16-bit copy of the input (what the conv saves), 16-bit relu output, fp32 log-softmax, 16-bit logits
+    assert mixed.activations_bytes == 2 * 4 * 3 * 1024 + 2 * 4 * 16 * 1024 + 4 * 40 + 2 * 40
 
 
 def test_inference_has_no_gradients_or_state() -> None:
-    fp = footprint(_a(), mode="inference", optimizer="adam")
+    fp = footprint(_a(), mode="inference", optimizer="none")
     assert fp.gradients_bytes == fp.optimizer_state_bytes == 0
     assert fp.activations_bytes == 4 * 2 * (4 * 16 * 1024)  # largest layer in + out (the relu)
 
 
-def test_activations_are_linear_in_batch_and_largest_batch_fits() -> None:
-    a4, a8 = _a(4), _a(8)
-    f4 = footprint(a4, mode="training", optimizer="adam")
-    f8 = footprint(a8, mode="training", optimizer="adam")
-    assert f8.activations_bytes == 2 * f4.activations_bytes
-    assert f8.model_state_bytes == f4.model_state_bytes
+def test_bn_dropout_maxpool_save_statistics_masks_and_indices() -> None:
+    doc = {"input_shape": [8, 16, 16], "layers": [
+        {"op": "batchnorm"}, {"op": "maxpool", "kernel_size": 2}, {"op": "dropout", "p": 0.5},
+        {"op": "flatten"}, {"op": "linear", "out_features": 4}]}
+    fp = footprint(_a(2, doc), mode="training", optimizer="sgd")
+    x, pooled = 2 * 8 * 16 * 16, 2 * 8 * 8 * 8
+    # BN: input + mean/invstd per channel; max-pool: input (= BN output) + int64 indices; dropout on a CPU:
+    # an fp32 mask (input * bernoulli); linear: the dropout output; loss and logits
+    expected = 4 * x + 2 * 4 * 8 + 4 * x + 8 * pooled + 4 * pooled + 4 * pooled + 2 * 4 * 2 * 4
+    assert fp.activations_bytes == expected
+    # CUDA's native_dropout keeps a bool mask: 3 B/element less, even after 512-B block rounding
+    gpu = footprint(_a(2, doc), mode="training", optimizer="sgd", hardware=_gpu("Ampere (GA100)"))
+    assert gpu.activations_bytes <= expected - 3 * pooled + 512 * 8
+
+
+def test_gpu_runtime_context_workspace_and_rounding() -> None:
+    assert runtime_for(None) is CPU_RUNTIME and CPU_RUNTIME.rounded(1001) == 1001
+    assert runtime_for(_gpu("Volta (GV100)")) is DEVICE_RUNTIME["volta"]
+    assert runtime_for(_gpu("Hopper (GH100)")) is DEVICE_RUNTIME["hopper"]
+    assert runtime_for(_gpu("Ada Lovelace (AD102)")) is DEVICE_RUNTIME["ada"]
+    assert runtime_for(_gpu("CDNA 3")) is DEVICE_RUNTIME["cdna"]
+    assert runtime_for(_gpu(None)) is GPU_DEFAULT_RUNTIME and GPU_DEFAULT_RUNTIME.context_bytes > 0
+    rt = DEVICE_RUNTIME["volta"]
+    assert rt.rounded(1) == 512 and rt.rounded(513) == 1024 and rt.rounded(11 * 2**20 + 1) == 12 * 2**20
+    cpu = footprint(_a(), mode="training", optimizer="adam")
+    gpu = footprint(_a(), mode="training", optimizer="adam", hardware=_gpu("Volta (GV100)"))
+    assert gpu.runtime_bytes == rt.context_bytes + rt.workspace_bytes
+    assert gpu.weights_bytes > cpu.weights_bytes and gpu.activations_bytes > cpu.activations_bytes  # 512 B blocks
+    assert gpu.total_bytes > gpu.runtime_bytes + gpu.weights_bytes + gpu.optimizer_state_bytes
+    assert all(r.source for r in DEVICE_RUNTIME.values())
+
+
+def test_activation_checkpointing_keeps_segment_inputs_only() -> None:
+    layers = [{"op": "conv2d", "out_channels": 16, "kernel_size": 3, "padding": 1}, {"op": "relu"}] * 32
+    doc = {"input_shape": [3, 32, 32], "layers": [*layers, {"op": "flatten"}, {"op": "linear", "out_features": 10}]}
+    a = _a(8, doc)
+    plain = footprint(a, mode="training", optimizer="sgd")
+    ckpt = footprint(a, mode="training", optimizer="sgd", activation_checkpointing=True)
+    assert ckpt.activation_checkpointing and ckpt.activations_bytes < 0.5 * plain.activations_bytes
+    assert ckpt.total_bytes < plain.total_bytes
+    mem = 64 * 2**20
+    assert (largest_batch_that_fits(a, memory_bytes=mem, mode="training", optimizer="sgd",
+                                    activation_checkpointing=True)
+            > largest_batch_that_fits(a, memory_bytes=mem, mode="training", optimizer="sgd"))
+
+
+def test_batch_rescaling_and_largest_batch_that_fits() -> None:
+    a4 = _a(4)
+    assert footprint(a4, mode="training", optimizer="adam", batch_size=8) == footprint(
+        _a(8), mode="training", optimizer="adam")
     mem = 64 * 2**20
     best = largest_batch_that_fits(a4, memory_bytes=mem, mode="training", optimizer="adam")
-    assert best == largest_batch_that_fits(a8, memory_bytes=mem, mode="training", optimizer="adam")
+    assert best == largest_batch_that_fits(_a(8), memory_bytes=mem, mode="training", optimizer="adam") > 4
     assert fits(footprint(_a(best), mode="training", optimizer="adam"), mem)
     assert not fits(footprint(_a(best + 1), mode="training", optimizer="adam"), mem)
-    per_sample = f4.activations_bytes / 4
-    assert best == int((HEADROOM * mem - f4.model_state_bytes) // per_sample)
+    assert footprint(_a(best + 1), mode="training", optimizer="adam").total_bytes > HEADROOM * mem
 
 
 def test_nothing_fits_when_model_state_exceeds_memory() -> None:
     assert largest_batch_that_fits(_a(), memory_bytes=1000, mode="training", optimizer="adam") == 0
 
 
-def test_unknown_precision_or_optimizer_raises() -> None:
+def test_unknown_precision_optimizer_mode_or_batch_raises() -> None:
     with pytest.raises(KeyError):
         footprint(_a(), mode="training", optimizer="adam", precision="fp8")
     with pytest.raises(KeyError):
         footprint(_a(), mode="training", optimizer="lion")
+    with pytest.raises(ValueError, match="mode"):
+        footprint(_a(), mode="serving", optimizer="adam")
+    with pytest.raises(ValueError, match="batch_size"):
+        footprint(_a(), mode="training", optimizer="adam", batch_size=0)

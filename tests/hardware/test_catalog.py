@@ -152,3 +152,33 @@ compute_units = "datasheet"
 def test_parse_catalog_rejects_unknown_keys() -> None:
     with pytest.raises(InvalidHardwareSpec, match="unknown keys"):
         parse_catalog('[x]\nname = "X"\nmemory_gb = 8\n')
+
+
+def _generation(spec: HardwareSpec) -> str:
+    return (spec.architecture or "").split(" (")[0]
+
+
+@pytest.mark.parametrize("hardware_id", sorted(CATALOG))
+def test_tensor_core_peaks_follow_the_architecture_and_are_dense(hardware_id: str) -> None:
+    """The precision semantics (app/core/precision.py) read these peaks: a missing one is a 422, a sparsity
+    figure would halve every mixed-precision floor."""
+    spec = CATALOG[hardware_id]
+    peaks = spec.peak_flops_per_s
+    gen = _generation(spec)
+    fp32 = peaks["fp32"]
+    if gen in ("Ampere", "Ada Lovelace", "Hopper", "Blackwell", "CDNA 3"):
+        assert {"tf32", "fp16", "bf16"} <= set(peaks)
+        assert peaks["fp16"] == pytest.approx(2 * peaks["tf32"], rel=0.02)  # dense: fp16 is twice tf32
+    if gen in ("Ada Lovelace", "Hopper", "Blackwell", "CDNA 3"):
+        assert peaks["fp8"] == pytest.approx(2 * peaks["fp16"], rel=0.02)
+    if gen in ("Volta", "Turing"):
+        assert "fp16" in peaks and not {"tf32", "bf16"} & set(peaks)
+        assert peaks["fp16"] == pytest.approx(8 * fp32, rel=0.02)  # 8x the CUDA-core rate (whitepapers)
+    if gen == "Pascal":
+        assert not {"tf32", "bf16"} & set(peaks)
+        ratio = 2.0 if "GP100" in (spec.architecture or "") else 1 / 64
+        assert peaks["fp16"] == pytest.approx(ratio * fp32, rel=0.02)
+    if gen in ("Kepler", "Maxwell"):
+        assert not {"tf32", "fp16", "bf16"} & set(peaks)
+    if "fp16" in peaks and spec.vendor == "NVIDIA":
+        assert peaks["fp16"] <= 16.5 * fp32  # A100's 312/19.5 = 16 is the largest dense ratio

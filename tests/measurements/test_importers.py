@@ -39,7 +39,8 @@ def test_justus_one_file_all_rows_mapped() -> None:
     assert [r.context["source_row"] for r in records] == list(range(25_000))
     first = records[0]
     assert first.repetitions == 5 and first.time_ms_median > 0 and first.time_ms_std is not None
-    assert first.context["framework"] == "TensorFlow 1.x"
+    assert (first.context["framework"], first.context["framework_version"]) == ("TensorFlow", "1.x")
+    assert (first.software_stack, first.granularity) == ("tf1-session", "layer")
     assert first.context["device_name"] == "Tesla K80"
     assert first.context["source_file"] == "dense_Tesla_K80.csv.gz"
     assert first.measured_at is not None and first.measured_at.year == 2018

@@ -29,6 +29,8 @@ BODY: dict[str, Any] = {
     "pass": "train_step",
     "optimizer": "adam",
     "precision": "bf16",
+    "software_stack": "pytorch-eager",
+    "granularity": "iteration",
     "batch_size": 64,
     "config": {"model": "resnet50", "graph_id": 12},
     "time_ms_median": 210.5,
@@ -44,6 +46,7 @@ def test_post_201_and_read_back(client: TestClient) -> None:
     assert response.status_code == 201, response.text
     body = response.json()
     assert body["id"] > 0 and body["pass"] == "train_step" and body["precision"] == "bf16"
+    assert (body["software_stack"], body["granularity"]) == ("pytorch-eager", "iteration")
     assert body["context"] == BODY["context"] and body["created_at"]
     assert body["measured_at"].startswith("2026-11-20T09:00:00")  # stored in UTC
 
@@ -61,6 +64,7 @@ def test_post_unknown_hardware_404(client: TestClient) -> None:
 
 def test_post_invalid_422(client: TestClient) -> None:
     for bad in ({"time_ms_median": 0}, {"time_ms_median": -3.0}, {"batch_size": 0}, {"pass": "sideways"},
+                {"software_stack": "tf2-keras"}, {"granularity": "epoch"}, {"software_stack": None},
                 {"unknown_field": 1}, {"measured_at": "2026-11-20T10:00:00"}):
         response = client.post("/v1/measurements", json={**BODY, **bad})
         assert response.status_code == 422, bad

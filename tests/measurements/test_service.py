@@ -11,6 +11,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.config import Settings
+from app.core.vocab import Granularity, SoftwareStack
 from app.db import make_engine, make_sessionmaker
 from app.errors import HardwareNotFound, InvalidRequest
 from app.hardware.service import seed_builtin
@@ -67,7 +68,8 @@ def _head(src: Path, dst: Path, n: int, *, extra: str = "") -> Path:
 def _reported(**overrides: object) -> MeasurementCreate:
     body = {
         "hardware_id": "a100-sxm4-40gb", "source": "ci", "op_kind": "conv", "pass": "forward",
-        "batch_size": 32, "config": {"input_shape": [3, 32, 32], "layer": {"op": "conv2d", "out_channels": 8}},
+        "software_stack": "pytorch-eager", "granularity": "layer", "batch_size": 32,
+        "config": {"input_shape": [3, 32, 32], "layer": {"op": "conv2d", "out_channels": 8}},
         "time_ms_median": 1.5, "context": {"framework": "torch 2.5", "driver": "550.54"},
     }
     body.update(overrides)
@@ -130,7 +132,8 @@ def test_corrupt_file_raises_and_leaves_existing_rows(session: Session, tmp_path
 def _record(**overrides: object) -> MeasurementRecord:
     values: dict[str, object] = {
         "hardware_id": "k80", "source": "justus2018", "op_kind": "gemm", "pass_": "forward", "optimizer": "none",
-        "precision": "fp32", "batch_size": 1, "config": {}, "time_ms_median": 1.0, "time_ms_std": None,
+        "precision": "fp32", "software_stack": SoftwareStack.TF1_SESSION, "granularity": Granularity.LAYER,
+        "batch_size": 1, "config": {}, "time_ms_median": 1.0, "time_ms_std": None,
         "repetitions": None, "context": {"source_file": "x.csv", "source_row": 0},
     }
     values.update(overrides)
@@ -182,3 +185,49 @@ def test_cli_import_deepbench(sqlite_url: str, tmp_path: Path, capsys: pytest.Ca
 
     assert main(["justus", "--database-url", sqlite_url, "--data-dir", str(tmp_path)]) == 1
     assert "no Justus CSVs" in capsys.readouterr().err
+
+
+def test_cli_import_neusight_and_vidur_idempotent(sqlite_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from app.measurements.cli import main
+
+    argv = ["neusight", "--database-url", sqlite_url, "--families", "ln", "softmax", "--limit", "40"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "12 files, 480 rows read, 480 measurements imported (0 replaced" in out and "mi210" in out
+    assert main(argv) == 0
+    assert "480 measurements imported (480 replaced" in capsys.readouterr().out
+
+    assert main(["vidur", "--database-url", sqlite_url, "--limit", "5"]) == 0
+    # 2 compute tables x 5 rows x 10 ops + 2 network tables x 5 rows
+    assert "4 files, 20 rows read, 110 measurements imported" in capsys.readouterr().out
+    assert main(["vidur", "--database-url", sqlite_url, "--limit", "5"]) == 0
+    assert "110 measurements imported (110 replaced" in capsys.readouterr().out
+
+    engine = make_engine(sqlite_url)
+    try:
+        with make_sessionmaker(engine)() as db:
+            rows = db.execute(select(Measurement.source, Measurement.software_stack, Measurement.granularity,
+                                     Measurement.precision, func.count()).group_by(
+                Measurement.source, Measurement.software_stack, Measurement.granularity, Measurement.precision
+            )).all()
+    finally:
+        engine.dispose()
+    assert sorted(tuple(r) for r in rows) == [
+        ("neusight", "pytorch-eager", "kernel", "fp32-strict", 480),
+        ("vidur", "pytorch-eager", "kernel", "fp16", 110),
+    ]
+
+
+def test_reported_measurement_is_a_record_the_trainer_loads(session: Session) -> None:
+    from app.training.dataset import load_training_rows
+
+    body = {"input_shape": [256], "layer": {"op": "linear", "out_features": 512, "bias": True}}
+    created = service.create_measurement(session, data=_reported(
+        op_kind="gemm", config=body, precision="fp32-strict", granularity="kernel", time_ms_median=0.02))
+    assert (created.precision, created.software_stack) == ("fp32-strict", "pytorch-eager")
+    assert created.granularity == "kernel"
+    rows = load_training_rows(session, sources=("ci",))
+    assert len(rows) == 1 and rows.measurement_id[0] == created.id
+    (layer,) = rows.layers
+    assert layer.inputs[0].shape == (32, 256) and layer.outputs[0].shape == (32, 512)
+    assert rows.time_ms[0] == 0.02 and rows.precision[0] == "fp32-strict" and rows.family[0] == "ci:linear"

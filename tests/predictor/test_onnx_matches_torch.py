@@ -13,7 +13,7 @@ onnx = pytest.importorskip("onnx")
 
 from app.core.features import FEATURE_NAMES  # noqa: E402
 from app.predictor.registry import list_versions, load_predictor  # noqa: E402
-from app.training.justus import load_justus  # noqa: E402
+from app.training.dataset import load_from_database  # noqa: E402
 from app.training.train import (  # noqa: E402
     MODEL_FEATURES,
     OPSET,
@@ -30,10 +30,10 @@ DATA_DIR = SHARED_DATA / "justus2018"
 pytestmark = pytest.mark.skipif(not DATA_DIR.is_dir(), reason="../shared/data/justus2018 not present")
 
 
-def test_onnxruntime_matches_torch_on_the_same_rows(tmp_path: Path) -> None:
+def test_onnxruntime_matches_torch_on_the_same_rows(tmp_path: Path, justus_db: str) -> None:
     import onnxruntime as ort
 
-    data = load_justus(DATA_DIR, sample=60, seed=1)
+    data = load_from_database(justus_db, sources=("justus2018",), sample_per_file=60, seed=1)
     x = model_inputs(data)
     y = np.log(data.time_ms)
     # an ensemble of two members, as shipped: one ONNX graph averages them
@@ -59,9 +59,9 @@ def test_onnxruntime_matches_torch_on_the_same_rows(tmp_path: Path) -> None:
     np.testing.assert_allclose(sess.run(None, {"features": x[:1]})[0], got[:1], rtol=1e-5)
 
 
-def test_train_command_writes_a_loadable_versioned_artifact(tmp_path: Path) -> None:
+def test_train_command_writes_a_loadable_versioned_artifact(tmp_path: Path, justus_db: str) -> None:
     rc = main(
-        ["--data-dir", str(DATA_DIR), "--no-cpu", "--out-dir", str(tmp_path), "--sample", "80", "--epochs", "2",
+        ["--database-url", justus_db, "--no-cpu", "--out-dir", str(tmp_path), "--sample", "80", "--epochs", "2",
          "--hidden", "16", "--depth", "1", "--ensemble", "1", "--version", "t1", "--no-logo"]
     )  # fmt: skip
     assert rc == 0

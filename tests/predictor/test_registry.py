@@ -14,7 +14,7 @@ from app.hardware.catalog import load_catalog
 from app.predictor.base import LayerTimeQuery, split_training_step
 from app.predictor.registry import list_versions, load_predictor
 from app.predictor.roofline import RooflinePredictor
-from app.training.justus import conv_layer, dense_layer
+from app.training.dataset import justus_conv_layer, justus_dense_layer
 
 MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
 
@@ -30,7 +30,7 @@ def _q(layer: Layer, hw_id: str, mode: str = "training", optimizer: str = "adam"
 
 
 def _conv() -> Layer:
-    return conv_layer(
+    return justus_conv_layer(
         batch=32,
         size=56,
         kernel=3,
@@ -71,7 +71,7 @@ def test_conv_on_p100_is_learned_and_consistent(predictor) -> None:
 
 
 def test_inference_has_no_backward_or_update(predictor) -> None:
-    (est,) = predictor.estimate([_q(dense_layer(batch=64, in_features=1024, out_features=1024,
+    (est,) = predictor.estimate([_q(justus_dense_layer(batch=64, in_features=1024, out_features=1024,
                                                  activation="none"), "k80", mode="inference")])  # fmt: skip
     assert est.method == "learned"
     assert est.backward_ms == 0 and est.update_ms == 0 and est.forward_ms > 0
@@ -80,8 +80,8 @@ def test_inference_has_no_backward_or_update(predictor) -> None:
 
 def test_larger_layer_takes_longer(predictor) -> None:
     small, big = predictor.estimate(
-        [_q(dense_layer(batch=64, in_features=512, out_features=512, activation="none"), "p100"),
-         _q(dense_layer(batch=64, in_features=4096, out_features=4096, activation="none"), "p100")]
+        [_q(justus_dense_layer(batch=64, in_features=512, out_features=512, activation="none"), "p100"),
+         _q(justus_dense_layer(batch=64, in_features=4096, out_features=4096, activation="none"), "p100")]
     )  # fmt: skip
     assert big.total_ms > small.total_ms
 

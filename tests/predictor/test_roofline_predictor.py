@@ -41,3 +41,34 @@ def test_training_adds_backward_and_update_for_parametrised_ops_only() -> None:
     assert bn.backward_ms > 0 and bn.update_ms > 0
     assert relu.backward_ms > 0 and relu.update_ms == 0
     assert bn.total_ms_p10 < bn.forward_ms + bn.backward_ms + bn.update_ms < bn.total_ms_p90
+
+
+def test_software_stack_sets_the_fixed_cost_per_kernel() -> None:
+    from app.core.vocab import SoftwareStack
+    from app.predictor.roofline import DEFAULT_CONSTANTS, KERNEL_FLOOR_MS_BY_STACK
+
+    hw = load_catalog()["a100-sxm4-40gb"]
+    g = import_json({"input_shape": [64], "layers": [{"op": "relu"}, {"op": "linear", "out_features": 64}]},
+                    batch_size=1)
+    tiny = g.layers[1]  # a 64x64 GEMM at batch 1: pure overhead
+
+    def fwd(stack: SoftwareStack, layer=tiny) -> float:  # noqa: ANN001
+        q = LayerTimeQuery(layer, layer_cost(layer), hw, "inference", "none", software_stack=stack)
+        return RooflinePredictor().estimate([q])[0].forward_ms
+
+    eager, graphs, tf1 = (fwd(s) for s in (SoftwareStack.PYTORCH_EAGER, SoftwareStack.PYTORCH_CUDA_GRAPH,
+                                           SoftwareStack.TF1_SESSION))
+    assert eager == pytest.approx(KERNEL_FLOOR_MS_BY_STACK[SoftwareStack.PYTORCH_EAGER], rel=0.01)
+    assert graphs < eager < tf1
+    assert tf1 >= DEFAULT_CONSTANTS.floor_forward_ms  # the TF1 session floor only under tf1-session
+    relu = g.layers[0]
+    assert fwd(SoftwareStack.PYTORCH_CUDA_GRAPH, relu) < fwd(SoftwareStack.PYTORCH_EAGER, relu)
+
+
+def test_foreach_update_shares_launches_across_layers() -> None:
+    hw = load_catalog()["a100-sxm4-40gb"]
+    g = import_json({"input_shape": [64], "layers": [{"op": "linear", "out_features": 64}]}, batch_size=1)
+    layer = g.layers[0]
+    (est,) = RooflinePredictor().estimate([LayerTimeQuery(layer, layer_cost(layer), hw, "training", "adam")])
+    # a 64x64 layer's Adam step is ~8 foreach kernels shared by 48 tensors each: far below one launch per layer
+    assert est.update_ms < KERNEL_FLOOR_MS

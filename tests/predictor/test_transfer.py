@@ -15,13 +15,13 @@ from app.hardware.catalog import load_catalog
 from app.predictor.base import LayerTimeQuery
 from app.predictor.registry import load_predictor
 from app.predictor.transfer import extrapolates, reference_weights
-from app.training.justus import conv_layer
+from app.training.dataset import justus_conv_layer
 
 MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
 
 
 def _conv() -> Layer:
-    return conv_layer(batch=32, size=56, kernel=3, stride=1, c_in=64, c_out=64, padding="same", use_bias=True,
+    return justus_conv_layer(batch=32, size=56, kernel=3, stride=1, c_in=64, c_out=64, padding="same", use_bias=True,
                       activation="none")  # fmt: skip
 
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from app.core.json_import import import_json
-from app.profiler import iter_rows, measurement_records
+from app.measurements.profiler_rows import iter_profiler_layers
+from app.profiler import iter_rows
 
 torch = pytest.importorskip("torch")
 from app.profiler import run  # noqa: E402  (needs torch at call time only, imported after the skip)
@@ -32,8 +33,9 @@ def test_campaign_writes_rows_and_resumes(tmp_path: Path, capsys: pytest.Capture
         assert r["measured_at"] and r["schema"] == 1
         g = import_json(r["graph"], batch_size=r["batch_size"])
         assert g.layers[0].kind.value == r["op_kind"]
-        recs = measurement_records(r, hardware_id="local-cpu")
-        assert {x["pass_"] for x in recs} >= {"forward", "train_step", "backward"}
+    recs = list(iter_profiler_layers(out, hardware_id="local"))
+    assert {x.pass_ for x in recs} >= {"forward", "train_step", "backward"}
+    assert {x.context["source_row"] for x in recs} == set(range(8))
     err = capsys.readouterr().err
     assert "done: 8 ok" in err
 
@@ -81,7 +83,8 @@ def test_errors_are_recorded_not_fatal(tmp_path: Path, monkeypatch: pytest.Monke
     assert run.main(_args(out, "--precision", "fp32")) == 0
     rows = list(iter_rows(out))
     assert len(rows) == 4 and all(r["status"] == "error" and "kernel missing" in r["error"] for r in rows)
-    assert measurement_records(rows[0], hardware_id="x") == []
+    errors = iter_profiler_layers(out, hardware_id="local")
+    assert list(errors) == [] and dict(errors.skipped) == {("cpu", "profiler_error"): 4}
 
 
 def test_refine_from_adds_neighbours(tmp_path: Path) -> None:

@@ -30,3 +30,16 @@ def seed_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
             row = {"schema": 1, **cfg.row_fields("fp32"), "precision": "fp32", "status": "ok", "timings": t}
             fh.write(json.dumps(row) + "\n")
     return d
+
+
+@pytest.fixture(scope="session")
+def training_db(tmp_path_factory: pytest.TempPathFactory, seed_dir: Path) -> str:
+    """SQLite URL with Justus rows (first 300 per file) and the synthetic CPU shard of :func:`seed_dir`
+    imported, the way ``layercast train`` expects its data."""
+    from tests.conftest import JUSTUS_ROWS_PER_FILE
+    from tests.helpers import import_measurements
+
+    url = f"sqlite:///{tmp_path_factory.mktemp('training-db') / 'measurements.db'}"
+    import_measurements(url, "justus", "--limit", str(JUSTUS_ROWS_PER_FILE))
+    import_measurements(url, "profiler", "--data-dir", str(seed_dir))
+    return url

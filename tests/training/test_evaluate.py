@@ -10,9 +10,9 @@ import pytest
 
 pytest.importorskip("torch")
 
+from app.training.dataset import load_from_database  # noqa: E402
 from app.training.evaluate import fit_overhead  # noqa: E402
 from app.training.evaluate import main as evaluate_main  # noqa: E402
-from app.training.justus import load_justus  # noqa: E402
 from app.training.metrics import metrics, nearest_neighbour_predict, spearman  # noqa: E402
 from app.training.train import main as train_main  # noqa: E402
 from tests.helpers import SHARED_DATA  # noqa: E402
@@ -35,8 +35,8 @@ def test_overhead_is_the_median_per_iteration_residual() -> None:
 
 
 @needs_data
-def test_nearest_neighbour_lookup_answers_with_a_measured_time() -> None:
-    d = load_justus(JUSTUS, sample=50, seed=0)
+def test_nearest_neighbour_lookup_answers_with_a_measured_time(justus_db: str) -> None:
+    d = load_from_database(justus_db, sources=("justus2018",), sample_per_file=50, seed=0)
     tr, te = d.subset(np.arange(len(d)) % 2 == 0), d.subset(np.arange(len(d)) % 2 == 1)
     p = nearest_neighbour_predict(tr, te)
     ok = np.isfinite(p)
@@ -47,13 +47,13 @@ def test_nearest_neighbour_lookup_answers_with_a_measured_time() -> None:
 
 
 @needs_data
-def test_evaluate_writes_report_with_targets_and_baselines(tmp_path: Path, seed_dir: Path) -> None:
+def test_evaluate_writes_report_with_targets_and_baselines(tmp_path: Path, training_db: str) -> None:
     models = tmp_path / "models"
-    assert train_main(["--data-dir", str(JUSTUS), "--seed-dir", str(seed_dir), "--out-dir", str(models),
+    assert train_main(["--database-url", training_db, "--out-dir", str(models),
                        "--sample", "60", "--epochs", "2", "--ensemble", "1", "--hidden", "16", "--depth", "1",
                        "--version", "t", "--no-logo"]) == 0  # fmt: skip
     out = tmp_path / "reports"
-    assert evaluate_main(["--models-dir", str(models), "--data-dir", str(JUSTUS), "--seed-dir", str(seed_dir),
+    assert evaluate_main(["--models-dir", str(models), "--database-url", training_db,
                           "--out-dir", str(out), "--sample", "60", "--logo-epochs", "1", "--logo-ensemble", "1",
                           "--no-e2e"]) == 0  # fmt: skip
     rep = json.loads((out / "evaluation.json").read_text())

@@ -10,10 +10,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from app.hardware.catalog import load_catalog  # noqa: E402
 from app.predictor.registry import load_predictor  # noqa: E402
+from app.training.dataset import load_from_database, split_by_config  # noqa: E402
 from app.training.finetune import finetune_model  # noqa: E402
 from app.training.finetune import run as finetune_run  # noqa: E402
-from app.training.justus import load_hardware_catalog, load_justus, split_by_config  # noqa: E402
 from app.training.metrics import metrics, nearest_neighbour_predict  # noqa: E402
 from app.training.train import calibrate, model_inputs, predict, train_ensemble  # noqa: E402
 from app.training.train import main as train_main  # noqa: E402
@@ -24,9 +25,19 @@ pytestmark = pytest.mark.skipif(not JUSTUS.is_dir(), reason="../shared/data/just
 HELD_OUT = "gtx-1080-ti"
 
 
-def test_finetuning_on_a_few_rows_of_an_unseen_gpu_lowers_its_error() -> None:
+@pytest.fixture(scope="module")
+def finetune_db(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """1,500 stored Justus rows per file (15,000 in all)."""
+    from tests.helpers import import_measurements
+
+    url = f"sqlite:///{tmp_path_factory.mktemp('finetune-db') / 'measurements.db'}"
+    import_measurements(url, "justus", "--limit", "1500")
+    return url
+
+
+def test_finetuning_on_a_few_rows_of_an_unseen_gpu_lowers_its_error(finetune_db: str) -> None:
     torch.set_num_threads(1)
-    d = load_justus(JUSTUS, sample=1500, seed=0)
+    d = load_from_database(finetune_db, sources=("justus2018",))
     base_rows, new_rows = d.subset(d.gpu != HELD_OUT), d.subset(d.gpu == HELD_OUT)
     base = train_ensemble(model_inputs(base_rows), np.log(base_rows.time_ms), n=1, seed=0, epochs=8,
                           hidden=64, depth=2, log=lambda s: None)  # fmt: skip
@@ -48,15 +59,15 @@ def test_finetuning_on_a_few_rows_of_an_unseen_gpu_lowers_its_error() -> None:
     assert m_after["rmspe_pct"] < 0.5 * m_lookup["rmspe_pct"]
 
 
-def test_finetune_command_writes_a_loadable_version(tmp_path: Path) -> None:
+def test_finetune_command_writes_a_loadable_version(tmp_path: Path, justus_db: str) -> None:
     models = tmp_path / "models"
-    assert train_main(["--data-dir", str(JUSTUS), "--no-cpu", "--out-dir", str(models), "--sample", "60",
+    assert train_main(["--database-url", justus_db, "--no-cpu", "--out-dir", str(models), "--sample", "60",
                        "--epochs", "2", "--ensemble", "1", "--hidden", "16", "--depth", "1", "--version", "b",
                        "--no-logo"]) == 0  # fmt: skip
-    hw = load_hardware_catalog()["titan-xp"]
-    new = load_justus(JUSTUS, sample=40, seed=5)
-    new = new.subset(new.gpu == "p100")  # stand-in measurements, taken as if from a Titan Xp
-    meta = finetune_run(models_dir=models, base_stem=None, hardware=hw, new=new, version="b-ft", data_dir=JUSTUS,
+    hw = load_catalog()["titan-xp"]
+    new = load_from_database(justus_db, sources=("justus2018",), hardware_ids=("p100",), sample_per_file=40, seed=5)
+    # stand-in measurements, taken as if from a Titan Xp
+    meta = finetune_run(models_dir=models, base_stem=None, hardware=hw, new=new, version="b-ft", database_url=justus_db,
                         replay_rows=200, epochs=2, promote=True, log=lambda s: None)  # fmt: skip
     assert meta["finetune"]["hardware_id"] == "titan-xp"
     assert "titan-xp" in meta["training_hardware"]

@@ -1,0 +1,123 @@
+"""Fusion of what frameworks fuse (app/core/fusion.py), on real BERT/GPT-2 exports and hand-built graphs."""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+
+import pytest
+
+from app.core.analysis import analyze
+from app.core.costs import layer_cost
+from app.core.fusion import FOREACH_KERNELS_PER_STEP, TENSORS_PER_LAUNCH, fuse_graph, update_kernel_launches
+from app.core.ir import Graph, Layer, OpKind, Tensor
+from app.core.onnx_import import import_onnx
+from app.core.vocab import SoftwareStack
+from app.hardware.catalog import load_catalog
+from app.predictor.base import LayerTimeQuery
+from app.predictor.roofline import KERNEL_FLOOR_MS, STREAM_EFFICIENCY, RooflinePredictor
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from tests.core.real_models import exported  # noqa: E402
+
+N_LAYERS = 12  # BERT-base and GPT-2 small both have 12 blocks
+
+
+@functools.cache
+def _graph(name: str) -> Graph:
+    e = exported(name)
+    return import_onnx(e.onnx_bytes, batch_size=e.batch_size, dims=e.dims)
+
+
+def test_bert_eager_fuses_attention_gelu_and_bias_keeping_flops() -> None:
+    g = _graph("bert")
+    r = fuse_graph(g, software_stack=SoftwareStack.PYTORCH_EAGER)
+    rules = Counter(f.rule for f in r.layers if f.rule)
+    assert rules["attention"] == N_LAYERS and rules["gelu"] == N_LAYERS
+    assert rules["bias"] >= 6 * N_LAYERS  # Q, K, V, attention output, intermediate, output dense per block
+    ops = Counter(x.op_type for x in r.graph.layers)
+    assert ops["Erf"] == 0 and ops["Softmax"] == 0  # all absorbed
+    unfused = [layer_cost(x) for x in g.layers]
+    assert sum(c.forward_flops for c in r.costs) == sum(c.forward_flops for c in unfused)
+    assert sum(c.backward_flops for c in r.costs) == sum(c.backward_flops for c in unfused)
+    assert sum(c.forward_bytes for c in r.costs) < sum(c.forward_bytes for c in unfused)
+    attn = next(f for f in r.layers if f.rule == "attention")
+    assert attn.layer.kind is OpKind.ATTENTION
+    members = [name.rsplit("/", 1)[-1] for name in attn.fused_from]
+    assert members[0] == "MatMul" and "Softmax" in members and members[-1] == "MatMul_1"
+    # the fused layer moves Q, K, V and the output once: no score matrix in its bytes
+    assert attn.cost.forward_bytes == sum(t.nbytes for t in (*attn.layer.inputs, *attn.layer.outputs))
+    gelu = next(f for f in r.layers if f.rule == "gelu")
+    assert [n.rsplit("/", 1)[-1] for n in gelu.fused_from] == ["Div", "Erf", "Add", "Mul", "Mul_1"]
+    assert gelu.layer.inputs[0].shape == gelu.layer.outputs[0].shape
+    assert gelu.cost.forward_bytes == 2 * gelu.layer.outputs[0].nbytes
+
+
+def test_fusion_depends_on_the_stack() -> None:
+    g = _graph("bert")
+    compiled = Counter(f.rule for f in fuse_graph(g, software_stack="pytorch-compiled").layers if f.rule)
+    tf1 = Counter(f.rule for f in fuse_graph(g, software_stack="tf1-session").layers if f.rule)
+    # Inductor folds the GELU into the intermediate dense's epilogue
+    assert compiled["activation_epilogue"] >= N_LAYERS and compiled["gelu"] == 0
+    assert tf1["attention"] == 0 and tf1["gelu"] == N_LAYERS
+
+
+def test_gpt2_attention_is_fused_but_its_python_tanh_gelu_is_not_under_eager() -> None:
+    g = _graph("gpt2")
+    r = fuse_graph(g, software_stack="pytorch-eager")
+    assert Counter(f.rule for f in r.layers)["attention"] == N_LAYERS
+    # HF's gelu_new is Python arithmetic: eager PyTorch launches each op, so nothing fuses it
+    assert Counter(x.op_type for x in r.graph.layers)["Tanh"] == N_LAYERS
+
+
+def test_analysis_reports_fused_nodes_per_layer() -> None:
+    g = _graph("bert")
+    a = analyze(g, software_stack="pytorch-eager")
+    assert a.fusion_stack is SoftwareStack.PYTORCH_EAGER and a.layer_count < len(g.layers)
+    assert len(a.fused_from) == len(a.costs) == a.layer_count
+    assert sum(len(f) for f in a.fused_from if f) + sum(1 for f in a.fused_from if not f) == len(g.layers)
+    assert analyze(g).fused_from == ()  # no stack: no fusion
+
+
+def _chain(out_is_graph_output: bool) -> Graph:
+    x = Tensor("x", (8, 1024, 3072))
+    d, e, a, m, y = (Tensor(n, x.shape) for n in ("d", "e", "a", "m", "y"))
+    layers = (
+        Layer("div", "Div", OpKind.ELEMENTWISE, (x,), (d,)),
+        Layer("erf", "Erf", OpKind.ACTIVATION, (d,), (e,)),
+        Layer("add", "Add", OpKind.ELEMENTWISE, (e,), (a,)),
+        Layer("mul", "Mul", OpKind.ELEMENTWISE, (x, a), (m,)),
+        Layer("mul_1", "Mul", OpKind.ELEMENTWISE, (m,), (y,)),
+    )
+    outs = (y, e) if out_is_graph_output else (y,)
+    return Graph("gelu", layers, (x,), outs, batch_size=8)
+
+
+def test_an_intermediate_that_is_a_graph_output_blocks_fusion() -> None:
+    assert [f.rule for f in fuse_graph(_chain(False)).layers] == ["gelu"]
+    assert all(f.rule is None for f in fuse_graph(_chain(True)).layers)
+
+
+def test_foreach_launches_are_shared_across_tensors() -> None:
+    assert update_kernel_launches(TENSORS_PER_LAUNCH, "adam") == FOREACH_KERNELS_PER_STEP["adam"]
+    assert update_kernel_launches(2, "sgd") == pytest.approx(2 / TENSORS_PER_LAUNCH)
+    assert update_kernel_launches(0, "adam") == 0 == update_kernel_launches(5, "none")
+
+
+def test_fused_attention_is_costed_at_the_attention_roofline() -> None:
+    g = _graph("bert")
+    r = fuse_graph(g)
+    attn = next(f for f in r.layers if f.rule == "attention")
+    hw = load_catalog()["a100-sxm4-40gb"]
+    q = LayerTimeQuery(attn.layer, attn.cost, hw, "inference", "none", precision="bf16")
+    (est,) = RooflinePredictor().estimate([q])
+    bound_s = max(attn.cost.forward_flops / hw.peak_flops_per_s["bf16"],
+                  attn.cost.forward_bytes / 2 / (hw.memory_bandwidth_bytes_per_s * STREAM_EFFICIENCY))
+    assert est.forward_ms == pytest.approx(bound_s * 1e3 + KERNEL_FLOOR_MS)
+    # one kernel instead of the 4-6 the unfused members would launch
+    members = [f for f in fuse_graph(g, software_stack="tf1-session").layers if f.layer.name in attn.fused_from]
+    unfused = RooflinePredictor().estimate(
+        [LayerTimeQuery(m.layer, m.cost, hw, "inference", "none", precision="bf16") for m in members])
+    assert est.forward_ms < sum(e.forward_ms for e in unfused)
