@@ -15,8 +15,8 @@ measurement becomes, when its layer can be rebuilt:
   function the API serves with.
 
 Rows that cannot be used are counted in :attr:`TrainingRows.skipped` by ``(source, reason)``, never
-dropped silently: a pass the features do not model, a config no builder knows (collectives, DeepBench
-GEMMs and RNNs), a profiler config that rebuilds into several IR layers (fused attention), an op the cost
+dropped silently: a pass the features do not model, a config no builder knows (collectives), a profiler
+config that rebuilds into several IR layers (fused attention), an op the cost
 model does not support, or a NULL software stack (reported rows stored before migration 0002).
 """
 
@@ -215,14 +215,14 @@ def _shape_layer(op: Mapping[str, Any], dtype: str) -> Layer | None:
         if len(a) < 2 or a[:-2] != b[:-2] or a[-1] != b[-2]:
             raise ValueError(f"matmul shapes do not chain: {a} @ {b}")
         out = (*a[:-1], b[-1])
-        return Layer(
-            "matmul",
-            "MatMul",
-            OpKind.MATMUL,
-            (Tensor("a", a, dtype), Tensor("b", b, dtype)),
-            (Tensor("y", out, dtype),),
-            attrs=GemmAttrs(m=a[-2], n=b[-1], k=a[-1], batch=a[:-2]),
-        )
+        return Layer("matmul", "MatMul", OpKind.MATMUL, (Tensor("a", a, dtype), Tensor("b", b, dtype)),
+                     (Tensor("y", out, dtype),), attrs=GemmAttrs(m=a[-2], n=b[-1], k=a[-1], batch=a[:-2]))
+    if name == "matmul" and "m" in op:  # DeepBench: C[m×n] = op(A)[m×k]·op(B)[k×n], both operands inputs
+        m, n, k = int(op["m"]), int(op["n"]), int(op["k"])
+        a_shape = (k, m) if op.get("a_trans") else (m, k)
+        b_shape = (n, k) if op.get("b_trans") else (k, n)
+        return Layer("gemm", "MatMul", OpKind.MATMUL, (Tensor("a", a_shape, dtype), Tensor("b", b_shape, dtype)),
+                     (Tensor("y", (m, n), dtype),), attrs=GemmAttrs(m=m, n=n, k=k))
     if name == "elementwise":
         shape = tuple(int(v) for v in op["shape"])
         x = Tensor("x", shape, dtype)
@@ -235,14 +235,9 @@ def _shape_layer(op: Mapping[str, Any], dtype: str) -> Layer | None:
         inputs = (x,) if op.get("operand") == "scalar" else (x, Tensor("x2", shape, dtype))
         return Layer(fn, _ELEMENTWISE_OPS[fn], OpKind.ELEMENTWISE, inputs, (Tensor("y", shape, dtype),))
     if name == "rope":
-        q, k = tuple(int(v) for v in op["q_shape"]), tuple(int(v) for v in op["k_shape"])
-        return Layer(
-            "rope",
-            "Rope",
-            OpKind.ELEMENTWISE,
-            (Tensor("q", q, dtype), Tensor("k", k, dtype)),
-            (Tensor("q_out", q, dtype), Tensor("k_out", k, dtype)),
-        )
+        q_shape, k_shape = tuple(int(v) for v in op["q_shape"]), tuple(int(v) for v in op["k_shape"])
+        return Layer("rope", "Rope", OpKind.ELEMENTWISE, (Tensor("q", q_shape, dtype), Tensor("k", k_shape, dtype)),
+                     (Tensor("q_out", q_shape, dtype), Tensor("k_out", k_shape, dtype)))
     return None
 
 
@@ -253,8 +248,10 @@ def record_layer(*, source: str, config: Mapping[str, Any], batch_size: int, pre
     :func:`justus_dense_layer`); profiler configs with :meth:`app.profiler.sampler.LayerConfig.to_layers`
     (the importer stores the profiler's row fields); ``{"input_shape", "layer"}`` configs through
     :func:`app.core.json_import.import_json` at ``batch_size`` with tensors in the precision's dtype;
-    shape records (``matmul`` with ``a``/``b``, ``elementwise``, ``rope``) directly. Collectives and
-    DeepBench's bare GEMM/RNN records have no builder (``no_layer_builder``).
+    shape records (``matmul`` with ``a``/``b`` or DeepBench's ``m``/``n``/``k``, ``elementwise``,
+    ``rope``) directly. Collectives have no builder (``no_layer_builder``). DeepBench RNN records rebuild
+    through the JSON ``lstm``/``gru``/``rnn`` layer, whose cost includes the input projection DeepBench
+    does not time (``config["input_projection_timed"]`` is false).
     """
     dtype = _DTYPE.get(precision, "float32")
     try:
@@ -289,10 +286,8 @@ def config_key(*, source: str, config: Mapping[str, Any], batch_size: int) -> st
         layer, act = config["layer"], config.get("activation", "none")
         if layer["op"] == "conv2d":
             c_in, size, _ = config["input_shape"]
-            return (
-                f"conv|{batch_size}|{size}|{layer['kernel_size']}|{layer.get('stride', 1)}|{c_in}|"
-                f"{layer['out_channels']}|{config['tf_padding']}|{bool(layer.get('bias', True))}|{act}"
-            )
+            return (f"conv|{batch_size}|{size}|{layer['kernel_size']}|{layer.get('stride', 1)}|{c_in}|"
+                    f"{layer['out_channels']}|{config['tf_padding']}|{bool(layer.get('bias', True))}|{act}")
         return f"dense|{batch_size}|{config['input_shape'][0]}|{layer['out_features']}|{act}"
     if source == SOURCE_PROFILER and config.get("config_id"):
         return str(config["config_id"])
@@ -377,11 +372,8 @@ def load_training_rows(
         per_file.setdefault((r[1], r[12] or f"reported:{r[1]}"), []).append(i)
     if sample_per_file is not None:
         rng = np.random.default_rng(seed)
-        keep = sorted(
-            int(i)
-            for idx in per_file.values()
-            for i in (idx if len(idx) <= sample_per_file else rng.choice(idx, sample_per_file, replace=False))
-        )  # noqa: E501
+        keep = sorted(int(i) for idx in per_file.values()
+                      for i in (idx if len(idx) <= sample_per_file else rng.choice(idx, sample_per_file, replace=False)))  # noqa: E501
         rows = [rows[i] for i in keep]
     stored = {
         hw_id: spec_from_dict(spec)
@@ -422,16 +414,8 @@ def _featurise(rows: Sequence[Any], specs: Mapping[str, HardwareSpec], *,
                 built = layer
             else:
                 cost = layer_cost(layer)
-                built = (
-                    (
-                        layer,
-                        cost,
-                        config_key(source=source, config=config, batch_size=int(batch)),
-                        _family(source, op_kind, config, op_name),
-                    )
-                    if cost.supported
-                    else SKIP_UNSUPPORTED
-                )
+                built = (layer, cost, config_key(source=source, config=config, batch_size=int(batch)),
+                         _family(source, op_kind, config, op_name)) if cost.supported else SKIP_UNSUPPORTED
             cache[key] = built
         if isinstance(built, str):
             skipped[(source, built)] += 1
@@ -545,15 +529,5 @@ def _with_session(database_url: str, call: Any) -> Any:
         engine.dispose()
 
 
-__all__ = [
-    "TrainingRows",
-    "SourceFile",
-    "load_training_rows",
-    "load_from_database",
-    "load_iterations",
-    "iterations_from_database",
-    "record_layer",
-    "config_key",
-    "split_by_config",
-    "split_by_hash",
-]
+__all__ = ["TrainingRows", "SourceFile", "load_training_rows", "load_from_database", "load_iterations",
+           "iterations_from_database", "record_layer", "config_key", "split_by_config", "split_by_hash"]
