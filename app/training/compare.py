@@ -1,0 +1,141 @@
+"""Quick leave-one-GPU-out comparison of feature sets, scored on validation configurations only.
+
+``python -m app.training.compare --database-url sqlite:///...`` loads a small subsample of the measurement
+database once, then for each variant of :data:`VARIANTS` retrains the GPU head without each GPU chip
+(:func:`app.training.train.leave_one_gpu_out`'s recipe, fewer rows and epochs) and scores it on the held-out
+chip's **validation** configurations (split 1), never its test configurations (split 2, which ``layercast
+evaluate`` reports): choosing a recipe here does not tune on the reported folds. The score per variant is the
+mean over sources (Justus, NeuSight, Vidur) of the pooled held-out-GPU MAPE, plus per-chip MAPE.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from app.hardware.catalog import load_catalog
+from app.training.metrics import metrics, source_of
+from app.training.train import (
+    DEFAULTS,
+    MODEL_FEATURES,
+    TrainingRows,
+    fit_recipe,
+    gpu_group,
+    is_cpu_rows,
+    load_training_data,
+    model_inputs,
+    predict,
+    splits,
+)
+
+#: Absolute hardware figures: with eleven GPUs they let the network learn which GPU a row is on (memorise
+#: per-device efficiency) instead of how efficiency follows from dimensionless ratios (NeuSight, Lee et al.
+#: ASPLOS 2025: tiles per SM, wave fill, intensity over the ridge point).
+ABSOLUTE_HW: tuple[str, ...] = (
+    "hw_log_op_peak_flops_per_s",
+    "hw_log_bandwidth_bytes_per_s",
+    "hw_log_compute_units",
+    "hw_log_clock_mhz",
+    "hw_log_l2_cache_bytes",
+)
+#: Absolute work (FLOPs, bytes, FLOPs per SM): together with the times (work / peak) they still encode the
+#: device's peak; the times, shapes and ratios carry the same information about the layer.
+ABSOLUTE_WORK: tuple[str, ...] = ("log_flops", "log_bytes", "log_work_per_sm", "log_update_memory_ms")
+
+
+def _without(names: Sequence[str], drop: Sequence[str]) -> tuple[str, ...]:
+    return tuple(n for n in names if n not in set(drop))
+
+
+_KEEP_SMS = _without(MODEL_FEATURES, tuple(n for n in ABSOLUTE_HW if n != "hw_log_compute_units"))
+
+#: Variants compared: name -> (feature names, a subset of :data:`app.core.features.FEATURE_NAMES`; recipe
+#: overrides of :data:`app.training.train.DEFAULTS`).
+VARIANTS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
+    "v3": (MODEL_FEATURES, {}),
+    "no_absolute_hw": (_without(MODEL_FEATURES, ABSOLUTE_HW), {}),
+    "no_absolute_hw_work": (_without(MODEL_FEATURES, ABSOLUTE_HW + ABSOLUTE_WORK), {}),
+    "no_absolute_hw_keep_sms": (_KEEP_SMS, {}),
+    "v3_wd1e-2": (MODEL_FEATURES, {"weight_decay": 1e-2}),
+    "keep_sms_wd1e-2": (_KEEP_SMS, {"weight_decay": 1e-2}),
+    "keep_sms_hidden64": (_KEEP_SMS, {"hidden": 64}),
+}
+
+#: Rows per imported file of each GPU source for the quick loop (~1/4 of the shipped sample).
+QUICK_SAMPLE: dict[str, int | None] = {"justus2018": 1500, "neusight": 600, "vidur": 4000}
+
+
+def score_variant(
+    tr: TrainingRows,
+    va: TrainingRows,
+    *,
+    names: Sequence[str],
+    recipe: Mapping[str, Any],
+    seed: int,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Leave-one-GPU-chip-out over the GPU rows of ``tr``, scored on each held-out chip's rows of ``va``.
+
+    Returns ``{"score": mean over sources of the pooled MAPE (%), "by_source": {source: MAPE},
+    "by_gpu": {chip: MAPE}}``.
+    """
+    catalog = load_catalog()
+    gtr, gva = tr.subset(~is_cpu_rows(tr)), va.subset(~is_cpu_rows(va))
+    g_tr, g_va = gpu_group(gtr.gpu, catalog), gpu_group(gva.gpu, catalog)
+    r = {**recipe, "feature_names": tuple(names)}
+    pred_parts, true_parts, src_parts = [], [], []
+    by_gpu: dict[str, float] = {}
+    for g in sorted(set(g_va.tolist())):
+        model, _ = fit_recipe(gtr.subset(g_tr != g), gva.subset(g_va != g), recipe=r, seed=seed, ensemble=1,
+                              log=lambda s: None)  # fmt: skip
+        v = gva.subset(g_va == g)
+        p = np.exp(predict(model, model_inputs(v, names))[:, 1])
+        by_gpu[g] = round(metrics(v.time_ms, p)["mape_pct"], 2)
+        pred_parts.append(p)
+        true_parts.append(v.time_ms)
+        src_parts.append(source_of(v))
+    pred, true, src = (np.concatenate(x) for x in (pred_parts, true_parts, src_parts))
+    by_source = {s: round(metrics(true[src == s], pred[src == s])["mape_pct"], 2) for s in np.unique(src)}
+    score = round(float(np.mean(list(by_source.values()))), 2)
+    log(f"score {score}: {by_source}; {by_gpu}")
+    return {"score": score, "by_source": by_source, "by_gpu": by_gpu}
+
+
+def run(*, database_url: str, variants: Sequence[str], epochs: int, seed: int,
+        log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Load :data:`QUICK_SAMPLE` once and :func:`score_variant` each named variant; returns ``{name: result}``."""
+    torch.set_num_threads(1)
+    gpu, _, _ = load_training_data(database_url=database_url, cpu=False, sample=QUICK_SAMPLE, seed=seed, log=log)
+    tr, va, _ = splits(gpu, None, seed=seed)
+    recipe = {**DEFAULTS, "epochs": epochs}
+    out: dict[str, Any] = {}
+    for name in variants:
+        t0 = time.time()
+        names, overrides = VARIANTS[name]
+        log(f"variant {name} ({len(names)} features, {overrides})")
+        out[name] = {**score_variant(tr, va, names=names, recipe={**recipe, **overrides}, seed=seed, log=log),
+                     "seconds": round(time.time() - t0, 1)}  # fmt: skip
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry point: prints one JSON object ``{variant: result}``."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--database-url", required=True)
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    res = run(database_url=a.database_url, variants=a.variants, epochs=a.epochs, seed=a.seed)
+    print(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
