@@ -23,7 +23,8 @@ rows per file, split seed read from its metadata; the same loaders and split as 
 3. **End-to-end training iterations on the CPU** — each whole model of the profiler's e2e records is
    rebuilt, imported, analysed and predicted layer by layer with the registry predictor (the API's
    logic: Σ forward + backward + update); a per-iteration overhead (median of measured − Σ layers) is
-   calibrated leave-one-model-out for the reported error.
+   calibrated leave-one-model-out and added only where it lowers the leave-one-model-out error over the
+   other models (:func:`overhead_helps`); otherwise the reported error is that of the plain layer sum.
 
 Writes ``<out-dir>/evaluation.json`` (every number) and ``<out-dir>/evaluation.md`` (tables). Needs torch
 for step 2 (retraining) and step 3 (rebuilding the models).
@@ -292,6 +293,7 @@ def e2e_block(rows: Sequence[dict[str, Any]], cpu_train: TrainingRows | None) ->
     For each held-out architecture the overhead is fitted on the other architectures, and used only when
     :func:`overhead_helps` on those other architectures (a decision that never sees the held-out model);
     otherwise its calibrated prediction is the plain layer sum (``overhead_ms`` 0, ``overhead_used`` False).
+    The roofline layer sum gets the same decision on its own residuals.
     """
     ok = [r for r in rows if "error" not in r]
     archs = sorted({r["arch"] for r in ok})
@@ -304,6 +306,8 @@ def e2e_block(rows: Sequence[dict[str, Any]], cpu_train: TrainingRows | None) ->
         if not used:
             beta = 0.0
         r_alpha, r_beta = fit_overhead(others, "roofline_sum_ms") if len(others) >= 2 else (1.0, 0.0)
+        if not overhead_helps(others, "roofline_sum_ms"):  # the baseline gets the same decision
+            r_beta = 0.0
         pred = alpha * r["learned_sum_ms"] + beta
         roof = r_alpha * r["roofline_sum_ms"] + r_beta
         row = dict(r, learned_calibrated_ms=pred, roofline_calibrated_ms=roof, overhead_alpha=alpha,
@@ -461,7 +465,7 @@ def markdown(report: Mapping[str, Any]) -> str:
         names = {
             "learned_calibrated_ms": "**learned layer sum + overhead where it helps (leave-one-model-out)**",
             "learned_sum_ms": "learned layer sum, no overhead",
-            "roofline_calibrated_ms": "roofline layer sum + calibrated overhead",
+            "roofline_calibrated_ms": "roofline layer sum + overhead where it helps (leave-one-model-out)",
             "roofline_sum_ms": "roofline layer sum",
             "flop_linear_ms": "FLOP-linear (CPU layers fit), summed",
         }
