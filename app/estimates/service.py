@@ -169,6 +169,7 @@ def predict_batch(session: Session, predictor: Predictor, *, request: BatchPredi
 
 def _job_scenario(cache: GraphCache, job: JobSpec) -> Scenario:
     hw = cache.spec(job.hardware_id)
+    precision = engine.checked_precision(hw, job.precision)
     try:
         local = per_device_batch(job.batch_size, job.device_count)
     except ValueError as exc:
@@ -179,7 +180,7 @@ def _job_scenario(cache: GraphCache, job: JobSpec) -> Scenario:
     analysis = cache.analysis(graph_id=job.graph_id, batch_size=local, dims=job.dims,
                               software_stack=job.software_stack)
     return Scenario(analysis=analysis, hardware=hw, mode="training", optimizer=job.optimizer,
-                    precision=engine.checked_precision(hw, job.precision), software_stack=job.software_stack,
+                    precision=precision, software_stack=job.software_stack,
                     global_batch_size=job.batch_size, device_count=job.device_count,
                     dataset_size=job.dataset_size, epochs=job.epochs)
 
