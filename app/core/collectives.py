@@ -3,11 +3,15 @@
 Ring all-reduce (Patarasuk & Yuan 2009; the algorithm NCCL runs for large messages): each of ``n`` ranks
 sends and receives ``2(n-1)/n`` of the buffer in ``2(n-1)`` steps (reduce-scatter, then all-gather), so
 
-    t = 2(n-1)/n × bytes / link_bandwidth + 2(n-1) × step_latency
+    t = base_latency + 2(n-1) × step_latency + 2(n-1)/n × bytes / (η × link_bandwidth)
 
-with ``link_bandwidth`` the per-direction bandwidth of one rank's link and ``step_latency`` the fixed cost
-of one ring step. NCCL's own tuning model (``src/graph/tuning.cc``: ``baseLat + nsteps × hwLat +
-bytes / busBw``) has the same form.
+with ``link_bandwidth`` the per-direction bandwidth of one rank's link, ``step_latency`` the fixed cost
+of one ring step (the catalog's ``interconnect_latency_s``) and ``base_latency`` the launch cost of one
+collective. This is NCCL's own tuning model (``src/graph/tuning.cc``: ``baseLat + nsteps × hwLat +
+bytes / busBw``, ``nsteps = 2(n-1)`` for a ring all-reduce); :data:`NCCL_BASE_LATENCY_S` is its
+``baseLat[Ring][Simple]``. ``η`` (:data:`BANDWIDTH_EFFICIENCY`) is the share of the datasheet link
+bandwidth NCCL achieves, the one fitted number: fitted on the Vidur Azure A100-PCIe 4-rank rows
+(PCIe 4.0, messages >= 64 MiB) and tested on the DGX A100 NVLink rows (docs/allreduce_validation.md).
 
 Overlap with backward (PyTorch DDP, Li et al. VLDB 2020): gradients are all-reduced in buckets
 (``bucket_cap_mb = 25``) as soon as a bucket's gradients are ready, while backward goes on. Only the last
@@ -20,6 +24,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Literal
+
+#: NCCL ``baseLat[Ring][Simple]`` (src/graph/tuning.cc, NCCL 2.x): 8.4 µs per collective.
+NCCL_BASE_LATENCY_S = 8.4e-6
+
+#: Achieved / datasheet link bandwidth of a large NCCL ring all-reduce: the median over Vidur's
+#: a100_pairwise_nvlink 4-rank rows >= 64 MiB (0.751, scripts/validate_allreduce.py re-derives it).
+BANDWIDTH_EFFICIENCY = 0.75
 
 #: PyTorch DDP's default ``bucket_cap_mb`` (25 MiB).
 DDP_BUCKET_BYTES = 25 * 2**20
@@ -49,7 +60,8 @@ def ring_allreduce_s(nbytes: float, n: int, link: Link) -> float:
         raise ValueError(f"negative all-reduce size {nbytes}")
     if n == 1 or nbytes == 0:
         return 0.0
-    return 2 * (n - 1) / n * nbytes / link.bandwidth_bytes_per_s + 2 * (n - 1) * link.step_latency_s
+    return (NCCL_BASE_LATENCY_S + 2 * (n - 1) * link.step_latency_s
+            + 2 * (n - 1) / n * nbytes / (BANDWIDTH_EFFICIENCY * link.bandwidth_bytes_per_s))
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,9 @@ are separate, memory-bound kernels that the Justus data never measured in isolat
 ``time = max(F / P, B / (W · STREAM_EFFICIENCY)) + KERNEL_FLOOR_MS`` per kernel (one forward kernel, and
 one more for backward in training). Metadata-only views (Reshape/Flatten/Squeeze: 0 FLOPs, 0 bytes)
 take no time. Applying the conv/dense efficiency and TF1 session floor to them would overstate a
-ResNet-50 step by ~2× (they are ~70 % of its layers).
+ResNet-50 step by ~2× (they are ~70 % of its layers). A fused attention layer (:mod:`app.core.fusion`) is
+costed the same way at the attention roofline: its FLOPs at :data:`ATTENTION_EFFICIENCY` of the peak it may
+use (tensor cores), Q, K, V and the output moved once, not two batched GEMMs at the conv/dense efficiency.
 
 Precision (:mod:`app.core.precision`): each op uses the peak it may use under the request's precision
 (tensor-core rates for MAC-class ops under tf32/fp16/bf16 and for cuDNN ops under fp32 on Ampere and
@@ -110,6 +112,10 @@ KERNEL_FLOOR_MS_BY_STACK: Mapping[SoftwareStack, float] = {
     SoftwareStack.TF1_SESSION: 0.010,
 }
 KERNEL_FLOOR_MS = KERNEL_FLOOR_MS_BY_STACK[SoftwareStack.PYTORCH_EAGER]
+# Achieved fraction of the tensor-core peak of a fused attention kernel: FlashAttention-2 reaches 50-73 % of
+# the A100's peak forward and somewhat less backward (Dao 2023, "FlashAttention-2: Faster Attention with
+# Better Parallelism and Work Partitioning", abstract and Sec. 4); 0.6 for both passes. Not fitted.
+ATTENTION_EFFICIENCY = 0.6
 # Interval of streaming ops: not calibrated (no measurements), a ×2 band either side.
 STREAM_INTERVAL = (0.5, 2.0)
 _MAC_KINDS = frozenset({OpKind.CONV, OpKind.CONV_TRANSPOSE, OpKind.GEMM, OpKind.MATMUL, OpKind.RECURRENT})
@@ -237,16 +243,19 @@ class RooflinePredictor:
         )
 
     def _streaming(self, q: LayerTimeQuery, c: LayerCost, peak: float, bw: float, ood: bool) -> LayerTimeEstimate:
-        """Memory-bound kernel model for non-MAC ops (see module docstring); ``c`` is the cost at the
-        query's precision, ``peak`` the fp32 vector rate."""
+        """Kernel model for non-MAC ops and fused attention (see module docstring); ``c`` is the cost at the
+        query's precision, ``peak`` the rate the op may use (fp32 vector rate; tensor-core rate for attention,
+        of which it reaches :data:`ATTENTION_EFFICIENCY`)."""
 
         stack = SoftwareStack(q.software_stack)
         kernel_ms = KERNEL_FLOOR_MS_BY_STACK[stack]
 
+        rate = peak * (ATTENTION_EFFICIENCY if c.kind is OpKind.ATTENTION else 1.0)
+
         def t_ms(flops: float, nbytes: float, kernels: float = 1.0) -> float:
             if flops == 0 and nbytes == 0:
                 return 0.0  # metadata-only view: no kernel runs
-            return max(flops / peak, nbytes / (bw * STREAM_EFFICIENCY)) * 1e3 + kernel_ms * kernels
+            return max(flops / rate, nbytes / (bw * STREAM_EFFICIENCY)) * 1e3 + kernel_ms * kernels
 
         fwd = t_ms(c.forward_flops, c.forward_bytes)
         bwd = upd = 0.0

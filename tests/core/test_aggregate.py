@@ -15,7 +15,14 @@ from app.core.aggregate import (
     LayerTime,
     aggregate,
 )
-from app.core.collectives import DDP_BUCKET_BYTES, Link, bucketed_allreduce, ring_allreduce_s
+from app.core.collectives import (
+    BANDWIDTH_EFFICIENCY,
+    DDP_BUCKET_BYTES,
+    NCCL_BASE_LATENCY_S,
+    Link,
+    bucketed_allreduce,
+    ring_allreduce_s,
+)
 
 NVLINK = Link(kind="nvlink", bandwidth_bytes_per_s=300e9, step_latency_s=5e-6)
 LAYERS = [LayerTime(forward_ms=1.0, backward_ms=2.0, update_ms=0.5, total_ms_p10=3.0, total_ms_p90=4.5,
@@ -71,7 +78,7 @@ def test_job_adds_checkpoint_writes_every_k_epochs() -> None:
 
 def test_ring_allreduce_formula() -> None:
     nbytes, n = 1e9, 8
-    expected = 2 * 7 / 8 * nbytes / 300e9 + 2 * 7 * 5e-6
+    expected = NCCL_BASE_LATENCY_S + 2 * 7 / 8 * nbytes / (BANDWIDTH_EFFICIENCY * 300e9) + 2 * 7 * 5e-6
     assert ring_allreduce_s(nbytes, n, NVLINK) == pytest.approx(expected)
     assert ring_allreduce_s(nbytes, 1, NVLINK) == 0.0
     with pytest.raises(ValueError):

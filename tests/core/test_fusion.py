@@ -15,7 +15,7 @@ from app.core.onnx_import import import_onnx
 from app.core.vocab import SoftwareStack
 from app.hardware.catalog import load_catalog
 from app.predictor.base import LayerTimeQuery
-from app.predictor.roofline import KERNEL_FLOOR_MS, STREAM_EFFICIENCY, RooflinePredictor
+from app.predictor.roofline import ATTENTION_EFFICIENCY, KERNEL_FLOOR_MS, STREAM_EFFICIENCY, RooflinePredictor
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -113,7 +113,7 @@ def test_fused_attention_is_costed_at_the_attention_roofline() -> None:
     hw = load_catalog()["a100-sxm4-40gb"]
     q = LayerTimeQuery(attn.layer, attn.cost, hw, "inference", "none", precision="bf16")
     (est,) = RooflinePredictor().estimate([q])
-    bound_s = max(attn.cost.forward_flops / hw.peak_flops_per_s["bf16"],
+    bound_s = max(attn.cost.forward_flops / (hw.peak_flops_per_s["bf16"] * ATTENTION_EFFICIENCY),
                   attn.cost.forward_bytes / 2 / (hw.memory_bandwidth_bytes_per_s * STREAM_EFFICIENCY))
     assert est.forward_ms == pytest.approx(bound_s * 1e3 + KERNEL_FLOOR_MS)
     # one kernel instead of the 4-6 the unfused members would launch

@@ -72,3 +72,18 @@ def test_foreach_update_shares_launches_across_layers() -> None:
     (est,) = RooflinePredictor().estimate([LayerTimeQuery(layer, layer_cost(layer), hw, "training", "adam")])
     # a 64x64 layer's Adam step is ~8 foreach kernels shared by 48 tensors each: far below one launch per layer
     assert est.update_ms < KERNEL_FLOOR_MS
+
+
+def test_compute_bound_fused_attention_runs_at_the_flash_attention_fraction_of_the_tensor_core_peak() -> None:
+    from app.core.ir import AttentionAttrs, Layer, OpKind, Tensor
+    from app.predictor.roofline import ATTENTION_EFFICIENCY
+
+    b, h, t, d = 8, 16, 2048, 64
+    q = Tensor("q", (b, h, t, d), "float16")
+    layer = Layer("attn", "Attention", OpKind.ATTENTION, (q, q, q), (Tensor("o", (b, h, t, d), "float16"),),
+                  attrs=AttentionAttrs(batch=b, heads=h, q_len=t, kv_len=t, qk_width=h * d, v_width=h * d))
+    hw = load_catalog()["h100-sxm"]
+    cost = layer_cost(layer)
+    (est,) = RooflinePredictor().estimate([LayerTimeQuery(layer, cost, hw, "inference", "none", precision="bf16")])
+    compute_ms = cost.forward_flops / (hw.peak_flops_per_s["bf16"] * ATTENTION_EFFICIENCY) * 1e3
+    assert est.forward_ms == pytest.approx(compute_ms + KERNEL_FLOOR_MS)
