@@ -9,20 +9,19 @@ arguments after the session; functions flush and never commit (STYLE.md §3).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
+from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from app.core.aggregate import Aggregate, LayerTime, per_device_batch
-from app.core.analysis import analyze
+from app.core.aggregate import Aggregate, LayerTime
 from app.core.precision import PRECISION_SEMANTICS
 from app.core.vocab import Granularity, Pass
-from app.errors import InvalidRequest, LayercastError, PayloadTooLarge
+from app.errors import LayercastError, PayloadTooLarge
 from app.estimates import engine
 from app.estimates.calibration import UNCALIBRATED, Calibration, calibrate
 from app.estimates.engine import GraphCache, Scenario
@@ -75,11 +74,14 @@ def _limit(items: Sequence[Any], limit: int, what: str) -> None:
 
 
 def _attempt(fn: Callable[[], T]) -> T | ItemError:
-    """``fn()``, or the :class:`ItemError` of the domain error it raised."""
+    """``fn()``, or the :class:`ItemError` of the domain error (or request validation error) it raised."""
     try:
         return fn()
     except LayercastError as exc:
         return ItemError(code=exc.code, message=exc.message)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        return ItemError(code="validation_error", message=str(first.get("msg", exc)))
 
 
 # ------------------------------------------------------------------------------------- batch predictions
@@ -99,30 +101,20 @@ class _Replay:
         return self._estimates
 
 
-def _batch_scenario(cache: GraphCache, item: BatchItem) -> Scenario:
-    hw = cache.spec(item.hardware_id)
-    if item.graph_id is not None:
-        analysis = cache.analysis(graph_id=item.graph_id, batch_size=item.batch_size, dims=item.dims,
-                                  software_stack=item.software_stack)
-    else:
-        assert item.graph is not None
-        content = graphs.canonical_json(item.graph.model_dump())
-        analysis = analyze(graphs.build_graph(content, "json", batch_size=item.batch_size, dims=item.dims),
-                           software_stack=item.software_stack)
-    return Scenario(analysis=analysis, hardware=hw, mode=item.mode,
-                    optimizer=item.optimizer if item.mode == "training" else "none",
-                    precision=engine.checked_precision(hw, item.precision), software_stack=item.software_stack,
-                    global_batch_size=item.batch_size)
+def _item_request(item: BatchItem) -> PredictionCreate:
+    return PredictionCreate(
+        graph_id=item.graph_id, graph=item.graph, hardware_id=item.hardware_id, batch_size=item.batch_size,
+        mode=item.mode, optimizer=item.optimizer, precision=item.precision, software_stack=item.software_stack,
+        dims=item.dims)
 
 
-def _summary(s: Scenario, agg: Aggregate) -> BatchSummary:
+def _summary(cache: GraphCache, s: Scenario, agg: Aggregate) -> BatchSummary:
     it = agg.iteration
-    peak, ok, _ = engine.memory_fit(s)
     return BatchSummary(
         iteration_ms=it.time_ms, iteration_ms_p10=it.time_ms_p10, iteration_ms_p90=it.time_ms_p90,
         forward_ms=it.forward_ms, backward_ms=it.backward_ms, update_ms=it.update_ms,
-        samples_per_s=it.samples_per_s, peak_memory_bytes=peak, fits=ok, layers=s.analysis.layer_count,
-        layers_unsupported=s.analysis.unsupported_layer_count, energy_j=it.energy_j,
+        samples_per_s=it.samples_per_s, peak_memory_bytes=cache.footprint(s).total_bytes, fits=cache.fits(s),
+        layers=s.analysis.layer_count, layers_unsupported=s.analysis.unsupported_layer_count, energy_j=it.energy_j,
     )
 
 
@@ -133,26 +125,20 @@ def predict_batch(session: Session, predictor: Predictor, *, request: BatchPredi
     """
     _limit(request.items, MAX_BATCH_ITEMS, "items")
     cache = GraphCache(session)
-    scenarios = [_attempt(partial(_batch_scenario, cache, item)) for item in request.items]
+    scenarios = [_attempt(partial(cache.scenario, _item_request(item))) for item in request.items]
     ok = [(i, s) for i, s in enumerate(scenarios) if isinstance(s, Scenario)]
-    queries = [engine.layer_queries(s) for _, s in ok]
-    found = engine.predict_layers(predictor, queries)
+    found = engine.predict_layers(predictor, [engine.layer_queries(s) for _, s in ok])
     results: list[BatchItemRead] = [
         BatchItemRead(index=i, error=s) for i, s in enumerate(scenarios) if isinstance(s, ItemError)
     ]
     for (i, s), estimates, times in zip(ok, found.estimates, found.times, strict=True):
-        item = request.items[i]
 
-        def answer(i: int = i, s: Scenario = s, item: BatchItem = item, estimates: list[LayerTimeEstimate] = estimates,
+        def answer(i: int = i, s: Scenario = s, estimates: list[LayerTimeEstimate] = estimates,
                    times: list[LayerTime] = times) -> BatchItemRead:
-            read = BatchItemRead(index=i, summary=_summary(s, engine.scenario_aggregate(s, times)))
+            read = BatchItemRead(index=i, summary=_summary(cache, s, engine.scenario_aggregate(cache, s, times)))
             if request.detail == "layers":
-                full = PredictionCreate(graph_id=item.graph_id or "inline", hardware_id=item.hardware_id,
-                                        batch_size=item.batch_size, mode=item.mode, optimizer=item.optimizer,
-                                        precision=item.precision, software_stack=item.software_stack,
-                                        dims=item.dims)
                 read.prediction = estimate(s.analysis, s.hardware, _Replay(predictor.version, estimates),
-                                           request=full, graph_id=item.graph_id)
+                                           request=s.request, graph_id=s.request.graph_id)
             return read
 
         result = _attempt(answer)
@@ -167,22 +153,17 @@ def predict_batch(session: Session, predictor: Predictor, *, request: BatchPredi
 # ----------------------------------------------------------------------------------------- job estimates
 
 
-def _job_scenario(cache: GraphCache, job: JobSpec) -> Scenario:
-    hw = cache.spec(job.hardware_id)
-    precision = engine.checked_precision(hw, job.precision)
-    try:
-        local = per_device_batch(job.batch_size, job.device_count)
-    except ValueError as exc:
-        raise InvalidRequest(str(exc), detail={"batch_size": job.batch_size, "device_count": job.device_count}) from exc
-    if job.device_count > 1 and hw.link() is None:
-        raise InvalidRequest(f"hardware {hw.id!r} lists no interconnect: data parallel over {job.device_count} "
-                             "devices cannot be estimated", detail={"hardware_id": hw.id})
-    analysis = cache.analysis(graph_id=job.graph_id, batch_size=local, dims=job.dims,
-                              software_stack=job.software_stack)
-    return Scenario(analysis=analysis, hardware=hw, mode="training", optimizer=job.optimizer,
-                    precision=precision, software_stack=job.software_stack,
-                    global_batch_size=job.batch_size, device_count=job.device_count,
-                    dataset_size=job.dataset_size, epochs=job.epochs)
+def _job_request(job: JobSpec, **extra: Any) -> PredictionCreate:
+    """The single prediction a job is; raises ``ValidationError`` (a batch that does not divide over the
+    devices)."""
+    return PredictionCreate(
+        graph_id=job.graph_id, hardware_id=job.hardware_id, device_count=job.device_count, batch_size=job.batch_size,
+        dataset_size=job.dataset_size, epochs=job.epochs, precision=job.precision, optimizer=job.optimizer,
+        software_stack=job.software_stack, dims=job.dims, **extra)
+
+
+def _job_scenario(cache: GraphCache, job: JobSpec, **extra: Any) -> Scenario:
+    return cache.scenario(_job_request(job, **extra))
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,12 +176,11 @@ class _JobModel:
 
 
 def _model_jobs(session: Session, predictor: Predictor, jobs: Sequence[JobSpec]) -> list[_JobModel | ItemError]:
-    """Uncalibrated job time of every job, all layers predicted in one call; memory fit cached per scenario."""
+    """Uncalibrated job time of every job, all layers predicted in one call."""
     cache = GraphCache(session)
     scenarios = [_attempt(partial(_job_scenario, cache, job)) for job in jobs]
     ok = [s for s in scenarios if isinstance(s, Scenario)]
     found = engine.predict_layers(predictor, [engine.layer_queries(s) for s in ok])
-    fit_cache: dict[tuple[int, int, str], bool] = {}
     times = iter(found.times)
     out: list[_JobModel | ItemError] = []
     for s in scenarios:
@@ -210,12 +190,9 @@ def _model_jobs(session: Session, predictor: Predictor, jobs: Sequence[JobSpec])
         layer_times = next(times)
 
         def model(s: Scenario = s, layer_times: list[LayerTime] = layer_times) -> _JobModel:
-            agg = engine.scenario_aggregate(s, layer_times)
-            assert agg.job is not None
-            key = (id(s.analysis), id(s.hardware), s.precision.value)
-            if key not in fit_cache:
-                fit_cache[key] = engine.memory_fit(s)[1]
-            return _JobModel(p50_s=agg.job.time_s, p90_s=agg.job.time_s_p90, fits=fit_cache[key])
+            job = engine.scenario_aggregate(cache, s, layer_times).job
+            assert job is not None
+            return _JobModel(p50_s=job.time_s, p90_s=job.time_s_p90, fits=cache.fits(s))
 
         out.append(_attempt(model))
     return out
@@ -325,42 +302,39 @@ def compare(session: Session, predictor: Predictor, *, request: ComparisonCreate
     """One row per (device, device count) that can run the job; the others in ``unavailable`` with their
     code; Pareto front over job time, cost and energy; optional batch-size sweep on one device.
 
-    Raises :class:`app.errors.GraphNotFound` (404) for an unknown graph and the graph's import errors
-    (422) at the first binding; unknown hardware ids are listed as unavailable (``hardware_not_found``).
+    Raises :class:`app.errors.GraphNotFound` (404) for an unknown graph and, for the sweep, the errors of
+    its device and batch sizes (404/422); unknown hardware ids of the rows are listed as unavailable.
     """
     cache = GraphCache(session)
     graphs.get_graph(session, graph_id=request.graph_id)
     hardware_ids = request.hardware_ids or [h.id for h in hardware_service.list_hardware(session).items]
-    plans: list[tuple[str, int]] = [(hw, n) for hw in dict.fromkeys(hardware_ids) for n in request.device_counts]
-    job: dict[str, Any] = dict(
-        graph_id=request.graph_id, batch_size=request.batch_size, dataset_size=request.dataset_size,
-        epochs=request.epochs, precision=request.precision, optimizer=request.optimizer,
-               software_stack=request.software_stack, dims=request.dims)
+    base = JobSpec(graph_id=request.graph_id, hardware_id="", batch_size=request.batch_size,
+                   dataset_size=request.dataset_size, epochs=request.epochs, precision=request.precision,
+                   optimizer=request.optimizer, software_stack=request.software_stack, dims=request.dims)
+    extra: dict[str, Any] = {"mode": request.mode, "grid_gco2_per_kwh": request.grid_gco2_per_kwh}
     unavailable: list[Unavailable] = []
     scenarios: list[Scenario] = []
-    for hw_id, n in plans:
-        s = _attempt(partial(_job_scenario, cache, JobSpec(hardware_id=hw_id, device_count=n, **job)))
-        if isinstance(s, ItemError):
-            unavailable.append(Unavailable(hardware_id=hw_id, device_count=n, code=s.code, reason=s.message))
-            continue
-        if request.mode == "inference":
-            s = dataclasses.replace(s, mode="inference", optimizer="none")
-        scenarios.append(dataclasses.replace(s, price_usd_per_hour=request.price_usd_per_hour.get(hw_id),
-                                             grid_gco2_per_kwh=request.grid_gco2_per_kwh))
-    sweep_scenarios: list[Scenario] = []
-    if request.sweep is not None:
-        sweep = request.sweep
-        for b in sweep.batch_sizes:
-            s = _job_scenario(cache, JobSpec(**{**job, "hardware_id": sweep.hardware_id, "batch_size": b}))
-            sweep_scenarios.append(dataclasses.replace(
-                s, mode=request.mode, optimizer=request.optimizer if request.mode == "training" else "none"))
+    for hw_id in dict.fromkeys(hardware_ids):
+        for n in request.device_counts:
+            job = base.model_copy(update={"hardware_id": hw_id, "device_count": n})
+            s = _attempt(partial(_job_scenario, cache, job, price_usd_per_hour=request.price_usd_per_hour.get(hw_id),
+                                 **extra))
+            if isinstance(s, ItemError):
+                unavailable.append(Unavailable(hardware_id=hw_id, device_count=n, code=s.code, reason=s.message))
+            else:
+                scenarios.append(s)
+    sweep = request.sweep
+    sweep_scenarios = [] if sweep is None else [
+        _job_scenario(cache, base.model_copy(update={"hardware_id": sweep.hardware_id, "batch_size": b}), **extra)
+        for b in sweep.batch_sizes
+    ]
     found = engine.predict_layers(predictor, [engine.layer_queries(s) for s in scenarios + sweep_scenarios])
     rows: list[ComparisonRow] = []
     for s, times in zip(scenarios, found.times[: len(scenarios)], strict=True):
-        row = _attempt(partial(_comparison_row, s, times))
+        row = _attempt(partial(_comparison_row, cache, s, times))
         if isinstance(row, ItemError):
-            unavailable.append(Unavailable(hardware_id=s.hardware.id, device_count=s.device_count, code=row.code,
-                                           reason=row.message))
+            unavailable.append(Unavailable(hardware_id=s.hardware.id, device_count=s.request.device_count,
+                                           code=row.code, reason=row.message))
         else:
             rows.append(row)
     mark_pareto(rows)
@@ -369,36 +343,37 @@ def compare(session: Session, predictor: Predictor, *, request: ComparisonCreate
     if request.sweep is not None:
         sweep_rows = []
         for s, times in zip(sweep_scenarios, found.times[len(scenarios):], strict=True):
-            it = engine.scenario_aggregate(s, times).iteration
-            peak, fits, _ = engine.memory_fit(s)
-            sweep_rows.append(SweepRow(batch_size=s.global_batch_size, iteration_ms=it.time_ms,
-                                       time_per_sample_ms=it.time_ms / s.global_batch_size,
-                                       peak_memory_bytes=peak, fits=fits))
+            it = engine.scenario_aggregate(cache, s, times).iteration
+            sweep_rows.append(SweepRow(batch_size=s.request.batch_size, iteration_ms=it.time_ms,
+                                       time_per_sample_ms=it.time_ms / s.request.batch_size,
+                                       peak_memory_bytes=cache.footprint(s).total_bytes, fits=cache.fits(s)))
     return ComparisonRead(
         graph_id=request.graph_id, predictor_version=predictor.version, sort_by=request.sort_by, rows=rows,
         unavailable=unavailable, sweep=sweep_rows,
         assumptions={
-            "aggregation": "app.core.aggregate: iteration = layers + exposed ring all-reduce of the fp32 "
-                           "gradients (DDP buckets overlapped with backward); epoch = ceil(dataset / global "
-                           "batch) iterations; job = epochs x epoch",
+            "aggregation": "each row is the POST /v1/predictions answer for that device and device count "
+                           "(app.core.aggregate: layers + exposed ring all-reduce of the fp32 gradients in DDP "
+                           "buckets overlapped with backward; epoch = ceil(dataset / global batch) iterations; "
+                           "job = epochs x epoch)",
             "energy": "estimate: idle + (TDP - idle) x utilisation of each layer's roofline bound, idle power "
                       "the rest of the step, all devices; device energy only (no host, network, cooling)",
-            "cost": "device-hours x price per device-hour (the catalog's list price unless overridden)",
+            "cost": "device-hours x price per device-hour (the catalog's list price unless overridden); null "
+                    "without a price",
+            "pareto": "fitting rows not dominated in (job_s, cost_usd, energy_j); unknown cost or energy is worst",
             "precision": PRECISION_SEMANTICS[request.precision],
         },
     )
 
 
-def _comparison_row(s: Scenario, times: list[LayerTime]) -> ComparisonRow:
-    agg = engine.scenario_aggregate(s, times)
+def _comparison_row(cache: GraphCache, s: Scenario, times: list[LayerTime]) -> ComparisonRow:
+    agg = engine.scenario_aggregate(cache, s, times)
     assert agg.epoch is not None and agg.job is not None
     it, job = agg.iteration, agg.job
-    peak, fits, largest = engine.memory_fit(s, largest=True)
     return ComparisonRow(
-        hardware_id=s.hardware.id, device_count=s.device_count, per_device_batch_size=it.per_device_batch_size,
+        hardware_id=s.hardware.id, device_count=it.device_count, per_device_batch_size=it.per_device_batch_size,
         iteration_ms=it.time_ms, iteration_ms_p90=it.time_ms_p90, samples_per_s=it.samples_per_s,
         scaling_efficiency=it.scaling_efficiency, allreduce_exposed_ms=it.allreduce_exposed_ms,
         epoch_s=agg.epoch.time_s, job_s=job.time_s, job_s_p90=job.time_s_p90, cost_usd=job.cost_usd,
-        energy_j=job.energy_j, co2_kg=job.co2_kg, peak_memory_bytes=peak, fits=fits,
-        largest_batch_size_that_fits=largest or 0, pareto=False,
+        energy_j=job.energy_j, co2_kg=job.co2_kg, peak_memory_bytes=cache.footprint(s).total_bytes,
+        fits=cache.fits(s), largest_batch_size_that_fits=cache.largest_batch(s), pareto=False,
     )

@@ -20,7 +20,7 @@ def test_rows_money_energy_and_data_parallel(client: TestClient, resnet_id: str,
     rows = {(r["hardware_id"], r["device_count"]): r for r in body["rows"]}
     assert set(rows) == {(node, 1), (node, 8), (lonely, 1)}
     unavailable = {(u["hardware_id"], u["device_count"]): u["code"] for u in body["unavailable"]}
-    assert unavailable == {(lonely, 8): "invalid_request",  # no interconnect listed: said, not dropped
+    assert unavailable == {(lonely, 8): "no_interconnect",  # no interconnect listed: said, not dropped
                            ("k80", 1): "precision_not_supported", ("k80", 8): "precision_not_supported",
                            ("nope", 1): "hardware_not_found", ("nope", 8): "hardware_not_found"}
     one, eight = rows[node, 1], rows[node, 8]

@@ -43,11 +43,11 @@ def test_data_parallel_is_faster_but_not_linear(client: TestClient, resnet_id: s
 def test_per_job_errors(client: TestClient, resnet_id: str, lonely: str) -> None:
     est = _estimate(client, [
         _job(resnet_id, device_count=8, hardware_id=lonely),  # no interconnect listed
-        _job(resnet_id, batch_size=63, device_count=2, hardware_id=lonely),
+        _job(resnet_id, batch_size=63, device_count=2),  # 63 samples do not divide over 2 devices
         _job("f" * 64), _job(resnet_id, hardware_id="k80", precision="bf16"), _job(resnet_id),
     ])
     codes = [(e["error"] or {}).get("code") for e in est]  # type: ignore[union-attr]
-    assert codes == ["invalid_request", "invalid_request", "graph_not_found", "precision_not_supported", None]
+    assert codes == ["no_interconnect", "validation_error", "graph_not_found", "precision_not_supported", None]
 
 
 def test_limit(client: TestClient) -> None:
