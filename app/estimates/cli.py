@@ -48,16 +48,18 @@ class JobParams:
     precision: str = "fp32"
     dataset_size: int | None = None
     epochs: float | None = None
+    device_count: int = 1
+    price_usd_per_hour: float | None = None
     dims: tuple[tuple[str, int], ...] = ()
 
     def body(self) -> dict[str, Any]:
-        """The job part of a ``POST /v1/predictions`` body."""
+        """The job part of a ``POST /v1/predictions`` body (``batch_size`` is the global batch)."""
         body: dict[str, Any] = {"batch_size": self.batch_size, "mode": self.mode, "optimizer": self.optimizer,
-                                "precision": self.precision, "dims": dict(self.dims)}
-        if self.dataset_size is not None:
-            body["dataset_size"] = self.dataset_size
-        if self.epochs is not None:
-            body["epochs"] = self.epochs
+                                "precision": self.precision, "dims": dict(self.dims),
+                                "device_count": self.device_count}
+        for key in ("dataset_size", "epochs", "price_usd_per_hour"):
+            if getattr(self, key) is not None:
+                body[key] = getattr(self, key)
         return body
 
 
@@ -97,8 +99,8 @@ class OfflineBackend:
         except ValueError as exc:  # pydantic's ValidationError: what the API answers with a 422
             raise PredictionFailed("validation_error", str(exc).splitlines()[-1].strip()) from exc
         try:
-            graph = graphs.build_graph(content, "onnx", batch_size=params.batch_size, dims=dict(params.dims),
-                                       name=model.stem)
+            graph = graphs.build_graph(content, "onnx", batch_size=request.per_device_batch_size,
+                                       dims=dict(params.dims), name=model.stem)
             analysis = analyze(graph, software_stack=request.software_stack)
             answer = estimate(analysis, hw, self.predictor, request=request, graph_id=None)
         except LayercastError as exc:
@@ -218,6 +220,10 @@ def _summary_row(hw: str, pred: dict[str, Any]) -> dict[str, Any]:
         "iteration_ms_p90": pred["iteration"]["time_ms_p90"],
         "epoch_s": (pred.get("epoch") or {}).get("time_s"),
         "job_s": (pred.get("job") or {}).get("time_s"),
+        "cost_usd": (pred.get("job") or {}).get("cost_usd"),
+        "energy_kwh": (pred.get("job") or {}).get("energy_kwh"),
+        "device_count": pred["iteration"]["device_count"],
+        "scaling_efficiency": pred["iteration"]["scaling_efficiency"],
         "peak_memory_bytes": pred["memory"]["total_bytes"],
         "fits": pred["memory"]["fits"],
         "largest_batch_size_that_fits": pred["memory"]["largest_batch_size_that_fits"],
@@ -228,9 +234,11 @@ def _summary_row(hw: str, pred: dict[str, Any]) -> dict[str, Any]:
 def _print_rows(rows: Sequence[dict[str, Any]]) -> None:
     from app.cli import format_table
 
-    headers = ("hardware_id", "iteration_ms", "epoch_s", "job_s", "peak_gib", "fits", "largest_batch", "error")
+    headers = ("hardware_id", "devices", "iteration_ms", "epoch_s", "job_s", "cost_usd", "energy_kwh", "peak_gib",
+               "fits", "largest_batch", "error")
     table = [
-        (r["hardware_id"], r.get("iteration_ms"), r.get("epoch_s"), r.get("job_s"),
+        (r["hardware_id"], r.get("device_count"), r.get("iteration_ms"), r.get("epoch_s"), r.get("job_s"),
+         r.get("cost_usd"), r.get("energy_kwh"),
          None if r.get("peak_memory_bytes") is None else r["peak_memory_bytes"] / 2**30, r.get("fits"),
          r.get("largest_batch_size_that_fits"), r.get("error"))
         for r in rows
@@ -249,6 +257,10 @@ def add_parsers(sub: Any) -> None:
         p.add_argument("--batch-size", type=int, required=True, help="samples per iteration")
         p.add_argument("--dataset-size", type=int, default=None, help="samples per epoch")
         p.add_argument("--epochs", type=float, default=None, help="epochs of the job (needs --dataset-size)")
+        p.add_argument("--device-count", type=int, default=1,
+                       help="data-parallel devices sharing --batch-size (the global batch)")
+        p.add_argument("--price-usd-per-hour", type=float, default=None,
+                       help="price per device-hour (default: the catalog's list price)")
         p.add_argument("--precision", default="fp32", choices=[x.value for x in Precision])
         p.add_argument("--mode", default="training", choices=["training", "inference"])
         p.add_argument("--optimizer", default="sgd")
@@ -269,12 +281,15 @@ def add_parsers(sub: Any) -> None:
     limits.add_argument("--max-increase", type=parse_fraction, default=None,
                         help="largest allowed growth over --baseline, e.g. 5%%")
     limits.add_argument("--max-epoch-s", type=float, default=None, help="largest allowed epoch time (s)")
+    limits.add_argument("--max-usd", type=float, default=None,
+                        help="largest allowed job cost (USD; needs --dataset-size and --epochs)")
     gate.add_argument("--top", type=int, default=10, help="layers to list (default 10)")
 
 
 def _params(args: argparse.Namespace) -> JobParams:
     return JobParams(batch_size=args.batch_size, mode=args.mode, optimizer=args.optimizer,
-                     precision=args.precision, dataset_size=args.dataset_size, epochs=args.epochs, dims=args.dims)
+                     precision=args.precision, dataset_size=args.dataset_size, epochs=args.epochs,
+                     device_count=args.device_count, price_usd_per_hour=args.price_usd_per_hour, dims=args.dims)
 
 
 def _backend(args: argparse.Namespace) -> Backend:
@@ -311,8 +326,12 @@ def _compare(args: argparse.Namespace, backend: Backend) -> int:
 
 
 def _gate(args: argparse.Namespace, backend: Backend) -> int:
-    if args.max_increase is None and args.max_epoch_s is None:
-        print("layercast gate: give --max-increase (with --baseline) and/or --max-epoch-s", file=sys.stderr)
+    if args.max_increase is None and args.max_epoch_s is None and args.max_usd is None:
+        print("layercast gate: give --max-increase (with --baseline), --max-epoch-s and/or --max-usd",
+              file=sys.stderr)
+        return EXIT_ERROR
+    if args.max_usd is not None and args.epochs is None:
+        print("layercast gate: --max-usd needs --dataset-size and --epochs", file=sys.stderr)
         return EXIT_ERROR
     if (args.max_increase is None) != (args.baseline is None):
         print("layercast gate: --max-increase and --baseline go together", file=sys.stderr)
@@ -343,6 +362,15 @@ def _gate(args: argparse.Namespace, backend: Backend) -> int:
         checks.append({"check": "max_epoch_s", "candidate": epoch_s, "limit": args.max_epoch_s, "ok": ok})
         if not ok:
             breaches.append(f"epoch takes {epoch_s:.4g} s, limit {args.max_epoch_s:.4g} s")
+    if args.max_usd is not None:
+        cost = candidate["job"]["cost_usd"]
+        if cost is None:
+            print(f"layercast gate: no price for {args.hardware!r}: give --price-usd-per-hour", file=sys.stderr)
+            return EXIT_ERROR
+        ok = cost <= args.max_usd
+        checks.append({"check": "max_usd", "candidate": cost, "limit": args.max_usd, "ok": ok})
+        if not ok:
+            breaches.append(f"job costs {cost:.4g} USD, limit {args.max_usd:.4g} USD")
     if not deltas:  # no baseline: the layers that cost most are what to look at
         deltas = layer_deltas({"layers": []}, candidate)
     top = deltas[: args.top]

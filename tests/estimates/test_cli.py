@@ -140,3 +140,21 @@ def test_readme_ci_job_passes_then_fails_on_a_slower_model(tmp_path: Path) -> No
     failed = _run_block(tmp_path)
     assert failed.returncode == ci.EXIT_BREACH, failed.stdout + failed.stderr
     assert "BREACH: job_s grew" in failed.stdout and "fc1" in failed.stdout
+
+
+def test_data_parallel_and_money_gate(models: dict[str, Path], client: TestClient,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    job = ["--hardware", A100, "--batch-size", "256", "--device-count", "8", "--dataset-size", "100000",
+           "--epochs", "4", "--price-usd-per-hour", "3.0"]
+    assert main(["predict", str(models["resnet"]), *job, "--json"]) == 0
+    offline = json.loads(capsys.readouterr().out)
+    gid = client.post("/v1/graphs", files={"file": ("r.onnx", light_model("resnet50"))}).json()["id"]
+    served = client.post("/v1/predictions", json={"graph_id": gid, "hardware_id": A100, "batch_size": 256,
+                                                 "device_count": 8, "dataset_size": 100000, "epochs": 4,
+                                                 "price_usd_per_hour": 3.0}).json()
+    assert offline["iteration"]["per_device_batch_size"] == 32
+    assert offline["job"]["cost_usd"] == pytest.approx(served["job"]["cost_usd"], rel=1e-9)
+    cost = offline["job"]["cost_usd"]
+    assert main(["gate", str(models["resnet"]), *job, "--max-usd", str(cost * 1.01)]) == ci.EXIT_OK
+    assert main(["gate", str(models["resnet"]), *job, "--max-usd", str(cost * 0.99)]) == ci.EXIT_BREACH
+    assert "BREACH: job costs" in capsys.readouterr().out
