@@ -8,22 +8,29 @@ it for many scenarios at once:
 
 1. **bind**: a graph is imported and analysed once per ``(graph, per-device batch, dims, software stack)``
    within a call (:class:`GraphCache`; imports are also cached across calls by
-   :func:`app.graphs.service.build_graph`); footprints once per (analysis, device, setting);
-2. **query**: one :class:`~app.predictor.base.LayerTimeQuery` per supported layer (:func:`layer_queries`,
+   :func:`app.graphs.service.build_graph`);
+2. **recall**: a scenario answered before by the same predictor object (same graph content, binding,
+   device spec, precision, mode, optimizer) reuses its layer times and footprint (:class:`ScenarioCache`,
+   bounded LRU, per predictor: predictions are deterministic for one artifact, and a new artifact is a new
+   predictor object), so a scheduler's recurring models cost only the aggregation;
+3. **query**: one :class:`~app.predictor.base.LayerTimeQuery` per supported layer (:func:`layer_queries`,
    the queries :func:`app.predictions.service.estimate` builds: supported layers in graph order);
-3. **predict**: the queries of every scenario of the call go through **one** ``predictor.estimate`` call
+4. **predict**: the queries of every scenario of the call go through **one** ``predictor.estimate`` call
    (:func:`predict_layers`). Queries that differ only in names (the same layer shape on the same device,
    mode, optimizer, precision and stack, e.g. the repeated blocks of a ResNet or the shared cells of a
    NAS space) are predicted once: a prediction depends on the layer's shapes and attributes, never on
    its name;
-4. **aggregate**: :func:`scenario_aggregate`.
+5. **aggregate**: :func:`scenario_aggregate`.
 """
 
 from __future__ import annotations
 
+import json
+import weakref
+from collections import OrderedDict
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from sqlalchemy.orm import Session
 
@@ -36,6 +43,7 @@ from app.core.precision import Precision, storage_precision
 from app.errors import LayercastError, NoInterconnect
 from app.graphs import service as graphs
 from app.hardware import service as hardware_service
+from app.hardware.catalog import spec_to_dict
 from app.predictions.schemas import PredictionCreate
 from app.predictions.service import aggregation_input, checked_precision, layer_power_w, layer_roofline
 from app.predictor.base import LayerTimeEstimate, LayerTimeQuery, Predictor
@@ -50,6 +58,7 @@ class Scenario:
     analysis: GraphAnalysis
     hardware: HardwareSpec
     precision: Precision
+    key: Hashable = None  # what the layer times and footprint depend on (ScenarioCache)
 
     @property
     def training(self) -> bool:
@@ -60,28 +69,84 @@ class Scenario:
         return self.request.optimizer if self.training else "none"
 
 
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+#: Scenarios remembered per predictor (each holds a layer time and an estimate per layer: ~50 kB for a
+#: ResNet-50).
+MAX_CACHED_SCENARIOS = 1024
+
+
+class _Lru(Generic[K, V]):
+    """A bounded least-recently-used map."""
+
+    def __init__(self, maxsize: int) -> None:
+        self.maxsize = maxsize
+        self._data: OrderedDict[K, V] = OrderedDict()
+
+    def get(self, key: K) -> V | None:
+        value = self._data.get(key)
+        if value is not None:
+            self._data.move_to_end(key)
+        return value
+
+    def put(self, key: K, value: V) -> None:
+        self._data[key] = value
+        self._data.move_to_end(key)
+        while len(self._data) > self.maxsize:
+            self._data.popitem(last=False)
+
+
+class ScenarioCache:
+    """What one predictor answered, by :attr:`Scenario.key`: layer estimates and times, footprints and largest
+    batches (each a bounded LRU of :data:`MAX_CACHED_SCENARIOS`)."""
+
+    def __init__(self) -> None:
+        self.layers: _Lru[Hashable, tuple[list[LayerTimeEstimate], list[LayerTime]]] = _Lru(MAX_CACHED_SCENARIOS)
+        self.footprints: _Lru[Hashable, MemoryFootprint] = _Lru(MAX_CACHED_SCENARIOS)
+        self.largest: _Lru[Hashable, int] = _Lru(MAX_CACHED_SCENARIOS)
+
+
+_CACHES: weakref.WeakKeyDictionary[Any, ScenarioCache] = weakref.WeakKeyDictionary()
+
+
+def scenario_cache(predictor: Predictor) -> ScenarioCache:
+    """The :class:`ScenarioCache` of ``predictor`` (created on first use, dropped with the predictor)."""
+    found = _CACHES.get(predictor)
+    if found is None:
+        found = _CACHES[predictor] = ScenarioCache()
+    return found
+
+
 @dataclass
 class GraphCache:
-    """Per-call caches: analyses per ``(graph, batch, dims, stack)``, hardware specs and footprints. Errors
-    are cached too, so a bad graph id in 1,000 jobs is looked up once."""
+    """Per-call caches (analyses per ``(graph, batch, dims, stack)``, hardware specs) in front of the
+    predictor's :class:`ScenarioCache`. Errors are cached too, so a bad graph id in 1,000 jobs is looked up
+    once."""
 
     session: Session
+    predictor: Predictor
     _analyses: dict[Hashable, GraphAnalysis | LayercastError] = field(default_factory=dict)
     _specs: dict[str, HardwareSpec | LayercastError] = field(default_factory=dict)
-    _footprints: dict[Hashable, MemoryFootprint] = field(default_factory=dict)
-    _largest: dict[Hashable, int] = field(default_factory=dict)
+    _fingerprints: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def store(self) -> ScenarioCache:
+        return scenario_cache(self.predictor)
+
+    @staticmethod
+    def _graph_key(request: PredictionCreate) -> Hashable:
+        if request.graph_id is not None:
+            return ("id", request.graph_id)
+        assert request.graph is not None
+        return ("json", graphs.canonical_json(request.graph.model_dump()))
 
     def _analysis(self, request: PredictionCreate) -> GraphAnalysis:
         """Raises what :func:`graphs.get_graph` and :func:`graphs.build_graph` raise (404 ``graph_not_found``,
         422 ``invalid_graph``/``unbound_dimension``/``unknown_dimension``)."""
         batch = request.per_device_batch_size
-        if request.graph_id is not None:
-            key: Hashable = ("id", request.graph_id, batch, tuple(sorted(request.dims.items())),
-                             request.software_stack)
-        else:
-            assert request.graph is not None
-            content = graphs.canonical_json(request.graph.model_dump())
-            key = ("json", content, batch, tuple(sorted(request.dims.items())), request.software_stack)
+        graph_key = self._graph_key(request)
+        key = (graph_key, batch, tuple(sorted(request.dims.items())), request.software_stack)
         if key not in self._analyses:
             try:
                 if request.graph_id is not None:
@@ -89,7 +154,8 @@ class GraphCache:
                     graph = graphs.build_graph(row.content, row.source_format, batch_size=batch, dims=request.dims,
                                                name=row.name)
                 else:
-                    graph = graphs.build_graph(key[1], "json", batch_size=batch, dims=request.dims)  # type: ignore[index]
+                    content = graph_key[1]  # type: ignore[index]
+                    graph = graphs.build_graph(content, "json", batch_size=batch, dims=request.dims)
                 self._analyses[key] = analyze(graph, software_stack=request.software_stack)
             except LayercastError as exc:
                 self._analyses[key] = exc
@@ -102,7 +168,8 @@ class GraphCache:
         """Stored spec of ``hardware_id``; raises :class:`app.errors.HardwareNotFound` (404)."""
         if hardware_id not in self._specs:
             try:
-                self._specs[hardware_id] = hardware_service.get_spec(self.session, hardware_id=hardware_id)
+                spec = self._specs[hardware_id] = hardware_service.get_spec(self.session, hardware_id=hardware_id)
+                self._fingerprints[hardware_id] = json.dumps(spec_to_dict(spec), sort_keys=True, default=str)
             except LayercastError as exc:
                 self._specs[hardware_id] = exc
         found = self._specs[hardware_id]
@@ -120,30 +187,32 @@ class GraphCache:
             raise NoInterconnect(
                 f"hardware {hw.id!r} lists no interconnect: device_count {request.device_count} cannot be "
                 "estimated", detail={"hardware_id": hw.id, "device_count": request.device_count})
-        return Scenario(request=request, analysis=self._analysis(request), hardware=hw, precision=precision)
+        r = request
+        key = (self._graph_key(r), r.per_device_batch_size, tuple(sorted(r.dims.items())), r.software_stack,
+               self._fingerprints[hw.id], precision, r.mode, r.optimizer if r.mode == "training" else "none",
+               r.activation_checkpointing)
+        return Scenario(request=r, analysis=self._analysis(r), hardware=hw, precision=precision, key=key)
 
     def _memory_opts(self, s: Scenario) -> dict[str, Any]:
         return {"mode": s.request.mode, "optimizer": s.optimizer, "precision": storage_precision(s.precision),
                 "hardware": s.hardware, "activation_checkpointing": s.request.activation_checkpointing}
 
-    def _memory_key(self, s: Scenario) -> Hashable:
-        return (id(s.analysis), id(s.hardware), s.precision, s.request.mode, s.optimizer,
-                s.request.activation_checkpointing)
-
     def footprint(self, s: Scenario) -> MemoryFootprint:
-        """Peak memory of one device of ``s`` (:func:`app.core.memory.footprint`), once per setting."""
-        key = self._memory_key(s)
-        if key not in self._footprints:
-            self._footprints[key] = footprint(s.analysis, **self._memory_opts(s))
-        return self._footprints[key]
+        """Peak memory of one device of ``s`` (:func:`app.core.memory.footprint`), once per scenario key."""
+        found = self.store.footprints.get(s.key)
+        if found is None:
+            found = footprint(s.analysis, **self._memory_opts(s))
+            self.store.footprints.put(s.key, found)
+        return found
 
     def largest_batch(self, s: Scenario) -> int:
         """Largest per-device batch whose peak fits (:func:`app.core.memory.largest_batch_that_fits`)."""
-        key = self._memory_key(s)
-        if key not in self._largest:
-            self._largest[key] = largest_batch_that_fits(s.analysis, memory_bytes=s.hardware.memory_bytes,
-                                                         **self._memory_opts(s))
-        return self._largest[key]
+        found = self.store.largest.get(s.key)
+        if found is None:
+            found = largest_batch_that_fits(s.analysis, memory_bytes=s.hardware.memory_bytes,
+                                            **self._memory_opts(s))
+            self.store.largest.put(s.key, found)
+        return found
 
     def fits(self, s: Scenario) -> bool:
         """Whether one device of ``s`` holds its peak (:func:`app.core.memory.fits`)."""
@@ -196,15 +265,22 @@ def _layer_time(q: LayerTimeQuery, e: LayerTimeEstimate) -> LayerTime:
                      power_w=layer_power_w(q.hardware, roof, e))
 
 
-def predict_layers(predictor: Predictor, per_scenario: Sequence[Sequence[LayerTimeQuery]]) -> LayerPredictions:
-    """Estimates of every query of every scenario through one ``predictor.estimate`` call, each distinct
-    :func:`query_key` predicted once. Raises what the predictor raises."""
+def predict_layers(cache: GraphCache, scenarios: Sequence[Scenario]) -> LayerPredictions:
+    """Estimates of every layer of every scenario: remembered scenarios from the cache, the others through one
+    ``predictor.estimate`` call, each distinct :func:`query_key` predicted once. Raises what the predictor
+    raises."""
     unique: dict[Hashable, int] = {}
     todo: list[LayerTimeQuery] = []
-    index: list[list[int]] = []
-    for queries in per_scenario:
+    index: list[list[int] | None] = []
+    queries_total = 0
+    recalled = [cache.store.layers.get(s.key) for s in scenarios]
+    for s, hit in zip(scenarios, recalled, strict=True):
+        if hit is not None:
+            index.append(None)
+            queries_total += len(hit[0])
+            continue
         row = []
-        for q in queries:
+        for q in layer_queries(s):
             key = query_key(q)
             slot = unique.get(key)
             if slot is None:
@@ -212,14 +288,20 @@ def predict_layers(predictor: Predictor, per_scenario: Sequence[Sequence[LayerTi
                 todo.append(q)
             row.append(slot)
         index.append(row)
-    found = predictor.estimate(todo) if todo else []
+        queries_total += len(row)
+    found = cache.predictor.estimate(todo) if todo else []
     times = [_layer_time(q, e) for q, e in zip(todo, found, strict=True)]
-    return LayerPredictions(
-        estimates=[[found[i] for i in row] for row in index],
-        times=[[times[i] for i in row] for row in index],
-        queries=sum(len(r) for r in index),
-        unique_queries=len(todo),
-    )
+    estimates: list[list[LayerTimeEstimate]] = []
+    layer_times: list[list[LayerTime]] = []
+    for s, hit, slots in zip(scenarios, recalled, index, strict=True):
+        if hit is None:
+            assert slots is not None
+            hit = ([found[i] for i in slots], [times[i] for i in slots])
+            cache.store.layers.put(s.key, hit)
+        estimates.append(hit[0])
+        layer_times.append(hit[1])
+    return LayerPredictions(estimates=estimates, times=layer_times, queries=queries_total,
+                            unique_queries=len(todo))
 
 
 def scenario_aggregate(cache: GraphCache, s: Scenario, times: Sequence[LayerTime]) -> Aggregate:

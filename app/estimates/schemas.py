@@ -85,7 +85,9 @@ class BatchPredictionRead(Schema):
     count: int
     failed: int
     layer_queries: int = Field(description="supported layers over all items")
-    unique_layer_queries: int = Field(description="distinct (layer shape, device, setting) actually predicted")
+    unique_layer_queries: int = Field(
+        description="distinct (layer shape, device, setting) the predictor ran on in this call; items answered "
+                    "before by the same predictor are recalled, not predicted again")
     items: list[BatchItemRead]
 
 

@@ -124,10 +124,10 @@ def predict_batch(session: Session, predictor: Predictor, *, request: BatchPredi
     Raises :class:`TooManyItems` (413) beyond :data:`MAX_BATCH_ITEMS`; per-item errors are in the items.
     """
     _limit(request.items, MAX_BATCH_ITEMS, "items")
-    cache = GraphCache(session)
+    cache = GraphCache(session, predictor)
     scenarios = [_attempt(partial(cache.scenario, _item_request(item))) for item in request.items]
     ok = [(i, s) for i, s in enumerate(scenarios) if isinstance(s, Scenario)]
-    found = engine.predict_layers(predictor, [engine.layer_queries(s) for _, s in ok])
+    found = engine.predict_layers(cache, [s for _, s in ok])
     results: list[BatchItemRead] = [
         BatchItemRead(index=i, error=s) for i, s in enumerate(scenarios) if isinstance(s, ItemError)
     ]
@@ -177,10 +177,10 @@ class _JobModel:
 
 def _model_jobs(session: Session, predictor: Predictor, jobs: Sequence[JobSpec]) -> list[_JobModel | ItemError]:
     """Uncalibrated job time of every job, all layers predicted in one call."""
-    cache = GraphCache(session)
+    cache = GraphCache(session, predictor)
     scenarios = [_attempt(partial(_job_scenario, cache, job)) for job in jobs]
     ok = [s for s in scenarios if isinstance(s, Scenario)]
-    found = engine.predict_layers(predictor, [engine.layer_queries(s) for s in ok])
+    found = engine.predict_layers(cache, ok)
     times = iter(found.times)
     out: list[_JobModel | ItemError] = []
     for s in scenarios:
@@ -305,7 +305,7 @@ def compare(session: Session, predictor: Predictor, *, request: ComparisonCreate
     Raises :class:`app.errors.GraphNotFound` (404) for an unknown graph and, for the sweep, the errors of
     its device and batch sizes (404/422); unknown hardware ids of the rows are listed as unavailable.
     """
-    cache = GraphCache(session)
+    cache = GraphCache(session, predictor)
     graphs.get_graph(session, graph_id=request.graph_id)
     hardware_ids = request.hardware_ids or [h.id for h in hardware_service.list_hardware(session).items]
     base = JobSpec(graph_id=request.graph_id, hardware_id="", batch_size=request.batch_size,
@@ -328,7 +328,7 @@ def compare(session: Session, predictor: Predictor, *, request: ComparisonCreate
         _job_scenario(cache, base.model_copy(update={"hardware_id": sweep.hardware_id, "batch_size": b}), **extra)
         for b in sweep.batch_sizes
     ]
-    found = engine.predict_layers(predictor, [engine.layer_queries(s) for s in scenarios + sweep_scenarios])
+    found = engine.predict_layers(cache, scenarios + sweep_scenarios)
     rows: list[ComparisonRow] = []
     for s, times in zip(scenarios, found.times[: len(scenarios)], strict=True):
         row = _attempt(partial(_comparison_row, cache, s, times))

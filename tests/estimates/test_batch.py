@@ -93,3 +93,15 @@ def test_limits(client: TestClient) -> None:
     assert client.post("/v1/predictions/batch", json={"items": []}).status_code == 422
     bad = client.post("/v1/predictions/batch", json={"items": [{**item, "graph_id": "x"}]})
     assert bad.status_code == 422 and bad.json()["error"]["code"] == "validation_error"
+
+
+def test_a_repeated_scenario_is_recalled_with_the_same_numbers(
+        client: TestClient, resnet_id: str, counting: CountingPredictor) -> None:
+    items = [{"graph_id": resnet_id, "hardware_id": "a100-sxm4-40gb", "batch_size": 32}]
+    first = client.post("/v1/predictions/batch", json={"items": items}).json()
+    again = client.post("/v1/predictions/batch", json={"items": items + [{**items[0], "batch_size": 48}]}).json()
+    assert again["items"][0]["summary"] == first["items"][0]["summary"]
+    assert first["unique_layer_queries"] > 0 and counting.calls == 2
+    # the second call predicted only the new binding (batch 48), not the recalled one
+    assert 0 < again["unique_layer_queries"] <= first["unique_layer_queries"]
+    assert again["layer_queries"] == 2 * first["layer_queries"]
