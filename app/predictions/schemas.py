@@ -215,7 +215,7 @@ class MemoryPrediction(Schema):
     device_memory_bytes: float
     usable_fraction: float = Field(description="share of device memory counted as usable (allocator fragmentation)")
     fits: bool
-    largest_batch_size_that_fits: int = Field(description="largest batch whose predicted peak fits")
+    largest_batch_size_that_fits: int = Field(description="largest per-device batch whose predicted peak fits")
 
 
 class Totals(Schema):

@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from app.core.aggregate import (
+    Aggregate,
     AggregationInput,
     Checkpointing,
     DataParallel,
@@ -127,6 +128,101 @@ def _price(request: PredictionCreate, hw: HardwareSpec) -> tuple[float | None, s
     return None, None
 
 
+def _layer_rows(
+    analysis: GraphAnalysis, hw: HardwareSpec, predictor: Predictor, *, request: PredictionCreate,
+    precision: Precision,
+) -> tuple[list[LayerPrediction], list[LayerTime], int]:
+    """Per-layer stage: one response row per layer, the costed layers' times and power for the aggregation,
+    and how many costed layers lie outside the learned predictor's data."""
+    training = request.mode == "training"
+    optimizer = request.optimizer if training else "none"
+    layers = analysis.graph.layers
+    queries = [
+        LayerTimeQuery(layer=layer, cost=cost, hardware=hw, mode=request.mode, optimizer=optimizer,
+                       precision=precision, software_stack=request.software_stack)
+        for layer, cost in zip(layers, analysis.costs, strict=True)
+        if cost.supported
+    ]
+    estimates = iter(predictor.estimate(queries))
+
+    rows: list[LayerPrediction] = []
+    times: list[LayerTime] = []
+    ood_layers = 0
+    for i, (layer, cost) in enumerate(zip(layers, analysis.costs, strict=True)):
+        common: dict[str, Any] = {
+            "name": layer.name,
+            "op_type": layer.op_type,
+            "kind": layer.kind.value,
+            "params": cost.params,
+            "forward_macs": cost.forward_macs,
+            "forward_flops": cost.forward_flops,
+            "backward_flops": cost.backward_flops if training else 0,
+            "bytes_read": cost.forward_bytes_read + (cost.backward_bytes_read if training else 0),
+            "bytes_written": cost.forward_bytes_written + (cost.backward_bytes_written if training else 0),
+            "operational_intensity_flops_per_byte": cost.operational_intensity,
+            "fused_from": list(analysis.fused_from[i]) if analysis.fused_from else [],
+            "fusion_rule": analysis.fusion_rules[i] if analysis.fusion_rules else None,
+        }
+        if not cost.supported:
+            rows.append(LayerPrediction(
+                **common, method="unsupported", bound=None, roofline_ms=None, forward_ms=None, backward_ms=None,
+                update_ms=None, total_ms=None, total_ms_p10=None, total_ms_p90=None, out_of_distribution=True,
+                physics_floor_ms=None,
+            ))
+            continue
+        e: LayerTimeEstimate = next(estimates)
+        roof = layer_roofline(layer, cost, hw, precision, training)
+        total = e.forward_ms + e.backward_ms + e.update_ms
+        times.append(LayerTime(forward_ms=e.forward_ms, backward_ms=e.backward_ms, update_ms=e.update_ms,
+                               total_ms_p10=e.total_ms_p10, total_ms_p90=e.total_ms_p90,
+                               power_w=layer_power_w(hw, roof, e)))
+        ood_layers += int(e.out_of_distribution)
+        rows.append(LayerPrediction(
+            **common, method=e.method, bound=roof.bound, roofline_ms=roof.time_ms, forward_ms=e.forward_ms,
+            backward_ms=e.backward_ms, update_ms=e.update_ms, total_ms=total, total_ms_p10=e.total_ms_p10,
+            total_ms_p90=e.total_ms_p90, out_of_distribution=e.out_of_distribution,
+            physics_floor_ms=e.physics_floor_ms, floor_clamped=e.floor_clamped,
+        ))
+    return rows, times, ood_layers
+
+
+def _totals_read(
+    agg: Aggregate, request: PredictionCreate, hw: HardwareSpec, *, gradient_bytes: int
+) -> tuple[IterationPrediction, EpochPrediction | None, JobPrediction | None]:
+    """The aggregation's iteration, epoch and job as response schemas (price and its source added)."""
+    price, price_source = _price(request, hw)
+    it = agg.iteration
+    iteration = IterationPrediction(
+        time_ms=it.time_ms, time_ms_p10=it.time_ms_p10, time_ms_p90=it.time_ms_p90, forward_ms=it.forward_ms,
+        backward_ms=it.backward_ms, update_ms=it.update_ms, samples_per_s=it.samples_per_s,
+        device_count=it.device_count, per_device_batch_size=it.per_device_batch_size, layers_ms=it.layers_ms,
+        overhead_ms=it.overhead_ms, gradient_bytes=gradient_bytes, allreduce_ms=it.allreduce_ms,
+        allreduce_exposed_ms=it.allreduce_exposed_ms, allreduce_buckets=it.allreduce_buckets, input_ms=it.input_ms,
+        input_exposed_ms=it.input_exposed_ms, scaling_efficiency=it.scaling_efficiency, energy_j=it.energy_j,
+        average_power_w=(it.energy_j / it.device_count / (it.time_ms / 1e3)
+                         if it.energy_j is not None and it.time_ms > 0 else None),
+    )
+    epoch = job = None
+    if agg.epoch is not None:
+        ep = agg.epoch
+        epoch = EpochPrediction(
+            dataset_size=ep.dataset_size, iterations_per_epoch=ep.iterations, time_s=ep.time_s,
+            time_s_p10=ep.time_s_p10, time_s_p90=ep.time_s_p90, eval_size=ep.eval_size,
+            eval_iterations=ep.eval_iterations, eval_s=ep.eval_s, energy_j=ep.energy_j,
+            energy_kwh=ep.energy_j / J_PER_KWH if ep.energy_j is not None else None,
+        )
+    if agg.job is not None:
+        jb = agg.job
+        job = JobPrediction(
+            epochs=jb.epochs, time_s=jb.time_s, time_s_p10=jb.time_s_p10, time_s_p90=jb.time_s_p90,
+            time_h=jb.time_h, checkpoints=jb.checkpoints, checkpoint_bytes=int(jb.checkpoint_bytes),
+            checkpoint_s=jb.checkpoint_s, device_hours=jb.device_hours, energy_j=jb.energy_j,
+            energy_kwh=jb.energy_kwh, price_usd_per_hour=price, price_source=price_source, cost_usd=jb.cost_usd,
+            grid_gco2_per_kwh=request.grid_gco2_per_kwh, co2_kg=jb.co2_kg,
+        )
+    return iteration, epoch, job
+
+
 def checked_precision(hw: HardwareSpec, precision: Precision) -> Precision:
     """``precision`` if ``hw`` can run it; raises :class:`PrecisionNotSupportedError` (422) otherwise."""
     try:
@@ -179,7 +275,7 @@ def estimate(
     response (pure, no database).
 
     Raises :class:`PrecisionNotSupportedError` (422) when ``hw`` lacks the requested precision and
-    :class:`InvalidRequest` (422, ``no_interconnect``) for several devices on hardware without an interconnect.
+    :class:`NoInterconnect` (422) for several devices on hardware without an interconnect.
     """
     precision = checked_precision(hw, request.precision)
     if request.device_count > 1 and hw.link() is None:
@@ -194,53 +290,7 @@ def estimate(
     warnings: list[str] = [
         w for w in analysis.graph.warnings if training or not w.startswith(EVAL_EXPORT_WARNING)
     ]
-    layers = analysis.graph.layers
-    queries = [
-        LayerTimeQuery(layer=layer, cost=cost, hardware=hw, mode=request.mode, optimizer=optimizer,
-                       precision=precision, software_stack=request.software_stack)
-        for layer, cost in zip(layers, analysis.costs, strict=True)
-        if cost.supported
-    ]
-    estimates = iter(predictor.estimate(queries))
-
-    rows: list[LayerPrediction] = []
-    times: list[LayerTime] = []
-    ood_layers = 0
-    for i, (layer, cost) in enumerate(zip(layers, analysis.costs, strict=True)):
-        common: dict[str, Any] = {
-            "name": layer.name,
-            "op_type": layer.op_type,
-            "kind": layer.kind.value,
-            "params": cost.params,
-            "forward_macs": cost.forward_macs,
-            "forward_flops": cost.forward_flops,
-            "backward_flops": cost.backward_flops if training else 0,
-            "bytes_read": cost.forward_bytes_read + (cost.backward_bytes_read if training else 0),
-            "bytes_written": cost.forward_bytes_written + (cost.backward_bytes_written if training else 0),
-            "operational_intensity_flops_per_byte": cost.operational_intensity,
-            "fused_from": list(analysis.fused_from[i]) if analysis.fused_from else [],
-            "fusion_rule": analysis.fusion_rules[i] if analysis.fusion_rules else None,
-        }
-        if not cost.supported:
-            rows.append(LayerPrediction(
-                **common, method="unsupported", bound=None, roofline_ms=None, forward_ms=None, backward_ms=None,
-                update_ms=None, total_ms=None, total_ms_p10=None, total_ms_p90=None, out_of_distribution=True,
-                physics_floor_ms=None,
-            ))
-            continue
-        e: LayerTimeEstimate = next(estimates)
-        roof = layer_roofline(layer, cost, hw, precision, training)
-        total = e.forward_ms + e.backward_ms + e.update_ms
-        times.append(LayerTime(forward_ms=e.forward_ms, backward_ms=e.backward_ms, update_ms=e.update_ms,
-                               total_ms_p10=e.total_ms_p10, total_ms_p90=e.total_ms_p90,
-                               power_w=layer_power_w(hw, roof, e)))
-        ood_layers += int(e.out_of_distribution)
-        rows.append(LayerPrediction(
-            **common, method=e.method, bound=roof.bound, roofline_ms=roof.time_ms, forward_ms=e.forward_ms,
-            backward_ms=e.backward_ms, update_ms=e.update_ms, total_ms=total, total_ms_p10=e.total_ms_p10,
-            total_ms_p90=e.total_ms_p90, out_of_distribution=e.out_of_distribution,
-            physics_floor_ms=e.physics_floor_ms, floor_clamped=e.floor_clamped,
-        ))
+    rows, times, ood_layers = _layer_rows(analysis, hw, predictor, request=request, precision=precision)
     mem_opts: dict[str, Any] = {"mode": request.mode, "optimizer": optimizer,
                                 "precision": storage_precision(precision), "hardware": hw,
                                 "activation_checkpointing": request.activation_checkpointing}
@@ -268,34 +318,7 @@ def estimate(
         warnings.append(f"hardware {hw.id!r} has no list price: give price_usd_per_hour for a cost")
     methods = Counter(r.method for r in rows)
     gradient_bytes = fp.gradients_bytes if training and request.device_count > 1 else 0
-    iteration = IterationPrediction(
-        time_ms=it.time_ms, time_ms_p10=it.time_ms_p10, time_ms_p90=it.time_ms_p90, forward_ms=it.forward_ms,
-        backward_ms=it.backward_ms, update_ms=it.update_ms, samples_per_s=it.samples_per_s,
-        device_count=it.device_count, per_device_batch_size=it.per_device_batch_size, layers_ms=it.layers_ms,
-        overhead_ms=it.overhead_ms, gradient_bytes=gradient_bytes, allreduce_ms=it.allreduce_ms,
-        allreduce_exposed_ms=it.allreduce_exposed_ms, allreduce_buckets=it.allreduce_buckets, input_ms=it.input_ms,
-        input_exposed_ms=it.input_exposed_ms, scaling_efficiency=it.scaling_efficiency, energy_j=it.energy_j,
-        average_power_w=(it.energy_j / it.device_count / (it.time_ms / 1e3)
-                         if it.energy_j is not None and it.time_ms > 0 else None),
-    )
-    epoch = job = None
-    if agg.epoch is not None:
-        ep = agg.epoch
-        epoch = EpochPrediction(
-            dataset_size=ep.dataset_size, iterations_per_epoch=ep.iterations, time_s=ep.time_s,
-            time_s_p10=ep.time_s_p10, time_s_p90=ep.time_s_p90, eval_size=ep.eval_size,
-            eval_iterations=ep.eval_iterations, eval_s=ep.eval_s, energy_j=ep.energy_j,
-            energy_kwh=ep.energy_j / J_PER_KWH if ep.energy_j is not None else None,
-        )
-    if agg.job is not None:
-        jb = agg.job
-        job = JobPrediction(
-            epochs=jb.epochs, time_s=jb.time_s, time_s_p10=jb.time_s_p10, time_s_p90=jb.time_s_p90,
-            time_h=jb.time_h, checkpoints=jb.checkpoints, checkpoint_bytes=int(jb.checkpoint_bytes),
-            checkpoint_s=jb.checkpoint_s, device_hours=jb.device_hours, energy_j=jb.energy_j,
-            energy_kwh=jb.energy_kwh, price_usd_per_hour=price, price_source=price_source, cost_usd=jb.cost_usd,
-            grid_gco2_per_kwh=request.grid_gco2_per_kwh, co2_kg=jb.co2_kg,
-        )
+    iteration, epoch, job = _totals_read(agg, request, hw, gradient_bytes=gradient_bytes)
     memory = MemoryPrediction(
         precision=storage_precision(precision),
         activation_checkpointing=request.activation_checkpointing,
@@ -342,8 +365,8 @@ def estimate(
             for u in analysis.unsupported
         ],
         totals=Totals(
-            layers=len(layers),
-            layers_costed=len(layers) - n_uns,
+            layers=len(analysis.graph.layers),
+            layers_costed=len(analysis.graph.layers) - n_uns,
             layers_unsupported=n_uns,
             params=analysis.params,
             forward_macs=analysis.forward_macs,

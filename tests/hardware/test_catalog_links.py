@@ -51,3 +51,18 @@ compute_units = 'a'
 """
     with pytest.raises(InvalidHardwareSpec, match="go together"):
         parse_catalog(entry)
+
+
+def test_hardware_api_shows_and_validates_the_new_fields(client) -> None:  # noqa: ANN001 - TestClient fixture
+    body = client.get("/v1/hardware/a100-sxm4-80gb").json()
+    assert body["interconnect"] == "nvlink"
+    assert body["interconnect_bandwidth_bytes_per_s"] == 300e9 and body["interconnect_latency_s"] == 5.7e-6
+    assert body["price_usd_per_hour"] == 5.1207 and "p4de.24xlarge" in body["sources"]["price_usd_per_hour"]
+    custom = {"id": "half-link", "name": "Half", "vendor": "X", "peak_flops_per_s": {"fp32": 1e12},
+              "memory_bytes": 2**30, "memory_bandwidth_bytes_per_s": 1e11, "compute_units": 1,
+              "interconnect": "pcie"}
+    r = client.post("/v1/hardware", json=custom)
+    assert r.status_code == 422 and r.json()["error"]["code"] == "validation_error"
+    r = client.post("/v1/hardware", json={**custom, "interconnect_bandwidth_bytes_per_s": 31.5e9,
+                                          "interconnect_latency_s": 5.7e-6, "tdp_w": 100, "idle_power_w": 150})
+    assert r.status_code == 422
