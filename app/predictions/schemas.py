@@ -10,7 +10,7 @@ from app.core.precision import Precision
 from app.core.vocab import SoftwareStack
 from app.graphs.schemas import JsonGraphCreate
 from app.hardware.schemas import HardwareCreate
-from app.schemas import Schema
+from app.schemas import Name, PositiveInt32, Schema
 
 Mode = Literal["training", "inference"]
 Optimizer = Literal["none", "sgd", "momentum", "nesterov", "adagrad", "adadelta", "rmsprop", "adam", "adamw"]
@@ -19,11 +19,13 @@ Optimizer = Literal["none", "sgd", "momentum", "nesterov", "adagrad", "adadelta"
 class PredictionCreate(Schema):
     """What to predict. Give exactly one of ``graph_id``/``graph`` and one of ``hardware_id``/``hardware``."""
 
-    graph_id: str | None = Field(default=None, description="id returned by POST /v1/graphs")
+    graph_id: Name | None = Field(default=None, max_length=64, description="id returned by POST /v1/graphs")
     graph: JsonGraphCreate | None = Field(default=None, description="inline JSON layer list")
-    hardware_id: str | None = Field(default=None, description="catalog id, e.g. 'p100', 'a100-sxm4-40gb', 'local'")
+    hardware_id: Name | None = Field(
+        default=None, max_length=64, description="catalog id, e.g. 'p100', 'a100-sxm4-40gb', 'local'"
+    )
     hardware: HardwareCreate | None = Field(default=None, description="inline custom hardware spec")
-    batch_size: int = Field(gt=0, le=1_000_000)
+    batch_size: int = Field(strict=True, gt=0, le=1_000_000)
     mode: Mode = "training"
     optimizer: Optimizer = Field(default="sgd", description="ignored (treated as 'none') in inference mode")
     precision: Precision = Field(
@@ -39,9 +41,11 @@ class PredictionCreate(Schema):
     activation_checkpointing: bool = Field(
         default=False, description="training only: keep one input per segment of sqrt(layers) layers and "
                                    "recompute the rest in backward (torch.utils.checkpoint)")
-    dims: dict[str, int] = Field(default_factory=dict, description="symbolic dimensions other than the batch")
-    dataset_size: int | None = Field(default=None, gt=0, description="samples per epoch")
-    epochs: float | None = Field(default=None, gt=0)
+    dims: dict[Name, PositiveInt32] = Field(
+        default_factory=dict, description="symbolic dimensions other than the batch"
+    )
+    dataset_size: int | None = Field(default=None, strict=True, gt=0, le=10**15, description="samples per epoch")
+    epochs: float | None = Field(default=None, gt=0, le=1e6, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _exactly_one(self) -> PredictionCreate:
