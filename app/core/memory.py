@@ -64,7 +64,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.core.analysis import GraphAnalysis
-from app.core.costs import OPTIMIZERS
+from app.core.costs import OPTIMIZERS, VIEW_OPS
 from app.core.hardware import HardwareSpec
 from app.core.ir import BYTES_PER_ELEMENT, Layer, OpKind, Tensor
 
@@ -143,7 +143,6 @@ RECURRENT_WORKSPACE_PER_OUTPUT: dict[str, tuple[float, float]] = {
     "LSTM": (9.0, 6.5), "GRU": (6.75, 4.875), "RNN": (2.25, 1.625),
 }
 
-_VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
 _MAC_KINDS = frozenset({OpKind.CONV, OpKind.CONV_TRANSPOSE, OpKind.GEMM, OpKind.MATMUL, OpKind.ATTENTION,
                         OpKind.RECURRENT})
 _SAVES_OUTPUT = frozenset({"Relu", "Sigmoid", "Tanh", "Exp", "Sqrt", "Reciprocal", "Elu", "Selu",
@@ -279,7 +278,7 @@ def _plan(layers: Sequence[Layer], outputs: Iterable[Tensor], *, half: int | Non
             promote = any(_is_float(w) and w.numel > 1 and (op in ("Mul", "Div") or len(w.shape) > 1)
                           for w in layer.weights)
             out16 = not promote and all(is16.get(canon(t.name), False) for t in ins if _is_float(t))
-        if op in _VIEW_OPS and ins and outs:
+        if op in VIEW_OPS and ins and outs:  # views share their base's storage
             for o in outs:
                 alias[o.name] = canon(ins[0].name)
         else:
@@ -536,15 +535,7 @@ def footprint(
     end_of_forward = act_bytes + copy_bytes
 
     # reverse walk
-    last_consumer: dict[str, int] = {}
-    producer: dict[str, int] = {}
-    for i in range(n):
-        for k in plan.consumed[i]:
-            last_consumer[k] = max(last_consumer.get(k, -1), i)
-        for k in plan.produced[i]:
-            producer[k] = i
-    for k in out_keys:
-        last_consumer[k] = n
+    producer = {k: i for i in range(n) for k in plan.produced[i]}
     release_at: dict[int, list[str]] = {}
     for k, i in release.items():
         release_at.setdefault(i, []).append(k)

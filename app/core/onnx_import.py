@@ -6,25 +6,35 @@ Handles the graphs people actually send:
   ``ConstantOfShape`` nodes from shape initializers, whose initializers are repeated as graph inputs
   (IR v3), and whose ``Reshape`` targets hard-code the export batch size;
 * ``torch.onnx.export`` graphs with a symbolic batch dimension, weights as initializers or (with
-  ``export_params=False``) as graph inputs, and ``Shape → Gather → Concat → Reshape`` shape subgraphs.
+  ``export_params=False``) as graph inputs, and ``Shape → Gather → Concat → Reshape`` shape subgraphs;
+* torch 2.13's default dynamo exporter: opset 18+, ``torch.export`` naming (``s27`` dims, ``val_*``
+  constants), model-local functions (inlined), and with ``keep_initializers_as_inputs`` weights *and*
+  shape constants as value-less graph inputs (the exporter's ``value_info`` then sizes the tensors).
 
-Algorithm: (1) classify every graph input as data or parameter; (2) bind symbolic dimensions (axis 0 of
-data inputs ← the batch size; any other name from ``dims``, else :class:`UnboundDimension`); (3) when the
-export batch size is fixed and differs from the requested one, rebind axis 0 and rewrite constant
-``Reshape`` targets that carry it to ``0`` ("copy this axis", ONNX Reshape semantics); (4) run
-``onnx.shape_inference.infer_shapes`` with data propagation; (5) mark "static" tensors (initializers,
-parameter inputs, outputs of nodes fed only by static tensors or by ``Shape``) — nodes with no non-static
-input are weight/shape bookkeeping, not layers; (6) emit one :class:`Layer` per remaining node.
+Algorithm: (1) classify every graph input as data, parameter or constant by provenance — what op operand
+it reaches, through views (:func:`_classify_inputs`); (2) bind symbolic dimensions (the batch axis of each
+data input, by what the op reading it means, ← the batch size; any other name from ``dims``, else
+:class:`UnboundDimension`); (3) when the export batch size is fixed and differs from the requested one,
+rebind it and rewrite constant ``Reshape`` targets that carry it to ``0`` ("copy this axis", ONNX Reshape
+semantics); (4) run ``onnx.shape_inference.infer_shapes`` with data propagation, then
+:func:`app.core.shape_prop.propagate_shapes`; (5) mark "static" tensors (initializers, parameter and constant
+inputs, outputs of nodes fed only by static tensors or by ``Shape``) — nodes with no non-static input are
+weight/shape bookkeeping, not layers; (6) emit one :class:`Layer` per remaining node with its typed
+attribute record.
 """
 
 from __future__ import annotations
 
+import ast
+import operator
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import onnx
+import onnx.inliner
 from onnx import TensorProto, helper, numpy_helper, shape_inference
 
 from app.core.costs import einsum_macs, gemm_dims
@@ -88,7 +98,7 @@ for _op in ("Relu", "LeakyRelu", "PRelu", "Clip", "Elu", "Selu", "Sigmoid", "Har
             "Mish", "Cast", "Pow"):
     OP_KINDS[_op] = OpKind.ACTIVATION
 for _op in ("Add", "Sub", "Mul", "Div", "Sum", "Max", "Min", "Mean", "Where", "Equal", "Less", "Greater",
-            "And", "Or", "Not"):
+            "LessOrEqual", "GreaterOrEqual", "And", "Or", "Not", "Xor", "BitwiseAnd", "BitwiseOr", "BitwiseNot"):
     OP_KINDS[_op] = OpKind.ELEMENTWISE
 for _op in ("Concat", "Split", "Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Pad",
             "Identity", "Expand", "Tile", "Gather", "Resize", "Upsample", "DepthToSpace", "SpaceToDepth",
@@ -121,7 +131,8 @@ _WEIGHT_SLOTS: dict[str, tuple[int, ...]] = {
 }
 _BUFFER_SLOTS: dict[str, tuple[int, ...]] = {"BatchNormalization": (3, 4)}
 # Ops that only re-view a parameter (their output is the same trainable tensor under another name).
-_ALIAS_OPS = frozenset({"Unsqueeze", "Reshape", "Cast", "Identity", "Squeeze", "Transpose", "Flatten"})
+# Expand broadcasts a parameter (ViT's class token to the batch): the parameter is its root's size.
+_ALIAS_OPS = frozenset({"Unsqueeze", "Reshape", "Cast", "Identity", "Squeeze", "Transpose", "Flatten", "Expand"})
 # Ops whose outputs are shapes/metadata, not data: their consumers treat them as static.
 _SHAPE_OPS = frozenset({"Shape", "Size", "Constant", "ConstantOfShape", "EyeLike", "Range"})
 
@@ -219,12 +230,86 @@ def _opset(model: onnx.ModelProto) -> int | None:
     return None
 
 
-def _classify_inputs(model: onnx.ModelProto) -> tuple[list[onnx.ValueInfoProto], set[str]]:
-    """Split non-initializer graph inputs into data inputs and parameter inputs.
+# Ops through which a parameter keeps its identity when classifying graph inputs (a view or copy of it).
+# Slice/Split: the dynamo exporter cuts an LSTM's weights into gates and concatenates them back.
+_VIEW_OPS = frozenset({"Transpose", "Reshape", "Cast", "Identity", "Unsqueeze", "Squeeze", "Flatten", "Slice", "Split"})
+# Index operands: an integer input read here is data (token ids), never a shape constant.
+_INDEX_USES = frozenset({("Gather", 1), ("GatherElements", 1), ("GatherND", 1), ("ScatterND", 1),
+                         ("ScatterElements", 1)})
+_INT_TYPES = frozenset({TensorProto.INT64, TensorProto.INT32, TensorProto.BOOL})
+# Ops that combine a tensor with the data path (a bias, a class token, a position embedding, a scale).
+_COMBINE_OPS = frozenset({"Add", "Sub", "Mul", "Div", "Concat", "Expand", "Where", "Pow"})
+_RECURRENT_OPS = frozenset({"LSTM", "GRU", "RNN"})
 
-    A graph input is a parameter (``export_params=False``) when every consumer uses it in a weight or
-    buffer slot, or as the table of a Gather, or as the second operand of a MatMul while being rank 2
-    with no symbolic dimension. Inputs used by no node are ignored.
+
+@dataclass(frozen=True, slots=True)
+class _InputRoles:
+    """What the graph inputs that are not initializers are (see :func:`_classify_inputs`)."""
+
+    data: list[onnx.ValueInfoProto]
+    params: list[onnx.ValueInfoProto]
+    constants: set[str]  # integer shape/axis constants kept as inputs without values (not parameters)
+    batch_axis: dict[str, int]  # data input → axis that carries the batch
+    tied: dict[str, str]  # anonymous transposed copy of an embedding table → the table
+    warnings: list[str]
+
+
+def _terminal_uses(name: str, uses: Mapping[str, list[tuple[onnx.NodeProto, int]]]) -> list[tuple[onnx.NodeProto, int]]:
+    """Uses of ``name``, followed through view ops (:data:`_VIEW_OPS`) taken at their data operand."""
+    out: list[tuple[onnx.NodeProto, int]] = []
+    todo, seen = [name], set()
+    while todo:
+        cur = todo.pop()
+        if cur in seen:
+            continue
+        seen.add(cur)
+        for node, idx in uses.get(cur, []):
+            if node.op_type in _VIEW_OPS and node.domain in ("", "ai.onnx") and idx == 0:
+                todo.extend(o for o in node.output if o)
+            else:
+                out.append((node, idx))
+    return out
+
+
+def _use_role(node: onnx.NodeProto, idx: int, rank: int, unbatched: bool) -> str:
+    """``"weight"`` (a weight operand: a weight/buffer slot, an embedding table, the second operand of a
+    rank ≤ 2 matrix product without a batch dim), ``"combine"`` (an operand of :data:`_COMBINE_OPS`) or
+    ``"data"``."""
+    op = node.op_type
+    slots = _MS_WEIGHT_SLOTS.get(op, ()) if node.domain == "com.microsoft" else (
+        _WEIGHT_SLOTS.get(op, ()) + _BUFFER_SLOTS.get(op, ()))
+    if node.domain not in ("", "ai.onnx", "com.microsoft"):
+        return "data"
+    if idx in slots or (op == "Gather" and idx == 0):
+        return "weight"
+    if op in ("MatMul", "Einsum") and idx == 1 and rank <= 2 and unbatched:
+        return "weight"
+    if op in _COMBINE_OPS:
+        return "combine"
+    return "data"
+
+
+def _classify_inputs(model: onnx.ModelProto) -> _InputRoles:
+    """Split the graph inputs that are not initializers into data and parameters, by provenance.
+
+    A graph input is a **parameter** (a weightless export, ``export_params=False``) when it feeds a weight
+    operand (:func:`_use_role`), directly or through Transpose/Reshape/Cast/Identity/Unsqueeze/Squeeze/
+    Flatten, and no data operand, whatever its position or the symbolic names of its dims; or when it only
+    combines with the data path (Add/Concat/Expand…: a bias added first, ViT's class token and position
+    embeddings), is a float tensor of concrete shape, and another input carries a symbolic batch axis that
+    it does not (so it is not per-sample data). An integer or boolean input of rank ≤ 1 and concrete shape that is
+    never an index operand is a **constant** (a shape or axis the dynamo exporter keeps as an input with
+    ``keep_initializers_as_inputs``), and so is one of higher rank when another input carries a symbolic
+    batch axis (BERT's ``position_ids`` buffer). Everything else is **data**. A parameter's axes are never bound to
+    the batch size.
+
+    The batch axis of a data input follows what the op reading it means: axis 1 for the
+    sequence-first ``X`` (``layout=0``) and for the initial states of LSTM/GRU/RNN, axis 0 otherwise.
+
+    Tied weights: an exporter-named parameter (``onnx::…``) of shape ``(D, V)`` feeding the last matrix
+    product of the graph (the output projection), where ``(V, D)`` is an embedding table's shape, is the
+    constant-folded ``Transpose(table)`` of a tied LM head: it is mapped to the table (counted once) and a
+    warning names both. Inputs used by no node are ignored.
     """
     g = model.graph
     init_names = {i.name for i in g.initializer}
@@ -233,71 +318,139 @@ def _classify_inputs(model: onnx.ModelProto) -> tuple[list[onnx.ValueInfoProto],
         for idx, name in enumerate(node.input):
             if name:
                 uses.setdefault(name, []).append((node, idx))
-    data: list[onnx.ValueInfoProto] = []
-    params: set[str] = set()
-    for vi in g.input:
-        if vi.name in init_names or vi.name not in uses:
-            continue
+    candidates = [vi for vi in g.input if vi.name not in init_names and vi.name in uses]
+    terminal = {vi.name: _terminal_uses(vi.name, uses) for vi in candidates}
+
+    def use_roles(vi: onnx.ValueInfoProto, batch_names: set[str]) -> set[str]:
         dims = _dims(vi)
-        symbolic = any(not isinstance(d, int) for d in dims)
+        unbatched = not any(d in batch_names for d in dims)
+        return {_use_role(n, i, len(dims), unbatched) for n, i in terminal[vi.name]}
 
-        def is_param_use(node: onnx.NodeProto, idx: int, dims=dims, symbolic=symbolic) -> bool:
-            op = node.op_type
-            if idx in _WEIGHT_SLOTS.get(op, ()) or idx in _BUFFER_SLOTS.get(op, ()):
-                return True
-            if op == "Gather" and idx == 0 and not symbolic:
-                return True
-            return op in ("MatMul", "Add", "Mul") and idx == 1 and not symbolic and len(dims) <= 2
+    # a rank ≤ 2 second matrix-product operand is a weight unless it carries a data input's batch dim
+    first = {vi.name: use_roles(vi, set()) for vi in candidates}
+    batch_names = {d for vi in candidates if "data" in first[vi.name] for d in _dims(vi)[:1] if isinstance(d, str)}
+    roles = {vi.name: use_roles(vi, batch_names) for vi in candidates}
 
-        if all(is_param_use(n, i) for n, i in uses[vi.name]) and not symbolic:
-            params.add(vi.name)
-        else:
-            data.append(vi)
-    return data, params
+    def symbolic_axis0(vi: onnx.ValueInfoProto) -> bool:
+        d = _dims(vi)
+        return bool(d) and not isinstance(d[0], int)
+
+    batched = any(symbolic_axis0(vi) for vi in candidates if "data" in roles[vi.name])
+    data: list[onnx.ValueInfoProto] = []
+    params: list[onnx.ValueInfoProto] = []
+    constants: set[str] = set()
+    for vi in candidates:
+        r = roles[vi.name]
+        dims = _dims(vi)
+        if (
+            vi.type.tensor_type.elem_type in _INT_TYPES and all(isinstance(d, int) for d in dims)
+            and (len(dims) <= 1 or batched) and not any((n.op_type, i) in _INDEX_USES for n, i in uses[vi.name])
+        ):
+            constants.add(vi.name)
+            continue
+        float_input = vi.type.tensor_type.elem_type in _FLOAT_TYPES
+        concrete = all(isinstance(d, int) for d in _dims(vi))
+        feeds_weight = "weight" in r and "data" not in r
+        broadcast_param = r == {"combine"} and float_input and concrete and batched and not symbolic_axis0(vi)
+        (params if feeds_weight or broadcast_param else data).append(vi)
+
+    batch_axis: dict[str, int] = {}
+    for vi in data:
+        axis = 0
+        for node, idx in terminal[vi.name]:
+            if node.op_type in _RECURRENT_OPS and node.domain in ("", "ai.onnx"):
+                layout = next((a.i for a in node.attribute if a.name == "layout"), 0)
+                if (idx == 0 and layout == 0) or (idx in (5, 6) and layout == 0):
+                    axis = 1
+        batch_axis[vi.name] = axis
+
+    tied, warnings = _tied_weight_inputs(g, params, terminal)
+    return _InputRoles(data, params, constants, batch_axis, tied, warnings)
+
+
+def _tied_weight_inputs(
+    g: onnx.GraphProto, params: list[onnx.ValueInfoProto], terminal: Mapping[str, list[tuple[onnx.NodeProto, int]]]
+) -> tuple[dict[str, str], list[str]]:
+    """Exporter-named parameters that are the folded transpose of an embedding table (see
+    :func:`_classify_inputs`), mapped to the table, with one warning each."""
+    products = [n for n in g.node if n.op_type in ("MatMul", "Gemm") and n.domain in ("", "ai.onnx")]
+    if not products:
+        return {}, []
+    last = products[-1]
+    tables: dict[tuple, str] = {}
+    for vi in params:
+        shp = _dims(vi)
+        if len(shp) == 2 and any(n.op_type == "Gather" and i == 0 for n, i in terminal[vi.name]):
+            tables.setdefault(tuple(shp), vi.name)
+    tied: dict[str, str] = {}
+    warnings: list[str] = []
+    for vi in params:
+        shp = _dims(vi)
+        if not vi.name.startswith("onnx::") or len(shp) != 2:
+            continue
+        table = tables.get((shp[1], shp[0]))
+        if table is None or not any(n is last for n, _ in terminal[vi.name]):
+            continue
+        tied[vi.name] = table
+        warnings.append(
+            f"weightless export: parameter '{vi.name}' {tuple(shp)} is taken as the tied transpose of embedding "
+            f"table '{table}' {tuple(shp[::-1])} (exporter-named, transposed shape, feeds the output projection) "
+            "and counted once"
+        )
+    return tied, warnings
 
 
 def _bind_inputs(
     model: onnx.ModelProto,
-    data_inputs: list[onnx.ValueInfoProto],
+    roles: _InputRoles,
     *,
     batch_size: int,
     dims: Mapping[str, int],
 ) -> tuple[dict[str, int], int | None, list[str]]:
-    """Replace symbolic dims of data inputs with values, in place.
+    """Replace symbolic dims of graph inputs with values, in place.
 
-    Axis 0 of every data input of rank ≥ 1 is the batch axis (a fixed axis 0 only when all data inputs
-    share its value, else a warning says the fixed shapes were kept). Returns the binding used, the export's
-    fixed batch size if one had to be overridden (else None) and warnings.
-    Raises :class:`UnboundDimension` naming the first symbolic dimension with no value.
+    The batch axis of each data input (``roles.batch_axis``) takes ``batch_size`` unless ``dims`` names it;
+    every other symbolic dim of a data input or a parameter comes from ``dims`` (or from the same name
+    already bound on a data input). A data input exported with a fixed batch size other than
+    ``batch_size`` (rank ≥ 2) is rebound. Returns the binding used, the export's fixed batch size if one had
+    to be overridden (else None) and warnings. Raises :class:`UnboundDimension` naming the first symbolic
+    dimension with no value, or a non-positive value.
+    A fixed batch axis is rebound only when every data input agrees on its value (inputs of (2,1,4,8)
+    and (3,8,5) have no common batch); otherwise a warning says the fixed shapes were kept.
     """
     binding: dict[str, int] = {}
     fixed_batch: int | None = None
     warnings: list[str] = []
-    # A fixed axis 0 is an export batch only when every data input agrees on it: inputs of (2,1,4,8)
+    # A fixed batch axis is an export batch only when every data input agrees on it: inputs of (2,1,4,8)
     # and (3,8,5) have no common batch axis, and rebinding both would change what the graph computes.
-    leading = {
-        int(vi.type.tensor_type.shape.dim[0].dim_value)
-        for vi in data_inputs
-        if len(vi.type.tensor_type.shape.dim) >= 2 and vi.type.tensor_type.shape.dim[0].HasField("dim_value")
-    }
+    leading = set()
+    for vi in roles.data:
+        dims_vi = vi.type.tensor_type.shape.dim
+        axis = roles.batch_axis.get(vi.name, 0)
+        if len(dims_vi) >= 2 and len(dims_vi) > axis and dims_vi[axis].HasField("dim_value"):
+            leading.add(int(dims_vi[axis].dim_value))
     rebind_fixed = len(leading) <= 1
     if not rebind_fixed:
         warnings.append(
             f"data inputs have different fixed leading dimensions {sorted(leading)}: no common batch axis, "
             f"so the fixed shapes were kept and batch_size={batch_size} applies only to symbolic batch axes"
         )
-    for vi in data_inputs:
+    for vi, is_param in [*((v, False) for v in roles.data), *((v, True) for v in roles.params)]:
         shape = vi.type.tensor_type.shape
+        batch_axis = None if is_param else roles.batch_axis.get(vi.name, 0)
         for axis, d in enumerate(shape.dim):
             if d.HasField("dim_param") and d.dim_param or not d.HasField("dim_value"):
                 name = d.dim_param if d.dim_param else f"{vi.name}[{axis}]"
                 if name in dims:
                     value = int(dims[name])
-                elif axis == 0:
+                elif name in binding:
+                    value = binding[name]
+                elif axis == batch_axis:
                     value = batch_size
                 else:
+                    kind = "parameter" if is_param else "input"
                     raise UnboundDimension(
-                        f"input '{vi.name}' has symbolic dimension '{name}' (axis {axis}) that the request "
+                        f"{kind} '{vi.name}' has symbolic dimension '{name}' (axis {axis}) that the request "
                         f"does not bind; pass it in 'dims'",
                         detail={"dimension": name, "input": vi.name, "axis": axis},
                     )
@@ -308,7 +461,7 @@ def _bind_inputs(
                 binding[name] = value
                 d.Clear()
                 d.dim_value = value
-            elif axis == 0 and rebind_fixed and d.dim_value != batch_size and len(shape.dim) >= 2:
+            elif axis == batch_axis and rebind_fixed and d.dim_value != batch_size and len(shape.dim) >= 2:
                 fixed_batch = int(d.dim_value)
                 d.dim_value = batch_size
     if fixed_batch is not None:
@@ -316,6 +469,100 @@ def _bind_inputs(
             f"graph was exported with a fixed batch size of {fixed_batch}; rebound to {batch_size}"
         )
     return binding, fixed_batch, warnings
+
+
+def _inline_functions(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with its model-local functions inlined (the dynamo exporter can emit module calls as local
+    functions; their bodies are the ops that carry the cost). Raises :class:`InvalidGraph` when a function
+    cannot be inlined."""
+    if not model.functions:
+        return model
+    try:
+        return onnx.inliner.inline_local_functions(model)
+    except Exception as exc:  # noqa: BLE001 - onnx raises plain RuntimeError/ValueError for a bad function
+        raise InvalidGraph(f"model-local functions could not be inlined: {exc}") from exc
+
+
+def _check_declared(g: onnx.GraphProto) -> None:
+    """Raise :class:`InvalidGraph` when nodes read tensors that nothing declares.
+
+    ``torch.onnx.export(..., dynamo=True, export_params=False)`` drops the weights and constants from the
+    file entirely (neither initializers nor graph inputs), so their shapes, and the parameter count, are
+    unknowable.
+    """
+    declared = {vi.name for vi in g.input} | {i.name for i in g.initializer} | {
+        o for n in g.node for o in n.output if o}
+    missing = list(dict.fromkeys(i for n in g.node for i in n.input if i and i not in declared))
+    if missing:
+        raise InvalidGraph(
+            f"{len(missing)} tensor(s) read by nodes are neither graph inputs, initializers nor node outputs "
+            f"(e.g. {', '.join(repr(m) for m in missing[:3])}): the file has no shapes for them. "
+            "torch.onnx.export(dynamo=True, export_params=False) drops weights and constants this way; export "
+            "with weights (external_data=True keeps the .onnx small) or add keep_initializers_as_inputs=True",
+            detail={"undeclared_tensors": missing[:20], "undeclared_count": len(missing)},
+        )
+
+
+def _exported_shapes(g: onnx.GraphProto, binding: Mapping[str, int]) -> dict[str, tuple[tuple[int, ...], int]]:
+    """Shapes the exporter recorded in ``value_info`` and on the outputs, with symbolic dims replaced by
+    ``binding``, including integer expressions of them (``s77*s27``, ``s27 + 1``); a tensor with a dim the
+    binding does not resolve is left out.
+
+    The dynamo exporter records every intermediate shape; with ``keep_initializers_as_inputs`` its shape
+    constants are inputs without values, so ONNX inference cannot size a ``Reshape`` on its own.
+    """
+    out: dict[str, tuple[tuple[int, ...], int]] = {}
+    for vi in [*g.value_info, *g.output]:
+        if not vi.type.tensor_type.HasField("shape"):
+            continue
+        resolved = [d if isinstance(d, int) else _eval_dim(d, binding) if isinstance(d, str) else None
+                    for d in _dims(vi)]
+        if all(isinstance(d, int) and d >= 0 for d in resolved):
+            out[vi.name] = (tuple(int(d) for d in resolved), vi.type.tensor_type.elem_type)  # type: ignore[arg-type]
+    return out
+
+
+_DIM_OPS: dict[type, Any] = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+}
+
+
+_MAX_DIM_EXPR_CHARS = 256  # torch.export's dim expressions are a few names long
+
+
+def _eval_dim(expr: str, binding: Mapping[str, int]) -> int | None:
+    """Value of a symbolic dim (a name or an integer expression of names with ``+ - * // %`` and
+    ``Min``/``Max``, as torch.export writes them) under ``binding``; None when a name is unbound or the
+    expression has anything else in it."""
+    if expr in binding:
+        return int(binding[expr])
+    if len(expr) > _MAX_DIM_EXPR_CHARS:  # a hostile file's megabyte-long sum would recurse in ev()
+        return None
+    try:
+        tree = ast.parse(expr, mode="eval").body
+    except SyntaxError:
+        return None
+
+    def ev(node: ast.AST) -> int | None:
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.Name):
+            return binding.get(node.id)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("Min", "Max", "min",
+                                                                                               "max"):
+            args = [ev(a) for a in node.args]
+            if not args or any(a is None for a in args):
+                return None
+            return (min if node.func.id.lower() == "min" else max)(args)  # type: ignore[type-var]
+        if isinstance(node, ast.BinOp) and type(node.op) in _DIM_OPS:
+            a, b = ev(node.left), ev(node.right)
+            if a is None or b is None or (b == 0 and isinstance(node.op, ast.FloorDiv | ast.Mod)):
+                return None
+            return int(_DIM_OPS[type(node.op)](a, b))
+        return None
+
+    return ev(tree)
 
 
 def _rewrite_fixed_batch_reshapes(model: onnx.ModelProto, fixed_batch: int) -> None:
@@ -513,16 +760,22 @@ def import_onnx(
             raise LimitExceeded("dimension", value, limits.max_dim,
                                 f"dims binds '{key}' to {value}; the limit is {limits.max_dim}")
     drop_external_data(model)  # costed from declared dims; the files a model names are never opened
+    model = _inline_functions(model)
     g = model.graph
-    data_inputs, param_inputs = _classify_inputs(model)
+    _check_declared(g)
+    roles = _classify_inputs(model)
+    data_inputs, param_inputs = roles.data, {vi.name for vi in roles.params}
     if not data_inputs:
-        raise InvalidGraph("ONNX graph has no data input (all inputs are initializers or unused)")
+        raise InvalidGraph("ONNX graph has no data input (all inputs are initializers, parameters or unused)")
     _check_declared_dims(g, limits)
-    binding, fixed_batch, warnings = _bind_inputs(model, data_inputs, batch_size=batch_size, dims=dims)
+    binding, fixed_batch, warnings = _bind_inputs(model, roles, batch_size=batch_size, dims=dims)
+    warnings.extend(roles.warnings)
     if fixed_batch is not None:
         _rewrite_fixed_batch_reshapes(model, fixed_batch)
 
-    # Strip value_info/output shapes that would conflict with a rebound batch, then infer.
+    # Strip value_info/output shapes that would conflict with a rebound batch, then infer; the exporter's
+    # own shapes, at the binding, stand in where inference cannot size a tensor.
+    exported = {} if fixed_batch is not None else _exported_shapes(g, binding)
     del g.value_info[:]
     for out in g.output:
         if out.type.tensor_type.HasField("shape"):
@@ -535,11 +788,13 @@ def import_onnx(
         )
     except Exception as exc:
         raise InvalidGraph(f"ONNX shape inference failed: {exc}") from exc
-    fallback = {
-        vi.name: (tuple(_dims(vi)), vi.type.tensor_type.elem_type)
-        for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]
-        if vi.type.tensor_type.HasField("shape")
-    }
+    fallback = dict(exported)
+    for vi in [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]:
+        shp = tuple(_dims(vi))
+        if vi.type.tensor_type.HasField("shape") and (
+            vi.name not in fallback or all(isinstance(d, int) for d in shp)
+        ):
+            fallback[vi.name] = (shp, vi.type.tensor_type.elem_type)  # type: ignore[assignment]
     known: dict[str, tuple[tuple[int | str | None, ...], int]] = {}
     for vi in g.input:
         if vi.type.tensor_type.HasField("shape"):
@@ -556,18 +811,18 @@ def import_onnx(
         k: (list(shp), _DTYPES.get(elem, "float32"))  # type: ignore[call-overload]
         for k, (shp, elem) in propagated.items()
     }
-    for tname, (shp, _dtype) in shapes.items():
-        limits.check_shape([d for d in shp if isinstance(d, int)], tname)
+    for tname, (tshape, _dtype) in shapes.items():
+        limits.check_shape([d for d in tshape if isinstance(d, int)], tname)
 
     init_names = {i.name for i in ig.initializer}
     data_names = {vi.name for vi in data_inputs}
-    static: set[str] = set(init_names) | set(param_inputs)
+    static: set[str] = set(init_names) | set(param_inputs) | roles.constants
     # tensors that are raw parameters (possibly through Unsqueeze/Reshape/Cast/Identity of a parameter)
     param_like: set[str] = set(init_names) | set(param_inputs)
     # weight aliases: views/copies of a parameter (Transpose of a tied embedding, Identity, Cast...) and
     # initializers that are exact (possibly transposed) copies of another one, e.g. a tied LM head
     # constant-folded to ``Transpose(wte)`` by the exporter; all are named after their root parameter.
-    alias: dict[str, str] = _duplicate_initializers(g)
+    alias: dict[str, str] = {**_duplicate_initializers(g), **roles.tied}
     # Gather of a weight table with static indices (position/token-type embeddings indexed by a
     # Range/arange of the sequence length): an embedding layer, not shape bookkeeping.
     table_gathers: set[int] = set()
@@ -625,7 +880,9 @@ def import_onnx(
             t = tensor(iname)
             is_static = iname in static
             if t is not None and iname in alias:
-                t = Tensor(alias[iname], t.shape, t.dtype)
+                # a view or copy of a parameter is that parameter, at its root's size
+                root = tensor(alias[iname])
+                t = root if root is not None and root.numel != t.numel else Tensor(alias[iname], t.shape, t.dtype)
             if slot in weight_slots and is_static:
                 (weights.append(t) if t is not None else None)
             elif slot in buffer_slots and is_static:
@@ -638,7 +895,7 @@ def import_onnx(
                     and iname in param_like
                     and t.dtype.startswith(("float", "bfloat"))
                     and t.numel > 1
-                    and (op in ("MatMul", "Gemm", "Einsum", "Add", "Mul", "Sub", "Div", "PRelu")
+                    and (op in ("MatMul", "Gemm", "Einsum", "Add", "Mul", "Sub", "Div", "PRelu", "Concat")
                          or (op == "Gather" and slot == 0))
                 ):
                     weights.append(t)
@@ -830,10 +1087,10 @@ def _layer_attrs(
             raise _NotCosted("Einsum equation not costed (needs two operands whose ranks match the subscripts)")
         return ea
     if op == "Gemm":
-        a_shape = act_in[0].shape if act_in else weights[0].shape
-        b_t = weights[0] if weights else (act_in[1] if len(act_in) > 1 else None)
-        if b_t is None or len(a_shape) != 2 or len(b_t.shape) != 2:
+        a_t, b_t = (tensor(i) for i in node.input[:2])
+        if a_t is None or b_t is None or len(a_t.shape) != 2 or len(b_t.shape) != 2:
             raise _NotCosted("Gemm operand shape unknown")
+        a_shape = a_t.shape
         m, k = (a_shape[1], a_shape[0]) if raw.get("transA", 0) else (a_shape[0], a_shape[1])
         n = b_t.shape[0] if raw.get("transB", 0) else b_t.shape[1]
         return GemmAttrs(m=m, n=n, k=k)

@@ -17,6 +17,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+from app.core.collectives import LINK_KINDS
 from app.core.hardware import PRECISIONS, HardwareSpec
 
 CATALOG_RESOURCE = "catalog.toml"
@@ -33,6 +34,8 @@ _SCALED_KEYS: dict[str, tuple[str, float]] = {
     "memory_gib": ("memory_bytes", GIB),
     "memory_bandwidth_gb_per_s": ("memory_bandwidth_bytes_per_s", GB),
     "l2_cache_mib": ("l2_cache_bytes", MIB),
+    "interconnect_bandwidth_gb_per_s": ("interconnect_bandwidth_bytes_per_s", GB),
+    "interconnect_latency_us": ("interconnect_latency_s", 1e-6),
 }
 _PLAIN_KEYS = frozenset(
     {
@@ -45,6 +48,9 @@ _PLAIN_KEYS = frozenset(
         "boost_clock_mhz",
         "tdp_w",
         "vector_width_bits",
+        "idle_power_w",
+        "price_usd_per_hour",
+        "interconnect",
         "sources",
     }
 )
@@ -57,6 +63,10 @@ _NUMERIC_FIELDS: tuple[str, ...] = (
     "tdp_w",
     "l2_cache_bytes",
     "vector_width_bits",
+    "idle_power_w",
+    "price_usd_per_hour",
+    "interconnect_bandwidth_bytes_per_s",
+    "interconnect_latency_s",
 )
 _FIELD_NAMES = frozenset(f.name for f in dataclasses.fields(HardwareSpec))
 
@@ -109,6 +119,13 @@ def validate_spec(spec: HardwareSpec) -> HardwareSpec:
         value = getattr(spec, name)
         if value is not None and not _is_positive_number(value):
             raise fail(f"{name} must be a positive number when given, got {value!r}")
+    if spec.interconnect is not None and spec.interconnect not in LINK_KINDS:
+        raise fail(f"interconnect must be one of {LINK_KINDS}, got {spec.interconnect!r}")
+    link_fields = (spec.interconnect, spec.interconnect_bandwidth_bytes_per_s, spec.interconnect_latency_s)
+    if any(v is None for v in link_fields) and any(v is not None for v in link_fields):
+        raise fail("interconnect, interconnect_bandwidth_bytes_per_s and interconnect_latency_s go together")
+    if spec.idle_power_w is not None and spec.tdp_w is not None and spec.idle_power_w > spec.tdp_w:
+        raise fail(f"idle_power_w {spec.idle_power_w} exceeds tdp_w {spec.tdp_w}")
     if (
         spec.base_clock_mhz is not None
         and spec.boost_clock_mhz is not None
@@ -172,8 +189,13 @@ def _entry_to_spec(hardware_id: str, entry: Mapping[str, Any]) -> HardwareSpec:
             kwargs["peak_flops_per_s"] = {p: _scale_decimal(v, "e12") for p, v in value.items()}
         elif key in _SCALED_KEYS:
             field_name, factor = _SCALED_KEYS[key]
-            kwargs[field_name] = _scale_decimal(value, "e9") if factor == GB else float(value) * factor
-        elif key in ("base_clock_mhz", "boost_clock_mhz", "tdp_w"):
+            if factor == GB:
+                kwargs[field_name] = _scale_decimal(value, "e9")
+            elif factor == 1e-6:
+                kwargs[field_name] = _scale_decimal(value, "e-6")
+            else:
+                kwargs[field_name] = float(value) * factor
+        elif key in ("base_clock_mhz", "boost_clock_mhz", "tdp_w", "idle_power_w", "price_usd_per_hour"):
             kwargs[key] = float(value)
         else:
             kwargs[key] = value

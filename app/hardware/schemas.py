@@ -8,6 +8,7 @@ from typing import Annotated, Literal, get_args
 
 from pydantic import Field, field_validator, model_validator
 
+from app.core.collectives import LinkKind
 from app.core.hardware import PRECISIONS
 from app.hardware.catalog import HARDWARE_ID_PATTERN
 from app.schemas import Name, PositiveInt32, Schema, Text
@@ -46,6 +47,15 @@ class HardwareCreate(Schema):
     l2_cache_bytes: Bytes | None = None
     vector_width_bits: Annotated[int, Field(strict=True, gt=0, le=65536)] | None = None
     architecture: Name | None = Field(default=None, max_length=100)
+    idle_power_w: Watts | None = Field(default=None, description="idle draw (W); default 20 % of TDP")
+    price_usd_per_hour: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)] | None = Field(
+        default=None, description="on-demand list price per device-hour (USD); the source names offer and date")
+    interconnect: LinkKind | None = Field(
+        default=None, description="what joins several of these devices for data parallel")
+    interconnect_bandwidth_bytes_per_s: Bandwidth | None = Field(
+        default=None, description="per-direction link bandwidth per device (bytes/s)")
+    interconnect_latency_s: Annotated[float, Field(gt=0, le=10, allow_inf_nan=False)] | None = Field(
+        default=None, description="fixed latency of one ring all-reduce step (s)")
     sources: dict[Name, Text] = Field(default_factory=dict)
 
     @field_validator("peak_flops_per_s")
@@ -65,6 +75,12 @@ class HardwareCreate(Schema):
             and self.base_clock_mhz > self.boost_clock_mhz
         ):
             raise ValueError("base_clock_mhz must not exceed boost_clock_mhz")
+        link = (self.interconnect, self.interconnect_bandwidth_bytes_per_s, self.interconnect_latency_s)
+        if any(v is None for v in link) and any(v is not None for v in link):
+            raise ValueError("give interconnect, interconnect_bandwidth_bytes_per_s and interconnect_latency_s "
+                             "together")
+        if self.idle_power_w is not None and self.tdp_w is not None and self.idle_power_w > self.tdp_w:
+            raise ValueError("idle_power_w must not exceed tdp_w")
         return self
 
 

@@ -15,8 +15,8 @@ measurement becomes, when its layer can be rebuilt:
   function the API serves with.
 
 Rows that cannot be used are counted in :attr:`TrainingRows.skipped` by ``(source, reason)``, never
-dropped silently: a pass the features do not model, a config no builder knows (collectives, DeepBench
-GEMMs and RNNs), a profiler config that rebuilds into several IR layers (fused attention), an op the cost
+dropped silently: a pass the features do not model, a config no builder knows (collectives), a profiler
+config that rebuilds into several IR layers (fused attention), an op the cost
 model does not support, or a NULL software stack (reported rows stored before migration 0002).
 """
 
@@ -217,6 +217,12 @@ def _shape_layer(op: Mapping[str, Any], dtype: str) -> Layer | None:
         out = (*a[:-1], b[-1])
         return Layer("matmul", "MatMul", OpKind.MATMUL, (Tensor("a", a, dtype), Tensor("b", b, dtype)),
                      (Tensor("y", out, dtype),), attrs=GemmAttrs(m=a[-2], n=b[-1], k=a[-1], batch=a[:-2]))
+    if name == "matmul" and "m" in op:  # DeepBench: C[m×n] = op(A)[m×k]·op(B)[k×n], both operands inputs
+        m, n, k = int(op["m"]), int(op["n"]), int(op["k"])
+        a_shape = (k, m) if op.get("a_trans") else (m, k)
+        b_shape = (n, k) if op.get("b_trans") else (k, n)
+        return Layer("gemm", "MatMul", OpKind.MATMUL, (Tensor("a", a_shape, dtype), Tensor("b", b_shape, dtype)),
+                     (Tensor("y", (m, n), dtype),), attrs=GemmAttrs(m=m, n=n, k=k))
     if name == "elementwise":
         shape = tuple(int(v) for v in op["shape"])
         x = Tensor("x", shape, dtype)
@@ -229,9 +235,9 @@ def _shape_layer(op: Mapping[str, Any], dtype: str) -> Layer | None:
         inputs = (x,) if op.get("operand") == "scalar" else (x, Tensor("x2", shape, dtype))
         return Layer(fn, _ELEMENTWISE_OPS[fn], OpKind.ELEMENTWISE, inputs, (Tensor("y", shape, dtype),))
     if name == "rope":
-        q, k = tuple(int(v) for v in op["q_shape"]), tuple(int(v) for v in op["k_shape"])
-        return Layer("rope", "Rope", OpKind.ELEMENTWISE, (Tensor("q", q, dtype), Tensor("k", k, dtype)),
-                     (Tensor("q_out", q, dtype), Tensor("k_out", k, dtype)))
+        q_shape, k_shape = tuple(int(v) for v in op["q_shape"]), tuple(int(v) for v in op["k_shape"])
+        return Layer("rope", "Rope", OpKind.ELEMENTWISE, (Tensor("q", q_shape, dtype), Tensor("k", k_shape, dtype)),
+                     (Tensor("q_out", q_shape, dtype), Tensor("k_out", k_shape, dtype)))
     return None
 
 
@@ -242,8 +248,10 @@ def record_layer(*, source: str, config: Mapping[str, Any], batch_size: int, pre
     :func:`justus_dense_layer`); profiler configs with :meth:`app.profiler.sampler.LayerConfig.to_layers`
     (the importer stores the profiler's row fields); ``{"input_shape", "layer"}`` configs through
     :func:`app.core.json_import.import_json` at ``batch_size`` with tensors in the precision's dtype;
-    shape records (``matmul`` with ``a``/``b``, ``elementwise``, ``rope``) directly. Collectives and
-    DeepBench's bare GEMM/RNN records have no builder (``no_layer_builder``).
+    shape records (``matmul`` with ``a``/``b`` or DeepBench's ``m``/``n``/``k``, ``elementwise``,
+    ``rope``) directly. Collectives have no builder (``no_layer_builder``). DeepBench RNN records rebuild
+    through the JSON ``lstm``/``gru``/``rnn`` layer, whose cost includes the input projection DeepBench
+    does not time (``config["input_projection_timed"]`` is false).
     """
     dtype = _DTYPE.get(precision, "float32")
     try:

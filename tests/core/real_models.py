@@ -110,12 +110,14 @@ def hf_model(name: str):  # noqa: ANN201
 
 
 @functools.cache
-def exported(name: str) -> Exported:
-    """Build, perturb, measure with the oracle and export ``name`` once per session."""
+def _prepared(name: str):  # noqa: ANN202 - (module, args, dynamic axes, dims, torch params, tied)
+    """The perturbed, wrapped module of ``name`` with its example input, built once per session."""
     import torch
 
     if name in ("lstm_lm", "lstm_bi_lm", "gru_lm"):
-        return _exported_rnn(name)
+        lm = rnn_lm(name)
+        x = torch.randint(0, RNN_VOCAB, (RNN_BATCH, RNN_SEQ))
+        return lm, (x,), {0: "batch", 1: "seq"}, {"seq": RNN_SEQ}, sum(p.numel() for p in lm.parameters()), False
     model = hf_model(name).eval()
     _perturb(model)
     text = name in ("bert", "gpt2")
@@ -126,11 +128,51 @@ def exported(name: str) -> Exported:
     else:
         args = (torch.randn(BATCH, 3, 224, 224),)
         dynamic, dims = {0: "batch"}, {}
-    flops, by_op = _oracle(wrapped, args)
-    content = _export(wrapped, args, dynamic=dynamic)
     params = sum(p.numel() for p in model.parameters())  # parameters() yields a tied tensor once
     tied = name == "gpt2" and model.lm_head.weight is model.transformer.wte.weight
-    return Exported(name, content, BATCH, dims, params, flops, by_op, tied)
+    return wrapped, args, dynamic, dims, params, tied
+
+
+@functools.cache
+def exported(name: str) -> Exported:
+    """Build, perturb, measure with the oracle and export ``name`` (TorchScript exporter, with weights)."""
+    module, args, dynamic, dims, params, tied = _prepared(name)
+    if name.startswith("lstm"):
+        flops, by_op = unrolled_lstm_oracle(module, args[0]), {}
+    else:
+        flops, by_op = _oracle(module, args)
+    content = _export(module, args, dynamic=dynamic)
+    return Exported(name, content, RNN_BATCH if name.endswith("_lm") else BATCH, dims, params, flops, by_op, tied)
+
+
+def export_variant(name: str, *, dynamo: bool, weights: bool) -> tuple[bytes, dict[str, int]]:
+    """ONNX bytes of ``name`` as a user exports it today, and the ``dims`` that bind its symbolic axes.
+
+    ``dynamo=False``: the TorchScript exporter (opset 17, ``dynamic_axes``), ``export_params=weights``.
+    ``dynamo=True``: the torch 2.13 default exporter (opset 18+, torch.export naming, dims named by
+    ``torch.export`` such as ``s27``), every axis ``Dim.AUTO``, weights embedded (``external_data=False``)
+    or, without weights, ``export_params=False, keep_initializers_as_inputs=True`` (weights and constants
+    listed as inputs without data). The sequence axis is bound to the same length as :func:`exported`.
+    """
+    import torch
+
+    module, args, dynamic, dims, _, _ = _prepared(name)
+    buf = io.BytesIO()
+    if not dynamo:
+        torch.onnx.export(module, args, buf, input_names=["x"], dynamic_axes={"x": dynamic}, dynamo=False,
+                          opset_version=17, export_params=weights)
+        return buf.getvalue(), dims
+    auto = torch.export.Dim.AUTO
+    torch.onnx.export(module, args, buf, input_names=["x"], dynamic_shapes={"x": {k: auto for k in dynamic}},
+                      dynamo=True, external_data=False, export_params=weights,
+                      keep_initializers_as_inputs=not weights, verbose=False)
+    content = buf.getvalue()
+    import onnx
+
+    x = next(vi for vi in onnx.load_model_from_string(content).graph.input if vi.name == "x")
+    axes = [d.dim_param for d in x.type.tensor_type.shape.dim]
+    seq = dims.get("seq")
+    return content, ({axes[1]: seq} if seq is not None and len(axes) > 1 and axes[1] else {})
 
 
 def rnn_lm(name: str):  # noqa: ANN201
@@ -202,17 +244,3 @@ def unrolled_lstm_oracle(lm, x) -> int:  # noqa: ANN001
         with FlopCounterMode(display=False) as fc:
             forward(x)
     return int(fc.get_total_flops())
-
-
-def _exported_rnn(name: str) -> Exported:
-    import torch
-
-    lm = rnn_lm(name)
-    x = torch.randint(0, RNN_VOCAB, (RNN_BATCH, RNN_SEQ))
-    if name.startswith("lstm"):
-        flops, by_op = unrolled_lstm_oracle(lm, x), {}
-    else:
-        flops, by_op = _oracle(lm, (x,))
-    content = _export(lm, (x,), dynamic={0: "batch", 1: "seq"})
-    params = sum(p.numel() for p in lm.parameters())
-    return Exported(name, content, RNN_BATCH, {"seq": RNN_SEQ}, params, flops, by_op)

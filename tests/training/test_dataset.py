@@ -118,6 +118,10 @@ def test_record_layer_shape_records() -> None:
     silu = record_layer(source="vidur", batch_size=7, precision="fp16",
                         config={"layer": {"op": "elementwise", "fn": "silu_and_mul", "shape": [7, 20]}})
     assert not isinstance(silu, str) and silu.outputs[0].shape == (7, 10) and silu.outputs[0].dtype == "float16"
+    deepbench = {"layer": {"op": "matmul", "m": 64, "n": 32, "k": 128, "a_trans": True, "b_trans": False}}
+    gemm = record_layer(source="deepbench", batch_size=1, precision="fp32", config=deepbench)
+    assert not isinstance(gemm, str) and gemm.inputs[0].shape == (128, 64) and gemm.outputs[0].shape == (64, 32)
+    assert layer_cost(gemm).forward_flops == 2 * 64 * 32 * 128
     ar = {"layer": {"op": "allreduce", "size_bytes": 2048, "n_ranks": 2}}
     assert record_layer(source="vidur", config=ar, batch_size=1, precision="fp16") == SKIP_NO_BUILDER
     bad = {"input_shape": [0], "layer": {"op": "relu"}}

@@ -1,0 +1,299 @@
+"""From per-layer times to iteration, epoch and job time, energy and money: the one aggregation (pure).
+
+Used by the prediction API, the comparison and job-estimate endpoints, the CLI and ``evaluate``. Times are
+those of one device running its share of the global batch; every device runs the same step (data parallel).
+
+Iteration (one training step or one inference batch)::
+
+    compute  = Σ layers (forward + backward + update) + overhead_ms + exposed all-reduce
+    input    = global_batch / loading rate                     (only when a loading rate is given)
+    step     = max(compute, input)   if the input pipeline overlaps compute (DataLoader prefetch)
+             = compute + input       otherwise
+
+The all-reduce is a ring over ``device_count`` devices, in DDP buckets overlapped with backward
+(:mod:`app.core.collectives`). Scaling efficiency = step without communication / step (weak scaling: the
+same per-device batch on one device needs no all-reduce).
+
+Epoch = ⌈dataset / global batch⌉ steps (the last partial batch counted as full) + ⌈eval set / global
+batch⌉ forward-only passes when an evaluation set is given. Job = epochs × epoch + checkpoint writes
+(⌊epochs / every⌋ checkpoints of weights + optimizer state written at a given bandwidth while the other
+devices wait). p10/p90 carry the layers' p10/p90 sums through the same arithmetic.
+
+Energy: Σ layer power × layer time + idle power × the rest of the step (:mod:`app.core.energy`), on every
+device. Money: device-hours × a price per device-hour. CO2: kWh × a grid intensity. All are estimates.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from app.core.collectives import DDP_BUCKET_BYTES, Link, bucketed_allreduce
+from app.core.energy import J_PER_KWH
+
+
+class InvalidAggregation(ValueError):
+    """Inputs the aggregation cannot combine (e.g. a global batch not divisible by the device count)."""
+
+
+@dataclass(frozen=True, slots=True)
+class LayerTime:
+    """One costed layer on one device at the per-device batch: predicted ms per pass, the layer's
+    total p10/p90 (ms), and its estimated power (W; ``None`` when the device has no power figure)."""
+
+    forward_ms: float
+    backward_ms: float
+    update_ms: float
+    total_ms_p10: float
+    total_ms_p90: float
+    power_w: float | None = None
+
+    @property
+    def total_ms(self) -> float:
+        return self.forward_ms + self.backward_ms + self.update_ms
+
+
+@dataclass(frozen=True, slots=True)
+class DataParallel:
+    """``device_count`` devices joined by ``link``, each all-reducing ``gradient_bytes`` per step in
+    buckets of ``bucket_bytes`` (DDP's 25 MiB by default)."""
+
+    device_count: int
+    gradient_bytes: float
+    link: Link | None
+    bucket_bytes: float = DDP_BUCKET_BYTES
+
+
+@dataclass(frozen=True, slots=True)
+class InputPipeline:
+    """Data loading: ``samples_per_s`` the loader delivers in total (all devices together); ``overlapped``
+    when it prefetches while the devices compute (PyTorch DataLoader with workers)."""
+
+    samples_per_s: float
+    overlapped: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpointing:
+    """A checkpoint of ``checkpoint_bytes`` (weights + optimizer state) every ``every_epochs`` epochs,
+    written at ``write_bandwidth_bytes_per_s``."""
+
+    checkpoint_bytes: float
+    write_bandwidth_bytes_per_s: float
+    every_epochs: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class AggregationInput:
+    """Everything the aggregation needs. ``global_batch_size`` is split evenly over the devices
+    (``layers`` are timed at the per-device batch). ``dataset_size``/``eval_size`` in samples; ``epochs``
+    needs ``dataset_size``. ``idle_power_w`` (W per device) is needed for energy; ``price_usd_per_hour``
+    (per device-hour) for money; ``grid_gco2_per_kwh`` for CO2."""
+
+    layers: Sequence[LayerTime]
+    global_batch_size: int
+    overhead_ms: float = 0.0
+    data_parallel: DataParallel | None = None
+    input_pipeline: InputPipeline | None = None
+    dataset_size: int | None = None
+    eval_size: int | None = None
+    epochs: float | None = None
+    checkpointing: Checkpointing | None = None
+    idle_power_w: float | None = None
+    price_usd_per_hour: float | None = None
+    grid_gco2_per_kwh: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class IterationEstimate:
+    """One step on every device. ``compute_ms`` = layers + overhead + exposed all-reduce; ``time_ms`` adds
+    the input stall; ``energy_j`` is summed over all devices (``None`` without power figures)."""
+
+    device_count: int
+    per_device_batch_size: int
+    forward_ms: float
+    backward_ms: float
+    update_ms: float
+    layers_ms: float
+    overhead_ms: float
+    allreduce_ms: float
+    allreduce_exposed_ms: float
+    allreduce_buckets: int
+    input_ms: float
+    input_exposed_ms: float
+    time_ms: float
+    time_ms_p10: float
+    time_ms_p90: float
+    samples_per_s: float
+    scaling_efficiency: float
+    energy_j: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class EpochEstimate:
+    dataset_size: int
+    iterations: int
+    train_s: float
+    eval_size: int | None
+    eval_iterations: int
+    eval_s: float
+    time_s: float
+    time_s_p10: float
+    time_s_p90: float
+    energy_j: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobEstimate:
+    epochs: float
+    checkpoints: int
+    checkpoint_bytes: float
+    checkpoint_s: float
+    time_s: float
+    time_s_p10: float
+    time_s_p90: float
+    time_h: float
+    device_hours: float
+    energy_j: float | None
+    energy_kwh: float | None
+    cost_usd: float | None
+    co2_kg: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Aggregate:
+    iteration: IterationEstimate
+    epoch: EpochEstimate | None
+    job: JobEstimate | None
+
+
+def per_device_batch(global_batch_size: int, device_count: int) -> int:
+    """``global_batch_size / device_count``; raises :class:`InvalidAggregation` unless it divides evenly."""
+    if device_count < 1:
+        raise InvalidAggregation(f"device_count must be at least 1, got {device_count}")
+    if global_batch_size % device_count:
+        raise InvalidAggregation(
+            f"global batch {global_batch_size} does not divide evenly over {device_count} devices"
+        )
+    return global_batch_size // device_count
+
+
+def _check(inp: AggregationInput) -> None:
+    if inp.epochs is not None and inp.dataset_size is None:
+        raise InvalidAggregation("epochs need a dataset_size")
+    if inp.eval_size is not None and inp.dataset_size is None:
+        raise InvalidAggregation("an eval_size needs a dataset_size")
+    dp = inp.data_parallel
+    if dp is not None and dp.device_count > 1 and dp.link is None:
+        raise InvalidAggregation(f"{dp.device_count} devices need an interconnect (link bandwidth and latency)")
+    for name in ("overhead_ms",):
+        if getattr(inp, name) < 0:
+            raise InvalidAggregation(f"{name} must not be negative")
+
+
+def aggregate(inp: AggregationInput) -> Aggregate:
+    """Iteration, epoch and job estimates of ``inp`` (module docstring for the formulas).
+
+    Raises :class:`InvalidAggregation` for a global batch not divisible by the device count, several
+    devices without a link, epochs or an eval set without a dataset size, a negative overhead.
+    """
+    _check(inp)
+    n = inp.data_parallel.device_count if inp.data_parallel is not None else 1
+    local_batch = per_device_batch(inp.global_batch_size, n)
+    fwd = sum(layer.forward_ms for layer in inp.layers)
+    bwd = sum(layer.backward_ms for layer in inp.layers)
+    upd = sum(layer.update_ms for layer in inp.layers)
+    layers_ms = fwd + bwd + upd
+    p10 = sum(layer.total_ms_p10 for layer in inp.layers)
+    p90 = sum(layer.total_ms_p90 for layer in inp.layers)
+
+    dp = inp.data_parallel
+    if dp is not None and n > 1 and dp.link is not None:
+        ar = bucketed_allreduce(dp.gradient_bytes, n, dp.link, backward_ms=bwd, bucket_bytes=dp.bucket_bytes)
+        ar_total, ar_exposed, buckets = ar.total_ms, ar.exposed_ms, ar.buckets
+    else:
+        ar_total = ar_exposed = 0.0
+        buckets = 0
+    input_ms = (inp.global_batch_size / inp.input_pipeline.samples_per_s * 1e3
+                if inp.input_pipeline is not None else 0.0)
+    overlapped = inp.input_pipeline is None or inp.input_pipeline.overlapped
+
+    def step(layers_total_ms: float) -> float:
+        compute = layers_total_ms + inp.overhead_ms + ar_exposed
+        return max(compute, input_ms) if overlapped else compute + input_ms
+
+    time_ms = step(layers_ms)
+    no_comm_ms = time_ms - ar_exposed if not overlapped else max(layers_ms + inp.overhead_ms, input_ms)
+    energy_layers = _layers_energy_j(inp.layers)
+    energy_j = None
+    if energy_layers is not None and inp.idle_power_w is not None:
+        energy_j = n * (energy_layers + inp.idle_power_w * max(time_ms - layers_ms, 0.0) / 1e3)
+    iteration = IterationEstimate(
+        device_count=n, per_device_batch_size=local_batch, forward_ms=fwd, backward_ms=bwd, update_ms=upd,
+        layers_ms=layers_ms, overhead_ms=inp.overhead_ms, allreduce_ms=ar_total, allreduce_exposed_ms=ar_exposed,
+        allreduce_buckets=buckets, input_ms=input_ms, input_exposed_ms=time_ms - (layers_ms + inp.overhead_ms
+                                                                                 + ar_exposed),
+        time_ms=time_ms, time_ms_p10=step(p10), time_ms_p90=step(p90),
+        samples_per_s=inp.global_batch_size / (time_ms / 1e3) if time_ms > 0 else 0.0,
+        scaling_efficiency=no_comm_ms / time_ms if time_ms > 0 else 1.0,
+        energy_j=energy_j,
+    )
+    epoch = _epoch(inp, iteration, n)
+    job = _job(inp, epoch, n) if epoch is not None and inp.epochs is not None else None
+    return Aggregate(iteration=iteration, epoch=epoch, job=job)
+
+
+def _layers_energy_j(layers: Sequence[LayerTime]) -> float | None:
+    """Σ power × time (J) of ``layers`` on one device; ``None`` if any layer has no power."""
+    if any(layer.power_w is None for layer in layers):
+        return None
+    return sum(layer.power_w * layer.total_ms / 1e3 for layer in layers if layer.power_w is not None)
+
+
+def _forward_energy_j(layers: Sequence[LayerTime]) -> float | None:
+    if any(layer.power_w is None for layer in layers):
+        return None
+    return sum(layer.power_w * layer.forward_ms / 1e3 for layer in layers if layer.power_w is not None)
+
+
+def _epoch(inp: AggregationInput, it: IterationEstimate, n: int) -> EpochEstimate | None:
+    if inp.dataset_size is None:
+        return None
+    iters = math.ceil(inp.dataset_size / inp.global_batch_size)
+    eval_iters = math.ceil(inp.eval_size / inp.global_batch_size) if inp.eval_size else 0
+    eval_pass_ms = it.forward_ms + inp.overhead_ms
+    eval_s = eval_iters * eval_pass_ms / 1e3
+    energy = None
+    fwd_energy = _forward_energy_j(inp.layers)
+    if it.energy_j is not None and fwd_energy is not None and inp.idle_power_w is not None:
+        eval_energy = n * (fwd_energy + inp.idle_power_w * inp.overhead_ms / 1e3)
+        energy = iters * it.energy_j + eval_iters * eval_energy
+    return EpochEstimate(
+        dataset_size=inp.dataset_size, iterations=iters, train_s=iters * it.time_ms / 1e3, eval_size=inp.eval_size,
+        eval_iterations=eval_iters, eval_s=eval_s, time_s=iters * it.time_ms / 1e3 + eval_s,
+        time_s_p10=iters * it.time_ms_p10 / 1e3 + eval_s, time_s_p90=iters * it.time_ms_p90 / 1e3 + eval_s,
+        energy_j=energy,
+    )
+
+
+def _job(inp: AggregationInput, ep: EpochEstimate, n: int) -> JobEstimate:
+    assert inp.epochs is not None
+    ck = inp.checkpointing
+    count = math.floor(inp.epochs / ck.every_epochs + 1e-9) if ck is not None else 0
+    ck_bytes = ck.checkpoint_bytes if ck is not None else 0.0
+    ck_s = count * ck_bytes / ck.write_bandwidth_bytes_per_s if ck is not None else 0.0
+    time_s = inp.epochs * ep.time_s + ck_s
+    energy = None
+    if ep.energy_j is not None and inp.idle_power_w is not None:
+        energy = inp.epochs * ep.energy_j + n * inp.idle_power_w * ck_s
+    device_hours = n * time_s / 3600
+    return JobEstimate(
+        epochs=inp.epochs, checkpoints=count, checkpoint_bytes=ck_bytes, checkpoint_s=ck_s, time_s=time_s,
+        time_s_p10=inp.epochs * ep.time_s_p10 + ck_s, time_s_p90=inp.epochs * ep.time_s_p90 + ck_s,
+        time_h=time_s / 3600, device_hours=device_hours, energy_j=energy,
+        energy_kwh=energy / J_PER_KWH if energy is not None else None,
+        cost_usd=device_hours * inp.price_usd_per_hour if inp.price_usd_per_hour is not None else None,
+        co2_kg=(energy / J_PER_KWH * inp.grid_gco2_per_kwh / 1e3
+                if energy is not None and inp.grid_gco2_per_kwh is not None else None),
+    )

@@ -1,0 +1,95 @@
+"""Cost of the gradient all-reduce of data-parallel training (pure).
+
+Ring all-reduce (Patarasuk & Yuan 2009; the algorithm NCCL runs for large messages): each of ``n`` ranks
+sends and receives ``2(n-1)/n`` of the buffer in ``2(n-1)`` steps (reduce-scatter, then all-gather), so
+
+    t = base_latency + 2(n-1) × step_latency + 2(n-1)/n × bytes / (η × link_bandwidth)
+
+with ``link_bandwidth`` the per-direction bandwidth of one rank's link, ``step_latency`` the fixed cost
+of one ring step (the catalog's ``interconnect_latency_s``) and ``base_latency`` the launch cost of one
+collective. This is NCCL's own tuning model (``src/graph/tuning.cc``: ``baseLat + nsteps × hwLat +
+bytes / busBw``, ``nsteps = 2(n-1)`` for a ring all-reduce); :data:`NCCL_BASE_LATENCY_S` is its
+``baseLat[Ring][Simple]``. ``η`` (:data:`BANDWIDTH_EFFICIENCY`) is the share of the datasheet link
+bandwidth NCCL achieves, the one fitted number: fitted on the Vidur Azure A100-PCIe 4-rank rows
+(PCIe 4.0, messages >= 64 MiB) and tested on the DGX A100 NVLink rows (docs/allreduce_validation.md).
+
+Overlap with backward (PyTorch DDP, Li et al. VLDB 2020): gradients are all-reduced in buckets
+(``bucket_cap_mb = 25``) as soon as a bucket's gradients are ready, while backward goes on. Only the last
+bucket's all-reduce, which starts when backward ends, is always exposed; the earlier buckets are exposed
+only by what their total exceeds the backward time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+#: NCCL ``baseLat[Ring][Simple]`` (src/graph/tuning.cc, NCCL 2.x): 8.4 µs per collective.
+NCCL_BASE_LATENCY_S = 8.4e-6
+
+#: Achieved / datasheet link bandwidth of a large NCCL ring all-reduce: the median over Vidur's
+#: a100_pairwise_nvlink 4-rank rows >= 64 MiB (0.751, scripts/validate_allreduce.py re-derives it).
+BANDWIDTH_EFFICIENCY = 0.75
+
+#: PyTorch DDP's default ``bucket_cap_mb`` (25 MiB).
+DDP_BUCKET_BYTES = 25 * 2**20
+
+LinkKind = Literal["nvlink", "xgmi", "pcie", "network"]
+LINK_KINDS: tuple[str, ...] = ("nvlink", "xgmi", "pcie", "network")
+
+
+@dataclass(frozen=True, slots=True)
+class Link:
+    """What joins the devices of a data-parallel group: its kind, its per-direction bandwidth per device
+    (bytes/s) and the fixed latency of one ring step (s)."""
+
+    kind: LinkKind
+    bandwidth_bytes_per_s: float
+    step_latency_s: float
+
+
+def ring_allreduce_s(nbytes: float, n: int, link: Link) -> float:
+    """Seconds of a ring all-reduce of ``nbytes`` over ``n`` ranks joined by ``link`` (module docstring).
+
+    ``n = 1`` costs nothing. Raises ``ValueError`` for ``n < 1`` or negative ``nbytes``.
+    """
+    if n < 1:
+        raise ValueError(f"an all-reduce needs at least one rank, got {n}")
+    if nbytes < 0:
+        raise ValueError(f"negative all-reduce size {nbytes}")
+    if n == 1 or nbytes == 0:
+        return 0.0
+    return (NCCL_BASE_LATENCY_S + 2 * (n - 1) * link.step_latency_s
+            + 2 * (n - 1) / n * nbytes / (BANDWIDTH_EFFICIENCY * link.bandwidth_bytes_per_s))
+
+
+@dataclass(frozen=True, slots=True)
+class AllReduceCost:
+    """Gradient all-reduce of one step: ``total_ms`` of all buckets back to back, ``exposed_ms`` what
+    backward does not hide, ``buckets`` their number."""
+
+    total_ms: float
+    exposed_ms: float
+    buckets: int
+
+
+def bucketed_allreduce(
+    gradient_bytes: float, n: int, link: Link, *, backward_ms: float, bucket_bytes: float = DDP_BUCKET_BYTES
+) -> AllReduceCost:
+    """All-reduce of ``gradient_bytes`` in buckets of ``bucket_bytes`` overlapped with ``backward_ms``.
+
+    exposed = t(last bucket) + max(0, Σ t(earlier buckets) − backward_ms) (module docstring). Raises
+    ``ValueError`` for a non-positive bucket size or as :func:`ring_allreduce_s`.
+    """
+    if bucket_bytes <= 0:
+        raise ValueError(f"bucket size must be positive, got {bucket_bytes}")
+    if n == 1 or gradient_bytes <= 0:
+        ring_allreduce_s(gradient_bytes, n, link)  # validates
+        return AllReduceCost(total_ms=0.0, exposed_ms=0.0, buckets=0)
+    buckets = math.ceil(gradient_bytes / bucket_bytes)
+    last_bytes = gradient_bytes - (buckets - 1) * bucket_bytes
+    earlier_ms = (buckets - 1) * ring_allreduce_s(bucket_bytes, n, link) * 1e3
+    last_ms = ring_allreduce_s(last_bytes, n, link) * 1e3
+    exposed = last_ms + max(0.0, earlier_ms - max(backward_ms, 0.0))
+    return AllReduceCost(total_ms=earlier_ms + last_ms, exposed_ms=exposed, buckets=buckets)
