@@ -14,7 +14,8 @@ Errors (STYLE.md §6) are rendered as one problem document, whatever raised them
 * anything else → 500 ``internal_error``, logged with its traceback, which never reaches the client,
   sent with ``Connection: close`` so a keep-alive client reconnects instead of reading a reset.
 
-Every request runs under :class:`RequestGuard`: the import limits of the settings are made active
+Every request runs under :class:`RequestGuard`: a URL with NUL or a line break in its path or a NUL in its
+query is 400 ``bad_request``; the import limits of the settings are made active
 (:func:`app.core.limits.use_limits`), SQLite transactions of GET/HEAD/OPTIONS begin deferred and all
 others ``BEGIN IMMEDIATE`` (:data:`app.db.write_intent`), and a JSON body is read whole (up to
 ``max_json_bytes``, else 413) and its nesting measured (over ``max_json_depth``: 422
@@ -214,6 +215,11 @@ class RequestGuard:
             await self.app(scope, receive, send)
             return
         method = scope.get("method", "GET")
+        if any(c in scope.get("path", "") for c in "\x00\r\n") or b"%00" in scope.get("query_string", b""):
+            # PostgreSQL refuses NUL in text: a path or query parameter holding one would be a 500
+            bad = LayercastError("the URL contains a NUL or line-break character")
+            await ProblemResponse(bad.to_problem(), status_code=400)(scope, receive, send)
+            return
         headers = dict(scope.get("headers") or [])
         ctype = headers.get(b"content-type", b"").decode("latin-1")
         token = write_intent.set(method not in ("GET", "HEAD", "OPTIONS"))

@@ -40,6 +40,17 @@ def check_text(value: str) -> str:
     return _checker(_TEXT_BAD, "text")(value)
 
 
+def check_name(value: str) -> str:
+    """``value`` unchanged; ``ValueError`` for control characters (NUL included) and lone surrogates."""
+    return _checker(_NAME_BAD, "a name")(value)
+
+
+def clean_name(value: str) -> str:
+    """``value`` without the characters :func:`check_name` refuses, at most 200 characters (for names
+    taken from a file name rather than given by the client)."""
+    return _NAME_BAD.sub("", value)[:200]
+
+
 Name = Annotated[str, StringConstraints(min_length=1, max_length=200), AfterValidator(_checker(_NAME_BAD, "a name"))]
 Text = Annotated[str, StringConstraints(max_length=10_000), AfterValidator(check_text)]
 Int32 = Annotated[int, Field(strict=True, ge=-(2**31), le=INT32_MAX)]

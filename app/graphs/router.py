@@ -17,7 +17,7 @@ from app.errors import InvalidGraph, InvalidRequest, LimitExceeded, PayloadTooLa
 from app.graphs import service
 from app.graphs.models import StoredGraph
 from app.graphs.schemas import GraphLayers, GraphList, GraphRead, GraphSummary, JsonGraphCreate, LayerCostRead
-from app.schemas import INT32_MAX, ErrorResponse, Name, OffsetQuery
+from app.schemas import INT32_MAX, ErrorResponse, Name, OffsetQuery, check_name, clean_name
 
 router = APIRouter(prefix="/v1/graphs", tags=["graphs"])
 
@@ -154,7 +154,13 @@ async def create_graph(
                 size += len(chunk)
             await upload.seek(0)
             source = upload.file
-            name = name or (str(form.get("name")) if form.get("name") else None) or (upload.filename or "")
+            form_name = form.get("name")
+            if isinstance(form_name, str) and form_name:
+                try:
+                    name = name or check_name(form_name[:200])
+                except ValueError as exc:
+                    raise InvalidRequest(f"form field 'name': {exc}", detail={"field": "name"}) from None
+            name = name or clean_name(upload.filename or "")
             fmt = "onnx"
         elif ctype == "application/json":
             parsed = await run_in_threadpool(_parse_json_graph, await request.body())

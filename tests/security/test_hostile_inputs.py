@@ -250,7 +250,9 @@ CASES = [
     Case("graph-layer-name-surrogate", "POST", "/v1/graphs",
          lambda: raw_json(json.dumps(json_graph(layers=[{"op": "relu", "name": "\udfff"}]))), 422, "invalid_graph"),
     Case("graph-query-name-nul", "POST", "/v1/graphs",
-         lambda: {**octet(onnx_many_nodes(2)), "params": {"name": "a\x00b"}}, 422, "validation_error"),
+         lambda: {**octet(onnx_many_nodes(2)), "params": {"name": "a\x00b"}}, 400, "bad_request"),
+    Case("graph-query-name-escape", "POST", "/v1/graphs",
+         lambda: {**octet(onnx_many_nodes(2)), "params": {"name": "a\x1bb"}}, 422, "validation_error"),
     Case("onnx-conv-dim-2^31", "POST", "/v1/graphs", lambda: octet(onnx_conv_dim_2_31()), 422, "limit_exceeded",
          "dimension"),
     Case("onnx-opset-99", "POST", "/v1/graphs", lambda: octet(onnx_opset(99)), 422, "unsupported_opset"),
@@ -267,6 +269,12 @@ CASES = [
         for field in ("peak", "bandwidth")
         for label, value in (("5e-324", 5e-324), ("nan", math.nan), ("inf", math.inf), ("-1", -1.0))
     ],
+    Case("hardware-path-nul", "GET", "/v1/hardware/a%00b", lambda: {}, 400, "bad_request"),
+    Case("measurements-query-nul", "GET", "/v1/measurements", lambda: {"params": {"source": "a\x00b"}}, 400,
+         "bad_request"),
+    Case("multipart-name-nul", "POST", "/v1/graphs",
+         lambda: {"files": {"file": ("m.onnx", onnx_many_nodes(2))}, "data": {"name": "a\x00b"}}, 422,
+         "invalid_request"),
     Case("malformed-json-body", "POST", "/v1/measurements", lambda: raw_json('{"hardware_id": '), 422,
          "validation_error"),
     Case("non-utf8-json-graph", "POST", "/v1/graphs",
@@ -426,6 +434,15 @@ def test_external_data_naming_a_fifo_is_never_opened(
     assert r.json()["summary"]["params"] == 64 * 4
     layers, _, _ = bounded(15.0, lambda: hostile_client.get(f"/v1/graphs/{r.json()['id']}/layers"))
     assert layers.status_code == 200
+
+
+def test_a_file_name_with_control_characters_is_cleaned() -> None:
+    """Names taken from an upload's file name are cleaned rather than refused (the client did not
+    choose them as names)."""
+    from app.schemas import clean_name
+
+    assert clean_name("evil\x00\x1b\ud800.onnx") == "evil.onnx"
+    assert clean_name("x" * 500) == "x" * 200
 
 
 def test_a_500_closes_the_connection(hostile_settings: Settings) -> None:
