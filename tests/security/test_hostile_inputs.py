@@ -469,3 +469,25 @@ def test_openapi_lists_error_statuses_of_every_route(hostile_client: TestClient)
                 assert {"400", "413", "422"} <= statuses, (method, path, statuses)
             elif operation.get("parameters"):
                 assert "422" in statuses, (method, path, statuses)
+
+
+def test_uploads_are_imported_off_the_event_loop(hostile_client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The import (CPU) and its database work run in a worker thread: no event loop runs there, so a
+    slow import cannot freeze other requests (the issue saw 42-88 s freezes)."""
+    from app.graphs import service
+
+    seen: list[bool] = []
+    real = service.create_graph
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        try:
+            asyncio.get_running_loop()
+            seen.append(True)
+        except RuntimeError:
+            seen.append(False)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(service, "create_graph", spy)
+    assert hostile_client.post("/v1/graphs", **octet(onnx_many_nodes(5))).status_code in (200, 201)
+    assert hostile_client.post("/v1/graphs", json=json_graph(name="off-loop")).status_code in (200, 201)
+    assert seen == [False, False]
