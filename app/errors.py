@@ -64,6 +64,13 @@ class InvalidRequest(LayercastError):
     code = "invalid_request"
 
 
+class NoInterconnect(LayercastError):
+    """Several devices were asked for on hardware whose spec lists no interconnect."""
+
+    status_code = 422
+    code = "no_interconnect"
+
+
 class Conflict(LayercastError):
     status_code = 409
     code = "conflict"

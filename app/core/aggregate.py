@@ -15,9 +15,9 @@ The all-reduce is a ring over ``device_count`` devices, in DDP buckets overlappe
 same per-device batch on one device needs no all-reduce).
 
 Epoch = ⌈dataset / global batch⌉ steps (the last partial batch counted as full) + ⌈eval set / global
-batch⌉ forward-only passes when an evaluation set is given. Job = epochs × epoch + checkpoint writes
-(⌊epochs / every⌋ checkpoints of weights + optimizer state written at a given bandwidth while the other
-devices wait). p10/p90 carry the layers' p10/p90 sums through the same arithmetic.
+batch⌉ forward-only passes when an evaluation set is given (their loading is not counted). Job = epochs ×
+epoch + checkpoint writes (⌊epochs / every⌋ checkpoints of weights + optimizer state written at a given
+bandwidth while the other devices wait). p10/p90 carry the layers' p10/p90 sums through the same arithmetic.
 
 Energy: Σ layer power × layer time + idle power × the rest of the step (:mod:`app.core.energy`), on every
 device. Money: device-hours × a price per device-hour. CO2: kWh × a grid intensity. All are estimates.

@@ -15,18 +15,21 @@ Two steps, each defined exactly once:
 so training (which featurises the 250k Justus rows through the batched path) and serving compute every
 feature with the same code.
 
-Physics anchor (DESIGN.md "Anchor the learned model to physics"): the first features are the log
-roofline times of the pass (Williams et al. 2009), so a model that predicts log-time as a residual over
-``log_roofline_ms`` degrades gracefully on hardware it never saw. Hardware enters only through datasheet
-figures (peak FLOP/s, bandwidth, memory, SM count, clock), never a device id, for the same reason
+Physics anchor (DESIGN.md "Anchor the learned model to physics"): ``log_floor_ms`` is the log physics
+floor of the pass (roofline, Williams et al. 2009, at the op's peak for the precision, the cheapest
+algorithm's FLOPs and the precision's bytes: :func:`pass_floor_ms`); the v3 model predicts how far above
+it a layer lands, so it degrades gracefully on hardware it never saw and is never below it. Hardware
+enters only through datasheet figures (peak FLOP/s, bandwidth, memory, SM count, clock, L2) and wave
+quantisation, never a device id, for the same reason
 (Syed & Srinivasan 2021; Justus et al. 2018 use the same kind of hardware features).
 
 Feature schemas: :data:`FEATURE_NAMES` is every feature this module defines. An artifact stores the
 (ordered) subset its model reads in its metadata (``feature_names``) and :func:`select_features` picks
 those columns, so older artifacts keep working when features are added (every name keeps its
-definition forever; new features are appended). :data:`FEATURE_NAMES_V1` is the 34-feature schema of
-``layer-time-mlp-1`` (conv/gemm on GPUs); the op-kind, grouping, precision and CPU features after it
-were added for the multi-op, GPU + CPU predictor.
+definition forever; new features are appended): the first 34 are those of the first, conv/gemm GPU
+model; the op-kind, grouping, precision and CPU features came with v2; the columns after
+``hw_log_l2_cache_bytes`` with v3 (the physics floor at the precision and the op's peak from
+:mod:`app.core.precision`, implicit-GEMM tiles and waves over the SMs, the software stack).
 
 Passes: ``"forward"`` is one forward pass; ``"train_step"`` is forward + backward + the optimizer update
 of the layer's parameters (the Justus et al. 2018 ``train_step`` measurement). Logs are natural logs of
@@ -35,6 +38,7 @@ values clipped below at :data:`LOG_FLOOR` (so zero work gives a finite feature).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from math import prod
 from typing import NamedTuple
@@ -44,6 +48,8 @@ import numpy as np
 from app.core.costs import LayerCost, optimizer_update_cost
 from app.core.hardware import HardwareSpec
 from app.core.ir import ConvAttrs, Layer, OpKind, PoolAttrs, RecurrentAttrs
+from app.core.precision import op_precision, physics_floor_ms
+from app.core.vocab import SoftwareStack
 
 PASSES: tuple[str, ...] = ("forward", "train_step")
 
@@ -86,6 +92,21 @@ EXTRA_KINDS: tuple[OpKind, ...] = (
 # Precisions stored in 2 bytes (their own flag; fp32/tf32 are 0).
 HALF_PRECISIONS: frozenset[str] = frozenset({"fp16", "bf16"})
 
+#: Software stacks a row may run under (:class:`app.core.vocab.SoftwareStack`); the default is the serving
+#: default, PyTorch eager. Two features carry the stack: ``stack_tf1_session`` (a TensorFlow 1.x
+#: ``session.run`` per iteration, Justus et al. 2018: ~0.25 ms floor) and ``stack_kernel_time`` (the time
+#: has no launch gaps: CUDA-graph replays, or measurements that sum kernel durations, as Vidur's Kineto
+#: sums do, ``launch_gaps=False``).
+STACKS: tuple[str, ...] = tuple(s.value for s in SoftwareStack)
+DEFAULT_STACK: str = SoftwareStack.PYTORCH_EAGER.value
+
+#: Output tile of a GEMM thread block used for wave quantisation (Habitat, Yu et al. ATC 2021; NeuSight,
+#: Lee et al. ASPLOS 2025 tile a GEMM's output into blocks and count waves of blocks over the SMs).
+GEMM_TILE = 128
+#: Elements per thread block of a memory-bound (elementwise, norm, softmax) kernel for the same count:
+#: 128 threads x 4 vectorised elements, PyTorch's ``vectorized_elementwise_kernel`` launch.
+ELEMENTWISE_TILE = 512
+
 RAW_FIELDS: tuple[str, ...] = (
     "is_conv",  # 1 for OpKind.CONV
     "is_gemm",  # 1 for OpKind.GEMM
@@ -120,6 +141,16 @@ RAW_FIELDS: tuple[str, ...] = (
     "is_half",  # precision in HALF_PRECISIONS
     "is_cpu",  # HardwareSpec.kind == "cpu"
     "l2_cache_bytes",  # HardwareSpec.l2_cache_bytes (0 when unknown)
+    # --- added for v3 (efficiency over the physics floor) ---
+    "op_peak_flops_per_s",  # peak this op may use at the precision (app.core.precision.op_precision)
+    "floor_ms",  # physics floor of the pass in ms (pass_floor_ms)
+    "gemm_batch",  # implicit-GEMM view of the op (gemm_dims()): independent products
+    "gemm_m",  # rows of the output
+    "gemm_n",  # columns of the output
+    "gemm_k",  # reduction length
+    "stack_tf1_session",  # 1 under a TensorFlow 1.x session
+    "stack_kernel_time",  # 1 when the time has no launch gaps (CUDA graphs; Kineto kernel sums)
+    "fp32_peak_flops_per_s",  # the device's fp32 (CUDA-core / vector) peak
 )
 _R = {name: i for i, name in enumerate(RAW_FIELDS)}
 
@@ -163,9 +194,25 @@ FEATURE_NAMES: tuple[str, ...] = (
     "is_cpu",
     "hw_log_ridge_flops_per_byte",  # ln peak / bandwidth (roofline ridge point)
     "hw_log_l2_cache_bytes",  # ln L2 bytes (LOG_FLOOR when unknown)
+    # --- added for v3 ---
+    "log_floor_ms",  # ln physics floor of the pass (the anchor of the efficiency target)
+    "log_op_compute_ms",  # ln pass_flops / op peak
+    "log_floor_over_memory",  # ln floor_ms / memory_ms (0 when memory-bound)
+    "hw_log_op_peak_flops_per_s",  # ln peak the op may use at the precision
+    "hw_log_op_ridge_flops_per_byte",  # ln op peak / bandwidth
+    "uses_tensor_cores",  # op peak above the fp32 peak
+    "log_gemm_m",
+    "log_gemm_n",
+    "log_gemm_k",
+    "log_tiles",  # ln thread blocks of the op (GEMM_TILE^2 output tiles, or ELEMENTWISE_TILE elements)
+    "log_waves",  # ln tiles / SMs
+    "wave_efficiency",  # tiles / (ceil(tiles / SMs) * SMs): share of the last wave's SMs doing work
+    "log_work_per_sm",  # ln pass_flops / SMs
+    "log_bytes_over_l2",  # ln pass_bytes / L2 bytes
+    "stack_tf1_session",
+    "stack_kernel_time",
 )
 ROOFLINE_FEATURE_INDEX = 0
-FEATURE_NAMES_V1: tuple[str, ...] = FEATURE_NAMES[: FEATURE_NAMES.index("hw_log_clock_mhz") + 1]
 
 
 class FeatureInput(NamedTuple):
@@ -177,6 +224,7 @@ class FeatureInput(NamedTuple):
     pass_: str
     optimizer: str
     precision: str = "fp32"
+    stack: str = DEFAULT_STACK
 
 
 def hardware_raw(hardware: HardwareSpec, precision: str = "fp32") -> tuple[float, float, float, float, float]:
@@ -192,6 +240,61 @@ def hardware_raw(hardware: HardwareSpec, precision: str = "fp32") -> tuple[float
         float(hardware.compute_units),
         float(clock),
     )
+
+
+def gemm_dims(layer: Layer) -> tuple[float, float, float, float]:
+    """Implicit-GEMM view ``(batch, M, N, K)`` of a layer, for wave quantisation.
+
+    Conv: ``M = N·out_spatial``, ``N = C_out/groups``, ``K = C_in/groups·∏kernel``, ``batch = groups``;
+    Gemm: ``M`` = rows, ``N`` = out features, ``K`` = in features; MatMul ``(..., M, K) @ (..., K, N)``;
+    recurrent: per time step ``M`` = batch, ``N`` = hidden, ``K`` = input + hidden, ``batch`` = steps.
+    Other ops: ``M`` = output elements, ``N = K = 1``.
+    """
+    batch, kernel, _stride, c_in, c_out, _in_sp, out_sp = _geometry(layer)
+    if layer.kind in (OpKind.CONV, OpKind.CONV_TRANSPOSE):
+        g = float(layer.group)
+        ks = float(prod(layer.weights[0].shape[2:])) if layer.weights else kernel
+        return g, batch * out_sp, max(c_out / g, 1.0), max(c_in / g, 1.0) * ks
+    if layer.kind is OpKind.GEMM:
+        return 1.0, batch, c_out, c_in
+    if layer.kind is OpKind.MATMUL:
+        return batch, out_sp, c_out, c_in
+    if layer.kind is OpKind.RECURRENT:
+        return out_sp, batch, c_out, c_in + c_out
+    out = float(sum(t.numel for t in layer.outputs)) or 1.0
+    return 1.0, out, 1.0, 1.0
+
+
+def precision_spec(hardware: HardwareSpec, precision: str) -> HardwareSpec:
+    """The spec whose peaks :mod:`app.core.precision` reads for ``precision``.
+
+    GPUs: ``hardware`` itself (a precision the GPU lacks raises ``PrecisionNotSupported`` there). CPUs that
+    list no peak for a 16-bit precision run it by converting to fp32 in the vector units (PyTorch's CPU
+    bf16/fp16 kernels without AMX/AVX512-FP16): the spec with that peak set to the fp32 peak.
+    """
+    if hardware.kind != "cpu" or precision in hardware.peak_flops_per_s or precision not in HALF_PRECISIONS:
+        return hardware
+    peaks = {**hardware.peak_flops_per_s, precision: float(hardware.peak_flops_per_s["fp32"])}
+    return dataclasses.replace(hardware, peak_flops_per_s=peaks)
+
+
+def pass_floor_ms(
+    *, layer: Layer, cost: LayerCost, hardware: HardwareSpec, pass_: str, optimizer: str, precision: str
+) -> float:
+    """Physics floor of a feature pass in ms: :func:`app.core.precision.physics_floor_ms` of the forward pass,
+    plus those of the backward pass and the optimizer update for ``"train_step"`` (the passes run one after
+    the other, so the sum of their floors is a floor of the step). An inference forward of a dropout layer
+    has floor 0: frameworks run it as the identity (``nn.Dropout`` in eval mode). Raises like
+    :func:`app.core.precision.physics_floor_ms` (``PrecisionNotSupported`` for a precision the device lacks).
+    """
+    if layer.kind is OpKind.DROPOUT and pass_ == "forward":
+        return 0.0  # an inference forward runs dropout as the identity (nn.Dropout in eval mode): no work
+    hardware = precision_spec(hardware, precision)
+    floor = physics_floor_ms(layer, cost, hardware, precision, "forward")
+    if pass_ == "train_step":
+        floor += physics_floor_ms(layer, cost, hardware, precision, "backward")
+        floor += physics_floor_ms(layer, cost, hardware, precision, "update", optimizer=optimizer)
+    return floor
 
 
 def _geometry(layer: Layer) -> tuple[float, float, float, float, float, float, float]:
@@ -269,17 +372,28 @@ def _needs_input_grad(layer: Layer) -> bool:
 
 
 def raw_quantities(
-    *, layer: Layer, cost: LayerCost, hardware: HardwareSpec, pass_: str, optimizer: str, precision: str
+    *,
+    layer: Layer,
+    cost: LayerCost,
+    hardware: HardwareSpec,
+    pass_: str,
+    optimizer: str,
+    precision: str,
+    stack: str = DEFAULT_STACK,
+    launch_gaps: bool = True,
 ) -> tuple[float, ...]:
     """Physical quantities of one row, in :data:`RAW_FIELDS` order (units in the field comments).
 
     ``pass_`` is ``"forward"`` or ``"train_step"``; ``optimizer`` a key of
-    :data:`app.core.costs.OPTIMIZERS` (``"none"`` for forward). The update cost is
+    :data:`app.core.costs.OPTIMIZERS` (``"none"`` for forward); ``stack`` one of :data:`STACKS`;
+    ``launch_gaps`` False for a time that sums kernel durations only (Vidur). The update cost is
     :func:`app.core.costs.optimizer_update_cost` over ``cost.params`` in fp32 (master weights).
-    Raises ``ValueError`` for an unknown pass and ``KeyError`` for an unknown optimizer.
+    Raises ``ValueError`` for an unknown pass or stack and ``KeyError`` for an unknown optimizer.
     """
     if pass_ not in PASSES:
         raise ValueError(f"pass_ must be one of {PASSES}, got {pass_!r}")
+    if stack not in STACKS:
+        raise ValueError(f"stack must be one of {STACKS}, got {stack!r}")
     train = pass_ == "train_step"
     opt = optimizer if train else "none"
     upd_flops, upd_bytes = optimizer_update_cost(cost.params, opt)
@@ -320,7 +434,13 @@ def raw_quantities(
         float(precision in HALF_PRECISIONS),
         float(hardware.kind == "cpu"),
         float(hardware.l2_cache_bytes or 0.0),
-    )
+        op_precision(precision_spec(hardware, precision), precision, layer.kind).peak_flops_per_s,
+        pass_floor_ms(layer=layer, cost=cost, hardware=hardware, pass_=pass_, optimizer=opt, precision=precision),
+        *gemm_dims(layer),
+        float(stack == SoftwareStack.TF1_SESSION),
+        float(not launch_gaps or stack == SoftwareStack.PYTORCH_CUDA_GRAPH),
+        float(hardware.peak_flops_per_s["fp32"]),
+    )  # fmt: skip
 
 
 def _log(x: np.ndarray) -> np.ndarray:
@@ -385,14 +505,69 @@ def features_from_raw(raw: np.ndarray) -> np.ndarray:
         c("is_cpu"),
         _log(peak) - _log(bw),
         _log(c("l2_cache_bytes")),
+        # --- added for v3 ---
+        *_v3_columns(raw),
     ]
     out = np.stack(cols, axis=1).astype(np.float32)
     assert out.shape[1] == len(FEATURE_NAMES)
     return out
 
 
+def _v3_columns(raw: np.ndarray) -> list[np.ndarray]:
+    """The v3 feature columns (see :data:`FEATURE_NAMES`), vectorised over ``raw`` ``[N, len(RAW_FIELDS)]``."""
+
+    def c(name: str) -> np.ndarray:
+        return raw[:, _R[name]]
+
+    op_peak = c("op_peak_flops_per_s")
+    bw = c("bandwidth_bytes_per_s")
+    sms = np.maximum(c("compute_units"), 1.0)
+    floor = c("floor_ms")
+    memory_ms = c("pass_bytes") / bw * 1e3
+    mac = sum(c(name) for name in ("is_conv", "is_gemm", "is_conv_transpose", "is_matmul", "is_recurrent",
+                                   "is_attention")) > 0.5  # fmt: skip
+    m, n = c("gemm_m"), c("gemm_n")
+    tiles = np.where(
+        mac,
+        c("gemm_batch") * np.ceil(m / GEMM_TILE) * np.ceil(n / GEMM_TILE),
+        np.ceil(m / ELEMENTWISE_TILE),
+    )
+    tiles = np.maximum(tiles, 1.0)
+    waves = tiles / sms
+    return [
+        _log(floor),
+        _log(c("pass_flops") / op_peak * 1e3),
+        _log(floor) - _log(memory_ms),
+        _log(op_peak),
+        _log(op_peak) - _log(bw),
+        (op_peak > c("fp32_peak_flops_per_s") * 1.01).astype(np.float64),
+        _log(m),
+        _log(n),
+        _log(c("gemm_k")),
+        _log(tiles),
+        _log(waves),
+        waves / np.ceil(waves),
+        _log(c("pass_flops") / sms),
+        _log(c("pass_bytes")) - _log(c("l2_cache_bytes")),
+        c("stack_tf1_session"),
+        c("stack_kernel_time"),
+    ]
+
+
+def floor_ms_from_raw(raw: np.ndarray) -> np.ndarray:
+    """Physics floor of each row's pass in ms, ``[N]`` (the ``floor_ms`` raw column, :func:`pass_floor_ms`)."""
+    return np.asarray(raw, dtype=np.float64)[:, _R["floor_ms"]]
+
+
 def layer_features(
-    *, layer: Layer, cost: LayerCost, hardware: HardwareSpec, pass_: str, optimizer: str, precision: str
+    *,
+    layer: Layer,
+    cost: LayerCost,
+    hardware: HardwareSpec,
+    pass_: str,
+    optimizer: str,
+    precision: str,
+    stack: str = DEFAULT_STACK,
 ) -> np.ndarray:
     """Feature vector of one row, float32, shape ``(len(FEATURE_NAMES),)``.
 
@@ -400,8 +575,9 @@ def layer_features(
     :func:`layer_features_batch`.
     """
     raw = raw_quantities(
-        layer=layer, cost=cost, hardware=hardware, pass_=pass_, optimizer=optimizer, precision=precision
-    )
+        layer=layer, cost=cost, hardware=hardware, pass_=pass_, optimizer=optimizer, precision=precision,
+        stack=stack,
+    )  # fmt: skip
     return features_from_raw(np.asarray([raw]))[0]
 
 
@@ -415,6 +591,7 @@ def raw_matrix(rows: Iterable[FeatureInput]) -> np.ndarray:
             pass_=r.pass_,
             optimizer=r.optimizer,
             precision=r.precision,
+            stack=r.stack,
         )
         for r in rows
     ]

@@ -46,6 +46,31 @@ class PredictionCreate(Schema):
     )
     dataset_size: int | None = Field(default=None, strict=True, gt=0, le=10**15, description="samples per epoch")
     epochs: float | None = Field(default=None, gt=0, le=1e6, allow_inf_nan=False)
+    device_count: int = Field(
+        default=1, strict=True, ge=1, le=4096,
+        description="data-parallel devices; batch_size is the GLOBAL batch and must divide evenly over them. "
+                    "Gradients are ring all-reduced over the hardware's interconnect in 25 MiB DDP buckets")
+    iteration_overhead_ms: float = Field(
+        default=0.0, ge=0, le=1e9, allow_inf_nan=False,
+        description="fixed time per iteration outside the layers (loss, zero_grad, framework glue)")
+    loading_samples_per_s: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False,
+        description="samples/s the input pipeline delivers (all devices together); none = loading is free")
+    loading_overlapped: bool = Field(
+        default=True, description="the loader prefetches while the devices compute (DataLoader workers)")
+    eval_size: int | None = Field(
+        default=None, strict=True, gt=0, le=10**15,
+        description="samples of an evaluation set run forward-only once per epoch")
+    checkpoint_every_epochs: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False,
+        description="write a checkpoint (weights + optimizer state) every this many epochs")
+    checkpoint_write_bytes_per_s: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False, description="write bandwidth of the checkpoint storage")
+    price_usd_per_hour: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False,
+        description="price per device-hour (USD); default: the catalog's on-demand list price")
+    grid_gco2_per_kwh: float | None = Field(
+        default=None, ge=0, allow_inf_nan=False, description="grid carbon intensity for the CO2 estimate")
 
     @model_validator(mode="after")
     def _exactly_one(self) -> PredictionCreate:
@@ -57,7 +82,20 @@ class PredictionCreate(Schema):
             raise ValueError("'activation_checkpointing' applies to mode 'training' only")
         if self.epochs is not None and self.dataset_size is None:
             raise ValueError("'epochs' needs 'dataset_size'")
+        if self.eval_size is not None and self.dataset_size is None:
+            raise ValueError("'eval_size' needs 'dataset_size'")
+        if self.batch_size % self.device_count:
+            raise ValueError(f"batch_size {self.batch_size} (the global batch) does not divide evenly over "
+                             f"device_count {self.device_count}")
+        if (self.checkpoint_every_epochs is None) != (self.checkpoint_write_bytes_per_s is None):
+            raise ValueError("give 'checkpoint_every_epochs' and 'checkpoint_write_bytes_per_s' together")
+        if self.checkpoint_every_epochs is not None and self.epochs is None:
+            raise ValueError("'checkpoint_every_epochs' needs 'epochs'")
         return self
+
+    @property
+    def per_device_batch_size(self) -> int:
+        return self.batch_size // self.device_count
 
 
 class LayerPrediction(Schema):
@@ -102,7 +140,9 @@ class UnsupportedLayers(Schema):
 
 
 class IterationPrediction(Schema):
-    """One training step (forward + backward + update) or one inference batch."""
+    """One training step (forward + backward + update) or one inference batch, on every device
+    (``app/core/aggregate.py``): time = max(layers + overhead + exposed all-reduce, input) when loading
+    overlaps compute, their sum otherwise."""
 
     time_ms: float
     time_ms_p10: float
@@ -110,7 +150,21 @@ class IterationPrediction(Schema):
     forward_ms: float
     backward_ms: float
     update_ms: float
-    samples_per_s: float
+    samples_per_s: float = Field(description="global batch / iteration time")
+    device_count: int
+    per_device_batch_size: int
+    layers_ms: float = Field(description="sum of the layers' forward + backward + update on one device")
+    overhead_ms: float = Field(description="the request's iteration_overhead_ms")
+    gradient_bytes: int = Field(description="bytes all-reduced per step (fp32 gradients; 0 on one device)")
+    allreduce_ms: float = Field(description="ring all-reduce of all gradient buckets back to back")
+    allreduce_exposed_ms: float = Field(description="the part backward does not hide (last bucket + excess)")
+    allreduce_buckets: int
+    input_ms: float = Field(description="global batch / loading_samples_per_s (0 when not given)")
+    input_exposed_ms: float = Field(description="loading time not hidden behind compute")
+    scaling_efficiency: float = Field(
+        description="iteration time without communication / with it (1.0 on one device)")
+    energy_j: float | None = Field(description="estimated energy of one iteration on all devices (null: no TDP)")
+    average_power_w: float | None = Field(description="estimated mean power per device over the iteration")
 
 
 class EpochPrediction(Schema):
@@ -119,14 +173,32 @@ class EpochPrediction(Schema):
     time_s: float
     time_s_p10: float
     time_s_p90: float
+    eval_size: int | None
+    eval_iterations: int = Field(description="ceil(eval_size / batch_size) forward-only passes")
+    eval_s: float
+    energy_j: float | None
+    energy_kwh: float | None
 
 
 class JobPrediction(Schema):
+    """Epochs × epoch + checkpoint writes; energy, money and CO2 are estimates (see ``assumptions``)."""
+
     epochs: float
     time_s: float
     time_s_p10: float
     time_s_p90: float
     time_h: float
+    checkpoints: int
+    checkpoint_bytes: int = Field(description="weights + optimizer state per checkpoint")
+    checkpoint_s: float = Field(description="all checkpoint writes of the job")
+    device_hours: float
+    energy_j: float | None
+    energy_kwh: float | None
+    price_usd_per_hour: float | None = Field(description="per device-hour: the request's or the catalog list price")
+    price_source: str | None
+    cost_usd: float | None = Field(description="device_hours × price_usd_per_hour (null without a price)")
+    grid_gco2_per_kwh: float | None
+    co2_kg: float | None = Field(description="energy_kwh × grid intensity (null without an intensity)")
 
 
 class MemoryPrediction(Schema):
@@ -148,7 +220,7 @@ class MemoryPrediction(Schema):
     device_memory_bytes: float
     usable_fraction: float = Field(description="share of device memory counted as usable (allocator fragmentation)")
     fits: bool
-    largest_batch_size_that_fits: int = Field(description="largest batch whose predicted peak fits")
+    largest_batch_size_that_fits: int = Field(description="largest per-device batch whose predicted peak fits")
 
 
 class Totals(Schema):

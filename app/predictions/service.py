@@ -1,24 +1,36 @@
 """Prediction of per-layer, per-iteration, per-epoch and per-job cost.
 
-Pipeline (DESIGN.md): graph → analytical costs → predictor per layer (learned where it applies, roofline
-otherwise) → iteration = Σ layers (forward + backward + optimizer update); epoch = ⌈dataset/batch⌉ ×
-iteration; job = epochs × epoch. Interval bounds of the iteration are the sums of the per-layer bounds
-(errors of layers on one device are strongly correlated, so the comonotonic sum is the honest bound).
+Pipeline (DESIGN.md): graph at the per-device batch → analytical costs → predictor per layer (learned where
+it applies, roofline otherwise) → :func:`app.core.aggregate.aggregate` (iteration, data-parallel all-reduce,
+input pipeline, epoch, job, checkpoints, energy, money). Interval bounds of the iteration are the sums of the
+per-layer bounds (errors of layers on one device are strongly correlated, so the comonotonic sum is the
+honest bound).
 """
 
 from __future__ import annotations
 
-import math
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.orm import Session
 
+from app.core.aggregate import (
+    Aggregate,
+    AggregationInput,
+    Checkpointing,
+    DataParallel,
+    InputPipeline,
+    LayerTime,
+    aggregate,
+)
 from app.core.analysis import GraphAnalysis, analyze
+from app.core.collectives import BANDWIDTH_EFFICIENCY
 from app.core.costs import LayerCost
+from app.core.energy import IDLE_FRACTION_OF_TDP, J_PER_KWH, idle_power_w, power_w, utilisation
 from app.core.hardware import HardwareSpec
 from app.core.ir import Layer
-from app.core.memory import HEADROOM, fits, footprint, largest_batch_that_fits
+from app.core.memory import HEADROOM, MemoryFootprint, fits, footprint, largest_batch_that_fits
 from app.core.onnx_import import EVAL_EXPORT_WARNING
 from app.core.precision import (
     PRECISION_SEMANTICS,
@@ -29,7 +41,7 @@ from app.core.precision import (
     op_precision,
     storage_precision,
 )
-from app.errors import PrecisionNotSupportedError
+from app.errors import NoInterconnect, PrecisionNotSupportedError
 from app.graphs import service as graphs
 from app.hardware import service as hardware_service
 from app.predictions.schemas import (
@@ -46,78 +58,82 @@ from app.predictions.schemas import (
 from app.predictor.base import LayerTimeEstimate, LayerTimeQuery, Predictor
 
 
-def _roofline(
-    layer: Layer, cost: LayerCost, hw: HardwareSpec, precision: Precision, training: bool
-) -> tuple[float, str]:
-    """Roofline time (ms) of the layer's forward (+ backward in training) at ``precision`` (the peak the op
-    may use, bytes at the precision's storage types, direct-algorithm FLOPs) and what bounds it."""
+@dataclass(frozen=True, slots=True)
+class _Roofline:
+    """Roofline of a layer's forward (+ backward in training) at a precision: time (ms), what bounds it,
+    and the FLOPs, bytes and peak it was computed from (for the layer's utilisation)."""
+
+    time_ms: float
+    bound: str
+    flops: float
+    nbytes: float
+    peak_flops_per_s: float
+
+
+def _roofline(layer: Layer, cost: LayerCost, hw: HardwareSpec, precision: Precision, training: bool) -> _Roofline:
+    """Roofline of the layer's forward (+ backward in training) at ``precision`` (the peak the op may use,
+    bytes at the precision's storage types, direct-algorithm FLOPs)."""
     op = op_precision(hw, precision, layer.kind)
     c = cost_at_precision(layer, cost, precision)
     flops = c.forward_flops + (c.backward_flops if training else 0)
     nbytes = c.forward_bytes + (c.backward_bytes if training else 0)
     t_compute = flops / op.peak_flops_per_s
     t_memory = nbytes / hw.memory_bandwidth_bytes_per_s
-    return max(t_compute, t_memory) * 1e3, ("compute" if t_compute >= t_memory else "memory")
+    return _Roofline(time_ms=max(t_compute, t_memory) * 1e3, bound="compute" if t_compute >= t_memory else "memory",
+                     flops=flops, nbytes=nbytes, peak_flops_per_s=op.peak_flops_per_s)
 
 
-def _checked_precision(hw: HardwareSpec, precision: Precision) -> Precision:
-    """``precision`` if ``hw`` can run it; raises :class:`PrecisionNotSupportedError` (422) otherwise."""
-    try:
-        return check_precision(hw, precision)
-    except PrecisionNotSupported as exc:
-        raise PrecisionNotSupportedError(
-            str(exc),
-            detail={"hardware_id": hw.id, "precision": exc.precision.value, "missing_peak": exc.missing_peak,
-                    "available_peaks": sorted(hw.peak_flops_per_s)},
-        ) from exc
+def _layer_power_w(hw: HardwareSpec, roof: _Roofline, e: LayerTimeEstimate) -> float | None:
+    """Estimated power (W) of ``hw`` while it runs the layer (:mod:`app.core.energy`): utilisation from the
+    layer's FLOPs and bytes over its predicted forward + backward time; ``None`` without a TDP."""
+    if hw.tdp_w is None:
+        return None
+    u = utilisation(flops=roof.flops, nbytes=roof.nbytes, time_ms=e.forward_ms + e.backward_ms,
+                    peak_flops_per_s=roof.peak_flops_per_s, bandwidth_bytes_per_s=hw.memory_bandwidth_bytes_per_s)
+    return power_w(hw, u)
 
 
-def predict(session: Session, predictor: Predictor, *, request: PredictionCreate) -> PredictionRead:
-    """Predict the cost of ``request`` (see :class:`PredictionCreate`).
-
-    Raises :class:`GraphNotFound`/:class:`HardwareNotFound` (404) for unknown ids,
-    :class:`InvalidGraph`/:class:`UnboundDimension` (422) for graphs that cannot be imported at the
-    requested binding, :class:`PrecisionNotSupportedError` (422) for a precision the device lacks.
-    """
-    if request.graph_id is not None:
-        row = graphs.get_graph(session, graph_id=request.graph_id)
-        graph = graphs.build_graph(
-            row.content, row.source_format, batch_size=request.batch_size, dims=request.dims, name=row.name
-        )
-        graph_id: str | None = row.id
-    else:
-        assert request.graph is not None
-        content = graphs.canonical_json(request.graph.model_dump())
-        graph = graphs.build_graph(content, "json", batch_size=request.batch_size, dims=request.dims)
-        graph_id = None
-    if request.hardware_id is not None:
-        hw = hardware_service.get_spec(session, hardware_id=request.hardware_id)
-    else:
-        assert request.hardware is not None
-        hw = hardware_service.spec_from_inline(request.hardware)
-    analysis = analyze(graph, software_stack=request.software_stack)
-    return estimate(analysis, hw, predictor, request=request, graph_id=graph_id)
+def _aggregation_input(
+    request: PredictionCreate, hw: HardwareSpec, times: list[LayerTime], fp: MemoryFootprint, *, training: bool
+) -> AggregationInput:
+    """What :func:`app.core.aggregate.aggregate` needs from the request, the device and the footprint."""
+    n = request.device_count
+    dp = None
+    if n > 1:
+        dp = DataParallel(device_count=n, gradient_bytes=fp.gradients_bytes if training else 0, link=hw.link())
+    ck = None
+    if request.checkpoint_every_epochs is not None and request.checkpoint_write_bytes_per_s is not None:
+        ck = Checkpointing(checkpoint_bytes=fp.weights_bytes + fp.optimizer_state_bytes,
+                           write_bandwidth_bytes_per_s=request.checkpoint_write_bytes_per_s,
+                           every_epochs=request.checkpoint_every_epochs)
+    loading = (InputPipeline(samples_per_s=request.loading_samples_per_s, overlapped=request.loading_overlapped)
+               if request.loading_samples_per_s is not None else None)
+    price, _ = _price(request, hw)
+    return AggregationInput(
+        layers=times, global_batch_size=request.batch_size, overhead_ms=request.iteration_overhead_ms,
+        data_parallel=dp, input_pipeline=loading, dataset_size=request.dataset_size, eval_size=request.eval_size,
+        epochs=request.epochs, checkpointing=ck, idle_power_w=idle_power_w(hw) if hw.tdp_w is not None else None,
+        price_usd_per_hour=price, grid_gco2_per_kwh=request.grid_gco2_per_kwh,
+    )
 
 
-def estimate(
-    analysis: GraphAnalysis,
-    hw: HardwareSpec,
-    predictor: Predictor,
-    *,
-    request: PredictionCreate,
-    graph_id: str | None,
-) -> PredictionRead:
-    """Combine analytical costs and per-layer predictions into the response (pure, no database).
+def _price(request: PredictionCreate, hw: HardwareSpec) -> tuple[float | None, str | None]:
+    """Price per device-hour and where it comes from: the request's override, else the catalog list price."""
+    if request.price_usd_per_hour is not None:
+        return request.price_usd_per_hour, "request"
+    if hw.price_usd_per_hour is not None:
+        return hw.price_usd_per_hour, hw.sources.get("price_usd_per_hour", "catalog")
+    return None, None
 
-    Raises :class:`PrecisionNotSupportedError` (422) when ``hw`` lacks the requested precision.
-    """
-    precision = _checked_precision(hw, request.precision)
+
+def _layer_rows(
+    analysis: GraphAnalysis, hw: HardwareSpec, predictor: Predictor, *, request: PredictionCreate,
+    precision: Precision,
+) -> tuple[list[LayerPrediction], list[LayerTime], int]:
+    """Per-layer stage: one response row per layer, the costed layers' times and power for the aggregation,
+    and how many costed layers lie outside the learned predictor's data."""
     training = request.mode == "training"
     optimizer = request.optimizer if training else "none"
-    # an eval-mode export (BatchNorm folded or in inference form) only matters when training it
-    warnings: list[str] = [
-        w for w in analysis.graph.warnings if training or not w.startswith(EVAL_EXPORT_WARNING)
-    ]
     layers = analysis.graph.layers
     queries = [
         LayerTimeQuery(layer=layer, cost=cost, hardware=hw, mode=request.mode, optimizer=optimizer,
@@ -128,7 +144,7 @@ def estimate(
     estimates = iter(predictor.estimate(queries))
 
     rows: list[LayerPrediction] = []
-    fwd = bwd = upd = p10 = p90 = 0.0
+    times: list[LayerTime] = []
     ood_layers = 0
     for i, (layer, cost) in enumerate(zip(layers, analysis.costs, strict=True)):
         common: dict[str, Any] = {
@@ -153,22 +169,134 @@ def estimate(
             ))
             continue
         e: LayerTimeEstimate = next(estimates)
-        roof_ms, bound = _roofline(layer, cost, hw, precision, training)
+        roof = _roofline(layer, cost, hw, precision, training)
         total = e.forward_ms + e.backward_ms + e.update_ms
-        fwd += e.forward_ms
-        bwd += e.backward_ms
-        upd += e.update_ms
-        p10 += e.total_ms_p10
-        p90 += e.total_ms_p90
+        times.append(LayerTime(forward_ms=e.forward_ms, backward_ms=e.backward_ms, update_ms=e.update_ms,
+                               total_ms_p10=e.total_ms_p10, total_ms_p90=e.total_ms_p90,
+                               power_w=_layer_power_w(hw, roof, e)))
         ood_layers += int(e.out_of_distribution)
         rows.append(LayerPrediction(
-            **common, method=e.method, bound=bound, roofline_ms=roof_ms, forward_ms=e.forward_ms,
+            **common, method=e.method, bound=roof.bound, roofline_ms=roof.time_ms, forward_ms=e.forward_ms,
             backward_ms=e.backward_ms, update_ms=e.update_ms, total_ms=total, total_ms_p10=e.total_ms_p10,
             total_ms_p90=e.total_ms_p90, out_of_distribution=e.out_of_distribution,
             physics_floor_ms=e.physics_floor_ms, floor_clamped=e.floor_clamped,
         ))
-    iteration_ms = fwd + bwd + upd
-    if iteration_ms <= 0:
+    return rows, times, ood_layers
+
+
+def _totals_read(
+    agg: Aggregate, request: PredictionCreate, hw: HardwareSpec, *, gradient_bytes: int
+) -> tuple[IterationPrediction, EpochPrediction | None, JobPrediction | None]:
+    """The aggregation's iteration, epoch and job as response schemas (price and its source added)."""
+    price, price_source = _price(request, hw)
+    it = agg.iteration
+    iteration = IterationPrediction(
+        time_ms=it.time_ms, time_ms_p10=it.time_ms_p10, time_ms_p90=it.time_ms_p90, forward_ms=it.forward_ms,
+        backward_ms=it.backward_ms, update_ms=it.update_ms, samples_per_s=it.samples_per_s,
+        device_count=it.device_count, per_device_batch_size=it.per_device_batch_size, layers_ms=it.layers_ms,
+        overhead_ms=it.overhead_ms, gradient_bytes=gradient_bytes, allreduce_ms=it.allreduce_ms,
+        allreduce_exposed_ms=it.allreduce_exposed_ms, allreduce_buckets=it.allreduce_buckets, input_ms=it.input_ms,
+        input_exposed_ms=it.input_exposed_ms, scaling_efficiency=it.scaling_efficiency, energy_j=it.energy_j,
+        average_power_w=(it.energy_j / it.device_count / (it.time_ms / 1e3)
+                         if it.energy_j is not None and it.time_ms > 0 else None),
+    )
+    epoch = job = None
+    if agg.epoch is not None:
+        ep = agg.epoch
+        epoch = EpochPrediction(
+            dataset_size=ep.dataset_size, iterations_per_epoch=ep.iterations, time_s=ep.time_s,
+            time_s_p10=ep.time_s_p10, time_s_p90=ep.time_s_p90, eval_size=ep.eval_size,
+            eval_iterations=ep.eval_iterations, eval_s=ep.eval_s, energy_j=ep.energy_j,
+            energy_kwh=ep.energy_j / J_PER_KWH if ep.energy_j is not None else None,
+        )
+    if agg.job is not None:
+        jb = agg.job
+        job = JobPrediction(
+            epochs=jb.epochs, time_s=jb.time_s, time_s_p10=jb.time_s_p10, time_s_p90=jb.time_s_p90,
+            time_h=jb.time_h, checkpoints=jb.checkpoints, checkpoint_bytes=int(jb.checkpoint_bytes),
+            checkpoint_s=jb.checkpoint_s, device_hours=jb.device_hours, energy_j=jb.energy_j,
+            energy_kwh=jb.energy_kwh, price_usd_per_hour=price, price_source=price_source, cost_usd=jb.cost_usd,
+            grid_gco2_per_kwh=request.grid_gco2_per_kwh, co2_kg=jb.co2_kg,
+        )
+    return iteration, epoch, job
+
+
+def _checked_precision(hw: HardwareSpec, precision: Precision) -> Precision:
+    """``precision`` if ``hw`` can run it; raises :class:`PrecisionNotSupportedError` (422) otherwise."""
+    try:
+        return check_precision(hw, precision)
+    except PrecisionNotSupported as exc:
+        raise PrecisionNotSupportedError(
+            str(exc),
+            detail={"hardware_id": hw.id, "precision": exc.precision.value, "missing_peak": exc.missing_peak,
+                    "available_peaks": sorted(hw.peak_flops_per_s)},
+        ) from exc
+
+
+def predict(session: Session, predictor: Predictor, *, request: PredictionCreate) -> PredictionRead:
+    """Predict the cost of ``request`` (see :class:`PredictionCreate`).
+
+    Raises :class:`GraphNotFound`/:class:`HardwareNotFound` (404) for unknown ids,
+    :class:`InvalidGraph`/:class:`UnboundDimension` (422) for graphs that cannot be imported at the
+    requested binding, :class:`PrecisionNotSupportedError` (422) for a precision the device lacks.
+    """
+    if request.graph_id is not None:
+        row = graphs.get_graph(session, graph_id=request.graph_id)
+        graph = graphs.build_graph(
+            row.content, row.source_format, batch_size=request.per_device_batch_size, dims=request.dims,
+            name=row.name,
+        )
+        graph_id: str | None = row.id
+    else:
+        assert request.graph is not None
+        content = graphs.canonical_json(request.graph.model_dump())
+        graph = graphs.build_graph(content, "json", batch_size=request.per_device_batch_size, dims=request.dims)
+        graph_id = None
+    if request.hardware_id is not None:
+        hw = hardware_service.get_spec(session, hardware_id=request.hardware_id)
+    else:
+        assert request.hardware is not None
+        hw = hardware_service.spec_from_inline(request.hardware)
+    analysis = analyze(graph, software_stack=request.software_stack)
+    return estimate(analysis, hw, predictor, request=request, graph_id=graph_id)
+
+
+def estimate(
+    analysis: GraphAnalysis,
+    hw: HardwareSpec,
+    predictor: Predictor,
+    *,
+    request: PredictionCreate,
+    graph_id: str | None,
+) -> PredictionRead:
+    """Combine analytical costs (``analysis`` at the per-device batch) and per-layer predictions into the
+    response (pure, no database).
+
+    Raises :class:`PrecisionNotSupportedError` (422) when ``hw`` lacks the requested precision and
+    :class:`NoInterconnect` (422) for several devices on hardware without an interconnect.
+    """
+    precision = _checked_precision(hw, request.precision)
+    if request.device_count > 1 and hw.link() is None:
+        raise NoInterconnect(
+            f"hardware {hw.id!r} lists no interconnect (interconnect, interconnect_bandwidth_bytes_per_s, "
+            f"interconnect_latency_s): device_count {request.device_count} cannot be estimated",
+            detail={"hardware_id": hw.id, "device_count": request.device_count},
+        )
+    training = request.mode == "training"
+    optimizer = request.optimizer if training else "none"
+    # an eval-mode export (BatchNorm folded or in inference form) only matters when training it
+    warnings: list[str] = [
+        w for w in analysis.graph.warnings if training or not w.startswith(EVAL_EXPORT_WARNING)
+    ]
+    rows, times, ood_layers = _layer_rows(analysis, hw, predictor, request=request, precision=precision)
+    mem_opts: dict[str, Any] = {"mode": request.mode, "optimizer": optimizer,
+                                "precision": storage_precision(precision), "hardware": hw,
+                                "activation_checkpointing": request.activation_checkpointing}
+    fp = footprint(analysis, **mem_opts)
+    agg = aggregate(_aggregation_input(request, hw, times, fp, training=training))
+    it = agg.iteration
+    fwd = it.forward_ms
+    if it.layers_ms <= 0:
         # never a silent zero: a graph with nothing costable is an error the caller must see
         warnings.append("no layer of this graph could be costed; the iteration time is not meaningful")
     if analysis.unsupported:
@@ -181,38 +309,14 @@ def estimate(
             f"{ood_layers} layer(s) lie outside the learned predictor's training data (hardware or shape "
             "range); their intervals are wider"
         )
+    price, price_source = _price(request, hw)
+    if it.energy_j is None:
+        warnings.append(f"hardware {hw.id!r} lists no tdp_w: energy and CO2 are not estimated")
+    if agg.job is not None and price is None:
+        warnings.append(f"hardware {hw.id!r} has no list price: give price_usd_per_hour for a cost")
     methods = Counter(r.method for r in rows)
-    iteration = IterationPrediction(
-        time_ms=iteration_ms,
-        time_ms_p10=p10,
-        time_ms_p90=p90,
-        forward_ms=fwd,
-        backward_ms=bwd,
-        update_ms=upd,
-        samples_per_s=(request.batch_size / (iteration_ms / 1e3)) if iteration_ms > 0 else 0.0,
-    )
-    epoch = job = None
-    if request.dataset_size is not None:
-        iters = math.ceil(request.dataset_size / request.batch_size)
-        epoch = EpochPrediction(
-            dataset_size=request.dataset_size,
-            iterations_per_epoch=iters,
-            time_s=iters * iteration_ms / 1e3,
-            time_s_p10=iters * p10 / 1e3,
-            time_s_p90=iters * p90 / 1e3,
-        )
-        if request.epochs is not None:
-            job = JobPrediction(
-                epochs=request.epochs,
-                time_s=request.epochs * epoch.time_s,
-                time_s_p10=request.epochs * epoch.time_s_p10,
-                time_s_p90=request.epochs * epoch.time_s_p90,
-                time_h=request.epochs * epoch.time_s / 3600,
-            )
-    mem_opts: dict[str, Any] = {"mode": request.mode, "optimizer": optimizer,
-                                "precision": storage_precision(precision), "hardware": hw,
-                                "activation_checkpointing": request.activation_checkpointing}
-    fp = footprint(analysis, **mem_opts)
+    gradient_bytes = fp.gradients_bytes if training and request.device_count > 1 else 0
+    iteration, epoch, job = _totals_read(agg, request, hw, gradient_bytes=gradient_bytes)
     memory = MemoryPrediction(
         precision=storage_precision(precision),
         activation_checkpointing=request.activation_checkpointing,
@@ -259,8 +363,8 @@ def estimate(
             for u in analysis.unsupported
         ],
         totals=Totals(
-            layers=len(layers),
-            layers_costed=len(layers) - n_uns,
+            layers=len(analysis.graph.layers),
+            layers_costed=len(analysis.graph.layers) - n_uns,
             layers_unsupported=n_uns,
             params=analysis.params,
             forward_macs=analysis.forward_macs,
@@ -274,13 +378,33 @@ def estimate(
         memory=memory,
         warnings=warnings,
         assumptions={
-            "iteration": "sum over layers of forward + backward + optimizer update; no data loading, no "
-                         "inter-layer overlap, single device",
+            "iteration": "sum over layers of forward + backward + optimizer update on one device at the "
+                         "per-device batch, no inter-layer overlap, + iteration_overhead_ms + the exposed "
+                         "all-reduce; input loading (when loading_samples_per_s is given) is max'ed with that "
+                         "when loading_overlapped, added otherwise (app/core/aggregate.py)",
+            "data_parallel": (
+                f"{request.device_count} devices in one node over {hw.interconnect} "
+                f"({(hw.interconnect_bandwidth_bytes_per_s or 0) / 1e9:g} GB/s per direction, "
+                f"{(hw.interconnect_latency_s or 0) * 1e6:g} us per step): batch_size is the global batch, "
+                f"{request.per_device_batch_size} per device; ring all-reduce of the fp32 gradients "
+                f"(8.4 us + 2(n-1) x step latency + 2(n-1)/n x bytes / ({BANDWIDTH_EFFICIENCY} x link "
+                "bandwidth); docs/allreduce_validation.md) in 25 MiB DDP buckets overlapped with backward"
+                if request.device_count > 1 else "one device, no communication"),
             "fusion": "layers fused as the software stack fuses them (attention core, erf-GELU chains, bias "
                       "adds, and activation epilogues under compiled graphs); a fused layer keeps its members' "
                       "FLOPs and moves only its external tensors",
             "interval": "p10/p90 of the iteration are sums of per-layer p10/p90 (errors assumed correlated)",
-            "epoch": "ceil(dataset_size / batch_size) iterations (last partial batch counted as full)",
+            "epoch": "ceil(dataset_size / batch_size) iterations (last partial batch counted as full) + "
+                     "ceil(eval_size / batch_size) forward-only passes when eval_size is given; job = epochs x "
+                     "epoch + floor(epochs / checkpoint_every_epochs) writes of weights + optimizer state at "
+                     "checkpoint_write_bytes_per_s while every device waits",
+            "energy": "ESTIMATE: per layer P = idle + (TDP - idle) x utilisation, utilisation = max(achieved "
+                      "FLOP/s / peak, achieved bytes/s / memory bandwidth) (linear utilisation power model, "
+                      "Fan et al. ISCA 2007); idle power for the rest of the step; idle = catalog idle_power_w "
+                      f"or {IDLE_FRACTION_OF_TDP:.0%} of TDP; device energy only (no host, network, cooling/PUE)",
+            "money": "ESTIMATE: device_hours x price_usd_per_hour, the request's price or the catalog's public "
+                     "on-demand LIST price (price_source names offer and date); no discounts, storage or egress",
+            "co2": "ESTIMATE: energy_kwh x the caller's grid_gco2_per_kwh (none given: not estimated)",
             "memory": "predicted peak of one step (app/core/memory.py): fp32 weights, gradients and optimizer "
                       "state, autocast's 16-bit weight copies under fp16/bf16, the tensors autograd saves per op "
                       "(fused attention keeps Q, K, V, O and the log-sum-exp), a cross-entropy loss on the "

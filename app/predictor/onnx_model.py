@@ -2,42 +2,35 @@
 onnxruntime (no torch).
 
 What it applies to comes from the artifact's metadata (``applies_to``), per hardware kind: for
-``layer-time-mlp-2`` on GPUs 2-D ungrouped convolutions and fully connected layers (Justus et al. 2018
-data), on CPUs every op kind of the CPU seed dataset (convolutions 1-D/2-D incl. grouped and depthwise,
-linear, batched matmul, LSTM/GRU, norms, pooling, activations, softmax, dropout, embedding).
-:meth:`LearnedPredictor.applies` says why not otherwise and the registry routes such layers to the
-roofline fallback. (Artifacts of the v1 schema: conv/gemm on GPUs only.)
+``layer-time-mlp-3`` on GPUs 2-D ungrouped convolutions, fully connected layers, batched matmuls,
+element-wise ops and activations, layer norms, softmax and embeddings (Justus, NeuSight and Vidur data);
+on CPUs every op kind of the CPU seed dataset. :meth:`LearnedPredictor.applies` says why not otherwise
+and the registry routes such layers to the roofline fallback.
 
 Input columns: the metadata's ``feature_names``, a subset of :data:`app.core.features.FEATURE_NAMES`
 picked with :func:`app.core.features.select_features`, so artifacts of older feature schemas keep
-loading.
+loading. Every query is featurised with its precision and software stack (``LayerTimeQuery.software_stack``,
+default ``pytorch-eager``): the v3 model's overhead term depends on the stack, so a TF1-session floor
+measured in the Justus data never leaks into a PyTorch answer.
 
 CPU hardware: a CPU spec whose identity (name, cores, vector width) equals a CPU in the metadata's
 ``training_hardware`` is featurised with the stored spec, not with the one detected now, so serving on
-the training machine sees exactly the training features (the measured bandwidth of
-:func:`app.hardware.local.detect_local_cpu` varies between runs). Any other CPU is unseen hardware.
+the training machine sees exactly the training features. Any other CPU is unseen hardware.
 
 The model predicts ln ms at p10/p50/p90 of either a forward pass or a whole training step (forward +
-backward + optimizer update), the two things the Justus et al. 2018 data measure. A training query is
-therefore featurised twice (forward row and train-step row) and the step is split with
-:func:`app.predictor.base.split_training_step`: ``update_ms`` = pure roofline (memory-bound) time of
-:func:`app.core.costs.optimizer_update_cost`, ``backward_ms`` = step − forward − update, at least the
-backward pass's own roofline time.
+backward + optimizer update). A training query is featurised twice (forward row and train-step row) and
+the step is split with :func:`app.predictor.base.split_training_step`.
 
-Intervals are the model's calibrated p10/p90; on hardware absent from the training data their ln-space
-offsets from p50 are widened by ``metadata["ood_hardware_interval_scale"]`` (calibrated by
-leave-one-GPU-out in :mod:`app.training.train`).
+Never faster than physics: v3 predicts ``ln(time / floor)`` through a softplus, so each quantile is at
+least the physics floor :func:`app.core.features.pass_floor_ms`; the served times are also clamped to it
+in float64. Intervals are the model's conformal p10/p90, calibrated on leave-one-GPU-out folds for GPUs
+(:mod:`app.training.train`), so they hold on GPUs absent from the training data with no extra widening.
+Unseen GPUs are answered by the same smooth model (no gate, no transfer between models).
 
-GPUs outside the training set that are faster than all of them (fp32 peak or bandwidth more than
-:data:`app.predictor.transfer.EXTRAPOLATION_MARGIN` above every training GPU's: V100, A100, H100...): the
-learned model extrapolates badly there, so each row is predicted on the training GPUs (in distribution)
-and scaled by the ratio of roofline times, overhead floor unscaled (:func:`app.predictor.transfer.served_transfer`,
-Habitat-style wave scaling; note "transferred from ... by roofline ratio"). Other unseen GPUs keep the
-learned model's own prediction. Chosen leave-one-GPU-out (:mod:`app.training.evaluate`).
-
-Out of distribution (flag + note): hardware id not among the training GPUs, any feature outside the
-training range widened by :data:`RANGE_MARGIN` of its span on each side, an optimizer, precision or
-activation that was never measured, or dilated convolutions.
+Out of distribution (flag + note): hardware id not among the training devices; any feature outside the
+range of the training rows of the same hardware kind and op kind (a GPU query is compared with GPU rows
+of its op kind only), widened by :data:`RANGE_MARGIN` of its span on each side; an optimizer, precision,
+software stack or activation that was never measured; dilated convolutions.
 """
 
 from __future__ import annotations
@@ -54,9 +47,11 @@ import onnxruntime as ort
 from app.core.costs import optimizer_update_cost
 from app.core.features import (
     ACTIVATIONS,
+    DEFAULT_STACK,
     FEATURE_NAMES,
     FeatureInput,
     features_from_raw,
+    floor_ms_from_raw,
     raw_matrix,
     select_features,
 )
@@ -64,7 +59,6 @@ from app.core.hardware import HardwareSpec
 from app.core.ir import ConvAttrs, OpKind
 from app.core.roofline import roofline_time_s
 from app.predictor.base import LayerTimeEstimate, LayerTimeQuery, split_training_step
-from app.predictor.transfer import served_transfer
 
 RANGE_MARGIN = 0.05
 
@@ -94,11 +88,7 @@ class LearnedPredictor:
         self._input = self._session.get_inputs()[0].name
         self.metadata = metadata
         self.version = f"{metadata['name']}-{metadata['version']}"
-        fmin = np.asarray(metadata["feature_min"], dtype=np.float64)
-        fmax = np.asarray(metadata["feature_max"], dtype=np.float64)
-        span = np.maximum(fmax - fmin, 1e-6)
-        self._lo = fmin - RANGE_MARGIN * span
-        self._hi = fmax + RANGE_MARGIN * span
+        self._ranges = _feature_ranges(metadata)
         train_hw: dict[str, Any] = dict(metadata.get("training_hardware", {}))
         self._train_hw = frozenset(train_hw)
         # stored CPU specs, by identity (name, cores, vector width): serving on the training CPU reuses them
@@ -108,14 +98,6 @@ class LearnedPredictor:
                 spec = _spec_from_snapshot(hw_id, d)
                 self._cpu_specs[_cpu_identity(spec)] = spec
         self._scope = _applies_to(metadata.get("applies_to", {}))
-        self._ood_scale = tuple(float(v) for v in metadata.get("ood_hardware_interval_scale", (1.0, 1.0)))
-        self._gpu_refs = [
-            _spec_from_snapshot(hw_id, d)
-            for hw_id, d in train_hw.items()
-            if isinstance(d, Mapping) and d.get("kind", "gpu") == "gpu"
-        ]
-        roof = metadata.get("roofline") or {}
-        self._floor_ms = (float(roof.get("floor_forward_ms", 0.0)), float(roof.get("floor_train_step_ms", 0.0)))
 
     def applies(self, query: LayerTimeQuery) -> str | None:
         """``None`` when this predictor can serve ``query``, else the reason it cannot."""
@@ -166,14 +148,20 @@ class LearnedPredictor:
         if not seen:
             notes.append(f"hardware {q.hardware.id!r} ({q.hardware.name}) was not in the training data")
         x = select_features(feats[None, :], self.feature_names)[0]
-        out = np.nonzero((x < self._lo) | (x > self._hi))[0]
-        if len(out):
-            notes.append("features outside the training range: " + ", ".join(self.feature_names[i] for i in out))
+        rng = self._ranges.get((q.hardware.kind, q.layer.kind.value)) or self._ranges.get((q.hardware.kind, "*"))
+        if rng is None:
+            notes.append(f"no {q.hardware.kind} training rows of op kind {q.layer.kind.value}")
+        else:
+            out = np.nonzero((x < rng[0]) | (x > rng[1]))[0]
+            if len(out):
+                notes.append("features outside the training range: " + ", ".join(self.feature_names[i] for i in out))
         scope = self._scope.get(q.hardware.kind, {})
+        if q.software_stack.value not in scope.get("stacks", (DEFAULT_STACK,)):
+            notes.append(f"software stack {q.software_stack.value!r} was not measured")
         if q.mode == "training" and q.optimizer not in scope.get("optimizers", ()) and q.cost.params:
             notes.append(f"optimizer {q.optimizer!r} was not measured")
-        if q.precision not in scope.get("precision", ("fp32",)):
-            notes.append(f"precision {q.precision!r} was not measured")
+        if str(q.precision) not in scope.get("measured_precision", scope.get("precision", ("fp32",))):
+            notes.append(f"precision {str(q.precision)!r} was not measured")
         act = q.layer.activation
         if act not in ACTIVATIONS and act != "none":
             notes.append(f"fused activation {act!r} was not measured")
@@ -196,23 +184,16 @@ class LearnedPredictor:
                 raise ValueError(f"mode must be 'training' or 'inference', got {q.mode!r}")
             hw, seen = self._canonical(q.hardware)
             seen_l.append(seen)
-            rows.append(FeatureInput(q.layer, q.cost, hw, "forward", "none", q.precision))
+            prec, stack = str(q.precision), q.software_stack.value
+            rows.append(FeatureInput(q.layer, q.cost, hw, "forward", "none", prec, stack))
             if q.mode == "training":
                 opt = q.optimizer if q.cost.params else "none"
-                rows.append(FeatureInput(q.layer, q.cost, hw, "train_step", opt, q.precision))
+                rows.append(FeatureInput(q.layer, q.cost, hw, "train_step", opt, prec, stack))
         raw = raw_matrix(rows)
         feats = features_from_raw(raw)
         out_ln = self.run_features(feats).astype(np.float64)
-        row_q = np.array([k for k, q in enumerate(queries) for _ in range(1 if q.mode == "inference" else 2)])
-        transfer_notes = self._transfer(queries, seen_l, rows, raw, row_q, out_ln)
-        # Unseen hardware: widen the ln-space interval offsets by the leave-one-GPU-out scale.
-        unseen = np.array([not s for q, s in zip(queries, seen_l, strict=True) for _ in range(
-            1 if q.mode == "inference" else 2)], dtype=bool)  # fmt: skip
-        if unseen.any():
-            p50 = out_ln[unseen, 1]
-            out_ln[unseen, 0] = p50 - (p50 - out_ln[unseen, 0]) * self._ood_scale[0]
-            out_ln[unseen, 2] = p50 + (out_ln[unseen, 2] - p50) * self._ood_scale[1]
-        out_ms = np.exp(out_ln)
+        # never below the physics floor (the graph guarantees it up to float32 rounding; this in float64)
+        out_ms = np.maximum(np.exp(out_ln), floor_ms_from_raw(raw)[:, None])
         results: list[LayerTimeEstimate] = []
         i = 0
         for q, seen in zip(queries, seen_l, strict=True):
@@ -231,8 +212,6 @@ class LearnedPredictor:
                 notes = self._ood_notes(q, feats[t_row], seen)
                 notes += [n for n in self._ood_notes(q, feats[f_row], seen) if n not in notes]
                 parts = self._split(q, total=total, forward=fwd)
-            if q.hardware.id in transfer_notes:
-                notes.append(transfer_notes[q.hardware.id])
             p10 = min(p10, sum(parts))
             p90 = max(p90, sum(parts))
             results.append(
@@ -248,40 +227,6 @@ class LearnedPredictor:
                 )
             )
         return results
-
-    def _transfer(
-        self,
-        queries: Sequence[LayerTimeQuery],
-        seen_l: Sequence[bool],
-        rows: Sequence[FeatureInput],
-        raw: np.ndarray,
-        row_q: np.ndarray,
-        out_ln: np.ndarray,
-    ) -> dict[str, str]:
-        """Rows on a GPU outside the training set that extrapolates beyond it: replace ``out_ln`` (in
-        place) by the roofline-ratio transfer from the training GPUs (:mod:`app.predictor.transfer`).
-        Returns a note per transferred hardware id."""
-        notes: dict[str, str] = {}
-        if not len(raw) or not self._gpu_refs:
-            return notes
-        by_hw: dict[str, list[int]] = {}
-        for k, (q, seen) in enumerate(zip(queries, seen_l, strict=True)):
-            if not seen and q.hardware.kind == "gpu":
-                by_hw.setdefault(q.hardware.id, []).append(k)
-        for hw_id, ks in by_hw.items():
-            idx = np.nonzero(np.isin(row_q, ks))[0]
-            t = served_transfer(
-                lambda x: self.run_features(x).astype(np.float64),
-                raw[idx],
-                target=queries[ks[0]].hardware,
-                refs=self._gpu_refs,
-                floor_ms=self._floor_ms,
-                precisions=[rows[int(i)].precision for i in idx],
-            )
-            if t is not None:
-                out_ln[idx] = t.ln_ms
-                notes[hw_id] = f"transferred from {', '.join(t.references)} by roofline ratio"
-        return notes
 
     @staticmethod
     def _split(q: LayerTimeQuery, *, total: float, forward: float) -> tuple[float, float, float]:
@@ -334,8 +279,30 @@ def _applies_to(applies: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
             "grouped_conv": bool(a.get("grouped_conv", False)),
             "optimizers": frozenset(a.get("optimizers", ())),
             "precision": frozenset(a.get("precision", ("fp32",))),
+            "measured_precision": frozenset(a.get("measured_precision", a.get("precision", ("fp32",)))),
+            "stacks": frozenset(a.get("stacks", (DEFAULT_STACK,))),
         }
     return out
+
+
+def _feature_ranges(metadata: Mapping[str, Any]) -> dict[tuple[str, str], tuple[np.ndarray, np.ndarray]]:
+    """Widened (lo, hi) feature bounds per (hardware kind, op kind) from ``feature_ranges`` (v3), or one pooled
+    range ``(kind, "*")`` for every kind from ``feature_min``/``feature_max`` (v1/v2 artifacts)."""
+    out: dict[tuple[str, str], tuple[np.ndarray, np.ndarray]] = {}
+
+    def widen(lo: Sequence[float], hi: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+        fmin, fmax = np.asarray(lo, dtype=np.float64), np.asarray(hi, dtype=np.float64)
+        span = np.maximum(fmax - fmin, 1e-6)
+        return fmin - RANGE_MARGIN * span, fmax + RANGE_MARGIN * span
+
+    ranges = metadata.get("feature_ranges")
+    if isinstance(ranges, Mapping):
+        for hw_kind, per_op in ranges.items():
+            for op_kind, r in per_op.items():
+                out[(str(hw_kind), str(op_kind))] = widen(r["min"], r["max"])
+        return out
+    pooled = widen(metadata["feature_min"], metadata["feature_max"])
+    return {("gpu", "*"): pooled, ("cpu", "*"): pooled}
 
 
 def read_metadata(path: Path) -> dict[str, Any]:

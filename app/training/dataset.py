@@ -43,7 +43,7 @@ from app.core.vocab import Granularity
 from app.errors import InvalidGraph
 from app.hardware.catalog import spec_from_dict
 from app.hardware.models import Hardware
-from app.measurements.importers import SOURCE_JUSTUS, SOURCE_PROFILER
+from app.measurements.importers import SOURCE_JUSTUS, SOURCE_PROFILER, SOURCE_VIDUR
 from app.measurements.models import Measurement
 
 #: Passes the feature function models (``app.core.features.PASSES``).
@@ -422,8 +422,9 @@ def _featurise(rows: Sequence[Any], specs: Mapping[str, HardwareSpec], *,
             continue
         layer, cost, split_key, family = built
         opt = optimizer if pass_ == "train_step" and cost.params else "none"
+        # the software stack is a feature; Vidur's times sum kernel durations (Kineto): no launch gaps
         raw_l.append(raw_quantities(layer=layer, cost=cost, hardware=specs[hw_id], pass_=pass_, optimizer=opt,
-                                    precision=precision))  # fmt: skip
+                                    precision=precision, stack=stack, launch_gaps=source != SOURCE_VIDUR))  # fmt: skip
         layers.append(layer)
         for name, value in (
             ("family", family), ("gpu", hw_id), ("pass_", pass_), ("optimizer", opt), ("time_ms", float(t)),

@@ -7,8 +7,10 @@ Baselines, fitted on training rows only and evaluated on the same held-out rows 
 
 * **FLOP-linear per hardware** — least squares ``time_ms = a + b · pass_flops`` for each device
   (Justus et al. 2018's linear baseline);
-* **roofline** — pure ``max(F/P, B/W)`` (Williams et al. 2009) and the fitted fallback of
-  :mod:`app.predictor.roofline` (efficiency + per-pass floor, fitted per hardware kind);
+* **roofline** — pure ``max(F/P, B/W)`` (Williams et al. 2009) at the op's peak for the precision, the
+  cheapest algorithm's FLOPs and the precision's bytes (the physics floor,
+  :func:`app.core.features.pass_floor_ms`), and the fitted fallback of :mod:`app.predictor.roofline`;
+* **FLOPs at 50 % of peak** — ``pass_flops / (0.5 · op peak)`` (the naive estimate practitioners use);
 * **lookup table (nearest neighbour)** — the measured time of the closest *measured* configuration on the
   same device, op family, pass and precision (distance over standardised log geometry, FLOPs and
   optimizer), i.e. a latency lookup table that answers unseen configurations with its nearest entry
@@ -24,8 +26,17 @@ from typing import Any
 
 import numpy as np
 
-from app.core.features import feature_index, raw_index, roofline_ms_from_raw
+from app.core.features import feature_index, floor_ms_from_raw, raw_index, roofline_ms_from_raw
 from app.training.dataset import TrainingRows
+
+#: Measurement source → the name the reports use.
+SOURCE_NAMES: dict[str, str] = {"justus2018": "justus", "profiler": "cpu"}
+
+
+def source_of(data: TrainingRows) -> np.ndarray:
+    """Source of each row as the reports name it (``justus``, ``neusight``, ``vidur``, ``cpu``, or the
+    stored source name)."""
+    return np.asarray([SOURCE_NAMES.get(str(s), str(s)) for s in data.source])
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:
@@ -68,8 +79,9 @@ def grouped(
     *,
     by: Sequence[str] = ("op", "pass", "hardware", "precision"),
 ) -> dict[str, Any]:
-    """:func:`metrics` per op family, pass, hardware id and precision (keys of ``by``)."""
+    """:func:`metrics` per op family, pass, hardware id, precision and source (keys of ``by``)."""
     cols: dict[str, np.ndarray] = {
+        "source": source_of(data),
         "op": data.family,
         "pass": data.pass_,
         "hardware": data.gpu,
@@ -114,8 +126,26 @@ def flop_linear_predict(data: TrainingRows, coef: Mapping[str, tuple[float, floa
 
 
 def pure_roofline_ms(data: TrainingRows) -> np.ndarray:
-    """Pure roofline time of each row's pass in ms (100 % of peak, no floor)."""
+    """Pure roofline time of each row's pass in ms at the op's peak for the precision (the physics floor)."""
+    return floor_ms_from_raw(data.raw)
+
+
+def generic_roofline_ms(data: TrainingRows) -> np.ndarray:
+    """Roofline of each row's pass in ms at ``peak_for(precision)`` and the graph's bytes (the v1/v2 anchor)."""
     return roofline_ms_from_raw(data.raw)
+
+
+def flops_at_half_peak_ms(data: TrainingRows) -> np.ndarray:
+    """Naive estimate ``pass_flops / (0.5 · op peak)`` in ms (0 FLOPs → 0 ms: the estimate has no memory term)."""
+    return data.raw[:, raw_index("pass_flops")] / (0.5 * data.raw[:, raw_index("op_peak_flops_per_s")]) * 1e3
+
+
+def below_floor_pct(data: TrainingRows, pred_ms: np.ndarray) -> float:
+    """Share (%) of predictions below the physics floor (:func:`pure_roofline_ms`), with a 1e-6 relative
+    tolerance for float32 rounding."""
+    if len(data) == 0:
+        return 0.0
+    return float(np.mean(np.asarray(pred_ms) < pure_roofline_ms(data) * (1 - 1e-6)) * 100)
 
 
 # Columns of the lookup-table distance: log geometry, log FLOPs, optimizer one-hots.
@@ -146,6 +176,31 @@ def _nn_key(data: TrainingRows) -> np.ndarray:
         np.char.add(np.char.add(data.gpu.astype(str), "|"), np.char.add(data.family.astype(str), "|")),
         np.char.add(np.char.add(data.pass_.astype(str), "|"), data.precisions.astype(str)),
     )
+
+
+def cross_device_lookup_predict(train: TrainingRows, test: TrainingRows, *, chunk: int = 2048) -> np.ndarray:
+    """Lookup-table baseline for a device without measurements: :func:`nearest_neighbour_predict` on the
+    training device closest to each test row's device in (ln op peak, ln bandwidth), same family, pass and
+    precision; the measured time there is the answer (what a lookup table built elsewhere can offer)."""
+    pk, bw = raw_index("op_peak_flops_per_s"), raw_index("bandwidth_bytes_per_s")
+    out = np.full(len(test), np.nan)
+    for g in np.unique(test.gpu):
+        tm = test.gpu == g
+        p_t = np.log(test.raw[tm][0, [pk, bw]])
+        best, best_d = None, np.inf
+        for h in np.unique(train.gpu):
+            hm = (train.gpu == h) & np.isin(train.family, np.unique(test.family[tm]))
+            if not hm.any():
+                continue
+            d = float(np.linalg.norm(np.log(train.raw[hm][0, [pk, bw]]) - p_t))
+            if d < best_d:
+                best, best_d = h, d
+        if best is None:
+            continue
+        ref = train.subset(train.gpu == best)
+        ref.gpu = np.full(len(ref), g)
+        out[tm] = nearest_neighbour_predict(ref, test.subset(tm), chunk=chunk)
+    return out
 
 
 def nearest_neighbour_predict(train: TrainingRows, test: TrainingRows, *, chunk: int = 2048) -> np.ndarray:

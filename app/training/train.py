@@ -1,26 +1,33 @@
-"""Train the learned per-layer runtime predictor: Justus et al. 2018 GPU rows + the CPU seed dataset.
+"""Train the learned per-layer runtime predictor v3: efficiency over the physics floor, GPU and CPU heads.
 
-``python -m app.training.train [--database-url URL] [--sources justus2018 profiler] [--out-dir models]
-[--epochs N] [--sample N] [--seed S] [--version V]`` (also ``layercast train``). Steps:
+``python -m app.training.train [--version V] [--epochs N] [--sample N] [--no-logo] ...`` (also
+``layercast train``). Stages, each a function below:
 
-1. load and featurise the stored measurements (:func:`app.training.dataset.load_training_rows`, the one
-   path training and retraining read; ``layercast import justus`` / ``layercast import profiler`` fill
-   it): GPU rows and, unless ``--no-cpu``, CPU rows featurised against the CPU spec stored with their
-   hardware row (snapshotted into the metadata);
-2. split each source by **distinct layer configuration** 70/10/20 train/validation/test (a configuration
-   never sits on both sides, whatever its GPU, optimizer or precision);
-3. fit the roofline fallback's constants on the GPU training rows (:mod:`app.predictor.roofline`);
-4. train an ensemble of MLPs (different seeds) whose p50 is a residual over the physics prior
-   ``ln(roofline_ms / efficiency + floor_ms)`` with efficiency and floor learned per hardware kind (GPU /
-   CPU) and pass, pinball loss at p10/p50/p90; CPU rows are re-weighted to a fixed share of the loss;
-5. calibrate the 80 % interval on the validation rows, per hardware kind (split-conformal scaling);
-6. leave-one-GPU-out: the same recipe without any row of the held-out GPU (training, normalisation,
-   calibration), tested on its test configurations; also sets the interval widening for unseen GPUs;
-7. export ONE ONNX file (ensemble mean, normalisation, prior and calibration baked in; input
-   ``features`` float32 ``[N, F]`` = the ``feature_names`` columns of :mod:`app.core.features`, output
-   ``log_time_ms`` float32 ``[N, 3]`` = ln ms at p10, p50, p90), the torch weights (``.weights.npz``, for
-   :mod:`app.training.finetune`) and the JSON metadata; point ``models/CURRENT`` at the new version.
+1. **load** (:func:`load_training_data`): the stored measurements (:func:`app.training.dataset.load_training_rows`,
+   the one path training and retraining read; ``layercast import justus|neusight|vidur|profiler`` fill it):
+   Justus et al. 2018 (TF1 session, conv/dense, forward and training steps, five GPUs), NeuSight (PyTorch
+   eager fp32 kernels, P4/P100/T4/A100/MI100/MI210), Vidur (fp16 LLM ops, Kineto kernel time, A100/A40)
+   and the CPU seed dataset; each GPU source subsampled per imported file (:data:`DEFAULT_SAMPLE`), every
+   row featurised by :mod:`app.core.features`.
+2. **split** (:func:`splits`): each source by distinct configuration (shape without the device) 70/10/20.
+3. **fit** (:func:`fit_recipe`): two heads, each an ensemble of :class:`LayerTimeNet`; the GPU head on every
+   GPU row (sources weighted equally), the CPU head on the CPU rows. The network predicts
+   ``ln(time / floor)`` and cannot go below 0: ``p50 = log_floor_ms + softplus(prior + MLP)``, where the
+   floor is :func:`app.core.features.pass_floor_ms` (roofline at the op's peak for the precision, cheapest
+   algorithm, bytes at the precision) and the prior is ``ln(1/efficiency + overhead_ms / floor_ms)`` with a
+   learned per-launch overhead per software stack (PyTorch eager, TF1 session, kernel time), pass and
+   hardware kind. So no prediction, and no p10, is ever below the physics floor.
+4. **leave-one-GPU-out** (:func:`leave_one_gpu_out`): one fold per GPU chip (catalog ``architecture``: all
+   A100 variants are one fold), the recipe retrained without any of its rows; the held-out chip's
+   validation rows give the conformal factor of the GPU interval (:func:`conformal_factor`): the shipped
+   80 % interval is calibrated on GPUs the model had not seen, not in distribution only.
+5. **export** (:func:`export_onnx`, :func:`write_artifact`): one ONNX graph (both heads, normalisation,
+   prior, floor, calibration baked in), torch weights for :mod:`app.training.finetune`, typed JSON metadata
+   (feature list, per kind and op kind feature ranges for out-of-distribution flags, scope, data files,
+   metrics, backward/forward ratios measured in the data); ``models/CURRENT`` is pointed at it.
 
+No device id is ever a feature: hardware enters through datasheet figures (op peak at the precision,
+bandwidth, SMs, clock, L2) and wave quantisation, so an unseen GPU is answered by the same smooth model.
 The held-out report against the baselines is :mod:`app.training.evaluate` (``layercast evaluate``).
 Deterministic for a given seed on CPU (torch deterministic algorithms, fixed thread count).
 """
@@ -33,7 +40,7 @@ import math
 import platform
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,17 +49,19 @@ import torch
 from torch import nn
 
 from app.core.features import (
-    FEATURE_NAMES,
-    FEATURE_NAMES_V1,
+    DEFAULT_STACK,
+    EXTRA_KINDS,
+    STACKS,
+    feature_index,
     roofline_ms_from_raw,
     select_features,
 )
 from app.core.hardware import HardwareSpec
-from app.measurements.importers import JUSTUS_GPU_IDS as GPU_IDS
+from app.hardware.catalog import load_catalog
+from app.measurements.importers import SOURCE_JUSTUS, SOURCE_NEUSIGHT, SOURCE_PROFILER, SOURCE_VIDUR
 from app.predictor.roofline import fit_roofline_constants
-from app.training.dataset import DEFAULT_SOURCES, load_from_database, split_by_config, split_by_hash
-from app.training.dataset import TrainingRows as JustusData
-from app.training.metrics import metrics
+from app.training.dataset import TrainingRows, load_from_database, split_by_config, split_by_hash
+from app.training.metrics import metrics, source_of
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_OUT_DIR = REPO_ROOT / "models"
@@ -60,41 +69,104 @@ MODEL_NAME = "layer-time-mlp"
 QUANTILES = (0.1, 0.5, 0.9)
 OPSET = 17
 
-#: Features the model reads: every feature of app.core.features except the device memory size and the L2
-#: size, which say little about speed and, with five GPUs, mostly let the network tell them apart
-#: (leave-one-GPU-out error rises with them: 20.8 % without memory vs 23.2 % with it in a 40k-row probe).
-MODEL_FEATURES: tuple[str, ...] = tuple(
-    n for n in FEATURE_NAMES if n not in ("hw_log_memory_bytes", "hw_log_l2_cache_bytes")
+_KIND_ONE_HOTS = ("is_conv", "is_gemm", *(f"is_{k.value}" for k in EXTRA_KINDS))
+
+#: Features the v3 model reads (columns of app.core.features, by name). Left out on purpose: the generic
+#: ``peak_for(precision)`` columns (``log_roofline_ms``, ``log_compute_ms``, ``hw_log_peak_flops_per_s``,
+#: ``hw_log_ridge_flops_per_byte``: a 16-bit peak is wrong for element-wise ops; the op-peak columns replace
+#: them) and the device memory size (it says nothing about speed and lets the network identify a GPU).
+MODEL_FEATURES: tuple[str, ...] = (
+    "log_floor_ms",
+    "log_op_compute_ms",
+    "log_memory_ms",
+    "log_floor_over_memory",
+    "log_update_memory_ms",
+    "log_flops",
+    "log_bytes",
+    "log_intensity",
+    "log_params",
+    "log_batch",
+    *_KIND_ONE_HOTS,
+    "log_kernel",
+    "log_stride",
+    "log_c_in",
+    "log_c_out",
+    "log_in_spatial",
+    "log_out_spatial",
+    "has_bias",
+    "act_relu",
+    "act_tanh",
+    "act_sigmoid",
+    "log_groups",
+    "is_depthwise",
+    "log_seq_len",
+    "log_in_elems",
+    "log_out_elems",
+    "needs_input_grad",
+    "is_train",
+    "opt_sgd",
+    "opt_momentum",
+    "opt_adagrad",
+    "opt_adadelta",
+    "opt_adam",
+    "opt_rmsprop",
+    "is_half",
+    "uses_tensor_cores",
+    "hw_log_op_peak_flops_per_s",
+    "hw_log_bandwidth_bytes_per_s",
+    "hw_log_op_ridge_flops_per_byte",
+    "hw_log_compute_units",
+    "hw_log_clock_mhz",
+    "hw_log_l2_cache_bytes",
+    "log_gemm_m",
+    "log_gemm_n",
+    "log_gemm_k",
+    "log_tiles",
+    "log_waves",
+    "wave_efficiency",
+    "log_work_per_sm",
+    "log_bytes_over_l2",
+    "stack_tf1_session",
+    "stack_kernel_time",
+    "is_cpu",
 )
 
-#: Share of the training loss carried by CPU rows (they are ~5 % of the rows).
-CPU_LOSS_SHARE = 0.3
+#: Sources ``layercast train`` reads (measurement ``source`` values).
+V3_SOURCES: tuple[str, ...] = (SOURCE_JUSTUS, SOURCE_NEUSIGHT, SOURCE_VIDUR, SOURCE_PROFILER)
 
-#: CPU head: few rows (~10k), so smaller batches and more epochs than the GPU head.
-CPU_HEAD: dict[str, Any] = {"epochs": 80, "batch_size": 256}
+#: Measurements kept per imported file of each GPU source (seeded), the shipped run's subsample: ~60k
+#: Justus, ~64k NeuSight, ~30k Vidur op rows, so that ``layercast train`` with leave-one-GPU-out runs in
+#: minutes. CPU rows are all kept.
+DEFAULT_SAMPLE: dict[str, int | None] = {SOURCE_JUSTUS: 6000, SOURCE_NEUSIGHT: 2500, SOURCE_VIDUR: 15000}
 
 #: Model defaults (the shipped artifact's recipe; recorded in its metadata).
 DEFAULTS: dict[str, Any] = {
-    "epochs": 40,  # the shipped v2 run
+    "epochs": 30,
     "hidden": 128,
     "depth": 3,
     "ensemble": 3,
     "lr": 3e-3,
     "weight_decay": 1e-5,
     "batch_size": 2048,
+    "logo_ensemble": 1,  # members per leave-one-GPU-out fold (calibration and evaluation)
+    "logo_epochs": 20,  # epochs per leave-one-GPU-out fold
 }
+
+#: CPU head: ~10k rows, so smaller batches and more epochs than the GPU head.
+CPU_HEAD: dict[str, Any] = {"epochs": 50, "batch_size": 256}
 
 
 class LayerTimeNet(nn.Module):
-    """Quantile MLP over a physics prior; input features ``[N, F]`` (``feature_names`` columns), output
-    ln ms ``[N, 3]`` at p10/p50/p90.
+    """Efficiency-over-floor quantile MLP; input features ``[N, F]`` (``feature_names`` columns), output ln ms
+    ``[N, 3]`` at p10/p50/p90, every column ``>= log_floor_ms`` (the physics floor).
 
-    ``prior = ln(exp(log_roofline_ms − ln eff) + exp(ln floor))`` where ``ln eff`` and ``ln floor`` are
-    learned scalars plus learned offsets for a training step and for CPUs (``is_train``, ``is_cpu``
-    columns; a feature list without ``is_cpu`` has no CPU offsets). The MLP sees standardised features
-    (mean/std buffers baked into the graph) and adds a residual to the prior for p50; p10/p90 sit
-    below/above p50 by softplus offsets multiplied by the conformal scales ``q_scale[kind]`` (row 0 GPU,
-    row 1 CPU; 1 until calibrated).
+    ``p50 = log_floor_ms + softplus(prior + mlp_1)``, ``prior = logaddexp(ln(1/eff), ln overhead_ms − log_floor_ms)``:
+    the time is the floor at a learned efficiency plus a learned per-launch overhead, whose log has one
+    offset per non-default software stack column present (``stack_tf1_session``, ``stack_kernel_time``),
+    for a training step (``is_train``) and for CPUs (``is_cpu``). The MLP sees standardised features
+    (mean/std buffers baked into the graph) and corrects the prior; p10/p90 sit below/above p50 by softplus
+    offsets times the conformal scales ``q_scale[kind]`` (row 0 GPU, row 1 CPU; 1 until calibrated), p10
+    clamped at the floor.
     """
 
     mean: torch.Tensor
@@ -119,63 +191,74 @@ class LayerTimeNet(nn.Module):
         self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32))
         self.register_buffer("std", torch.tensor(std, dtype=torch.float32))
         self.register_buffer("q_scale", torch.ones(2, 2, dtype=torch.float32))
-        self.roof_i = names.index("log_roofline_ms")
+        self.floor_i = names.index("log_floor_ms")
         self.train_i = names.index("is_train")
         self.cpu_i = names.index("is_cpu") if "is_cpu" in names else -1
+        self.stack_cols = [names.index(s) for s in ("stack_tf1_session", "stack_kernel_time") if s in names]
         layers: list[nn.Module] = []
         width = len(names)
         for _ in range(depth):
             layers += [nn.Linear(width, hidden), nn.SiLU()]
             width = hidden
-        layers.append(nn.Linear(width, 3))
+        last = nn.Linear(width, 3)
+        with torch.no_grad():
+            last.weight.mul_(0.1)
+            last.bias.zero_()
+        layers.append(last)
         self.mlp = nn.Sequential(*layers)
-        self.log_eff = nn.Parameter(torch.tensor(math.log(0.5)))
-        self.log_floor = nn.Parameter(torch.tensor(math.log(0.1)))
-        self.log_floor_train = nn.Parameter(torch.tensor(math.log(3.0)))
-        self.cpu_log_eff = nn.Parameter(torch.tensor(0.0))
-        self.cpu_log_floor = nn.Parameter(torch.tensor(math.log(0.05)))
-        self.cpu_log_floor_train = nn.Parameter(torch.tensor(0.0))
+        self.ln_ineff = nn.Parameter(torch.tensor(math.log(2.0)))
+        self.ln_ovh = nn.Parameter(torch.tensor(math.log(0.01)))  # ~10 µs per launch in PyTorch eager
+        self.ln_ovh_train = nn.Parameter(torch.tensor(math.log(3.0)))
+        self.ln_ovh_stack = nn.Parameter(torch.zeros(max(len(self.stack_cols), 1)))
+        self.cpu_ln_ineff = nn.Parameter(torch.tensor(0.0))
+        self.cpu_ln_ovh = nn.Parameter(torch.tensor(0.0))
+        self.cpu_ln_ovh_train = nn.Parameter(torch.tensor(0.0))
 
     def _is_cpu(self, x: torch.Tensor) -> torch.Tensor:
         return x[:, self.cpu_i] if self.cpu_i >= 0 else torch.zeros_like(x[:, 0])
 
-    def prior(self, x: torch.Tensor) -> torch.Tensor:
-        """Physics prior ln ms ``[N]``."""
+    def log_overhead_ms(self, x: torch.Tensor) -> torch.Tensor:
+        """ln of the learned per-launch overhead (ms) of each row ``[N]``."""
         cpu = self._is_cpu(x)
         train = x[:, self.train_i]
-        log_eff = self.log_eff + cpu * self.cpu_log_eff
-        log_floor = (
-            self.log_floor
-            + train * self.log_floor_train
-            + cpu * (self.cpu_log_floor + train * self.cpu_log_floor_train)
-        )
-        a = x[:, self.roof_i] - log_eff
-        m = torch.maximum(a, log_floor)  # logaddexp, written out (no ONNX symbolic for aten::logaddexp)
-        return m + torch.log(torch.exp(a - m) + torch.exp(log_floor - m))
+        out = self.ln_ovh + train * self.ln_ovh_train + cpu * (self.cpu_ln_ovh + train * self.cpu_ln_ovh_train)
+        for j, col in enumerate(self.stack_cols):
+            out = out + x[:, col] * self.ln_ovh_stack[j]
+        return out
+
+    def prior(self, x: torch.Tensor) -> torch.Tensor:
+        """Physics prior of ``ln(time / floor)`` ``[N]`` (before the softplus)."""
+        a = self.ln_ineff + self._is_cpu(x) * self.cpu_ln_ineff
+        b = self.log_overhead_ms(x) - x[:, self.floor_i]
+        m = torch.maximum(a, b)  # logaddexp, written out (no ONNX symbolic for aten::logaddexp)
+        return m + torch.log(torch.exp(a - m) + torch.exp(b - m))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         z = (x - self.mean) / self.std
         out = self.mlp(z)
-        p50 = self.prior(x) + out[:, 1]
+        floor = x[:, self.floor_i]
+        p50 = floor + nn.functional.softplus(self.prior(x) + out[:, 1])
         cpu = self._is_cpu(x)
         s_lo = self.q_scale[0, 0] + cpu * (self.q_scale[1, 0] - self.q_scale[0, 0])
         s_hi = self.q_scale[0, 1] + cpu * (self.q_scale[1, 1] - self.q_scale[0, 1])
-        lo = p50 - nn.functional.softplus(out[:, 0]) * s_lo
+        lo = torch.maximum(p50 - nn.functional.softplus(out[:, 0]) * s_lo, floor)
         hi = p50 + nn.functional.softplus(out[:, 2]) * s_hi
         return torch.stack([lo, p50, hi], dim=1)
 
     def prior_summary(self) -> dict[str, float]:
-        """Learned prior constants (efficiency and floors in ms, per kind and pass)."""
-        e, f, dt = self.log_eff.item(), self.log_floor.item(), self.log_floor_train.item()
-        ce, cf, cdt = self.cpu_log_eff.item(), self.cpu_log_floor.item(), self.cpu_log_floor_train.item()
-        return {
-            "gpu_efficiency": math.exp(e),
-            "gpu_floor_forward_ms": math.exp(f),
-            "gpu_floor_train_step_ms": math.exp(f + dt),
-            "cpu_efficiency": math.exp(e + ce),
-            "cpu_floor_forward_ms": math.exp(f + cf),
-            "cpu_floor_train_step_ms": math.exp(f + dt + cf + cdt),
+        """Learned prior constants: efficiency and per-launch overheads (ms) per stack, pass and kind."""
+        ineff, ovh, tr = self.ln_ineff.item(), self.ln_ovh.item(), self.ln_ovh_train.item()
+        out = {
+            "gpu_efficiency": math.exp(-ineff),
+            "gpu_overhead_forward_ms": math.exp(ovh),
+            "gpu_overhead_train_step_ms": math.exp(ovh + tr),
+            "cpu_efficiency": math.exp(-(ineff + self.cpu_ln_ineff.item())),
+            "cpu_overhead_forward_ms": math.exp(ovh + self.cpu_ln_ovh.item()),
         }
+        names = [self.feature_names[c] for c in self.stack_cols]
+        for j, name in enumerate(names):
+            out[f"gpu_overhead_forward_ms_{name}"] = math.exp(ovh + self.ln_ovh_stack[j].item())
+        return out
 
 
 class Ensemble(nn.Module):
@@ -191,10 +274,9 @@ class Ensemble(nn.Module):
 
 
 class KindHeads(nn.Module):
-    """One ONNX graph, two heads: the GPU ensemble (Justus rows) and the CPU ensemble (seed rows), picked per
-    row by the ``is_cpu`` feature. Separate heads keep hardware generalisation across GPUs independent of
-    the CPU rows (with them in one network the CPU's far-away hardware features distorted the GPU
-    extrapolation: leave-one-GPU-out 39.6 % vs 2x.x % apart). ``cpu`` may be None (GPU-only model)."""
+    """One ONNX graph, two heads picked per row by ``is_cpu``: the GPU ensemble and the CPU ensemble (``cpu``
+    may be None: GPU-only model). Separate heads keep generalisation across GPUs independent of the one CPU
+    (in one network the CPU's far-away hardware features distorted the GPU extrapolation, v2)."""
 
     def __init__(self, gpu: Ensemble, cpu: Ensemble | None) -> None:
         super().__init__()
@@ -242,8 +324,8 @@ def train_model(
     log: Callable[[str], None] = print,
 ) -> LayerTimeNet:
     """Train a :class:`LayerTimeNet` on features ``x`` ``[N, F]`` (``feature_names`` columns) and ln ms
-    targets ``y`` ``[N]``, optional per-row loss ``weights``. ``init`` starts from a copy of an existing
-    model (its normalisation kept: fine-tuning)."""
+    targets ``y`` ``[N]`` (pinball loss, optional per-row ``weights``). ``init`` starts from a copy of an
+    existing model (its normalisation kept: fine-tuning)."""
     torch.manual_seed(seed)
     if init is not None:
         model = LayerTimeNet(
@@ -318,34 +400,6 @@ def _members(model: nn.Module) -> list[LayerTimeNet]:
     return [model]
 
 
-def calibrate(
-    model: nn.Module, x: np.ndarray, y: np.ndarray, is_cpu: np.ndarray | None = None
-) -> dict[str, tuple[float, float]]:
-    """Split-conformal scaling of the p10/p90 offsets so that 10 % of ``y`` falls below p10 and 10 % above
-    p90 on these (validation) rows, separately for GPU and CPU rows (``is_cpu``; all GPU when None).
-    Sets ``q_scale`` of every member (an ensemble's offsets are the mean of its members', so one common
-    scale per kind calibrates the mean) and returns ``{"gpu": (lo, hi), "cpu": (lo, hi)}``."""
-    members = _members(model)
-    for m in members:
-        m.q_scale.fill_(1.0)
-    p = predict(model, x)
-    cpu = np.zeros(len(y), dtype=bool) if is_cpu is None else np.asarray(is_cpu, dtype=bool)
-    out: dict[str, tuple[float, float]] = {}
-    for row, (kind, sel) in enumerate((("gpu", ~cpu), ("cpu", cpu))):
-        if not sel.any():
-            out[kind] = (1.0, 1.0)
-            continue
-        ps, ys = p[sel], y[sel]
-        d_lo = np.maximum(ps[:, 1] - ps[:, 0], 1e-6)
-        d_hi = np.maximum(ps[:, 2] - ps[:, 1], 1e-6)
-        s_lo = max(float(np.quantile((ps[:, 1] - ys) / d_lo, 0.9)), 0.05)
-        s_hi = max(float(np.quantile((ys - ps[:, 1]) / d_hi, 0.9)), 0.05)
-        out[kind] = (s_lo, s_hi)
-        for m in members:
-            m.q_scale[row].copy_(torch.tensor([s_lo, s_hi]))
-    return out
-
-
 def interval_ratios(pred_ln: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """How far beyond each side of the interval ``y`` falls, in units of that side's offset (ln space)."""
     d_lo = np.maximum(pred_ln[:, 1] - pred_ln[:, 0], 1e-6)
@@ -353,100 +407,156 @@ def interval_ratios(pred_ln: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.
     return (pred_ln[:, 1] - y) / d_lo, (y - pred_ln[:, 1]) / d_hi
 
 
-def ood_scale(ratios: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[float, float]:
-    """Widening (≥ 1) of the p10/p90 offsets so that 10 % of pooled rows fall outside each side."""
+def conformal_factor(ratios: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[float, float]:
+    """Split-conformal factors (lo, hi) of the p10/p90 offsets: the 0.9 quantile of the pooled
+    :func:`interval_ratios`, so that 10 % of those rows fall outside each side (at least 0.05)."""
     lo = np.concatenate([r[0] for r in ratios])
     hi = np.concatenate([r[1] for r in ratios])
-    return max(1.0, float(np.quantile(lo, 0.9))), max(1.0, float(np.quantile(hi, 0.9)))
+    if not len(lo):
+        return 1.0, 1.0
+    return max(float(np.quantile(lo, 0.9)), 0.05), max(float(np.quantile(hi, 0.9)), 0.05)
+
+
+def set_scale(model: nn.Module, kind: str, scale: tuple[float, float]) -> None:
+    """Set the conformal scale of ``kind`` (``"gpu"``/``"cpu"``) in every member of ``model``."""
+    row = 1 if kind == "cpu" else 0
+    for m in _members(model):
+        m.q_scale[row].copy_(torch.tensor([scale[0], scale[1]], dtype=torch.float32))
+
+
+def calibrate(
+    model: nn.Module, x: np.ndarray, y: np.ndarray, is_cpu: np.ndarray | None = None
+) -> dict[str, tuple[float, float]]:
+    """Split-conformal scaling of the p10/p90 offsets on these rows (:func:`conformal_factor` of the
+    unscaled offsets), separately for GPU and CPU rows (``is_cpu``; all GPU when None). Sets ``q_scale`` of
+    every member (an ensemble's offsets are the mean of its members', so one common scale per kind
+    calibrates the mean) and returns ``{"gpu": (lo, hi), "cpu": (lo, hi)}``."""
+    for m in _members(model):
+        m.q_scale.fill_(1.0)
+    p = predict(model, x)
+    cpu = np.zeros(len(y), dtype=bool) if is_cpu is None else np.asarray(is_cpu, dtype=bool)
+    out: dict[str, tuple[float, float]] = {}
+    for kind, sel in (("gpu", ~cpu), ("cpu", cpu)):
+        out[kind] = conformal_factor([interval_ratios(p[sel], y[sel])]) if sel.any() else (1.0, 1.0)
+        set_scale(model, kind, out[kind])
+    return out
 
 
 # ---------------------------------------------------------------- data
 
 
-def loss_weights(data: JustusData, cpu_share: float = CPU_LOSS_SHARE) -> np.ndarray:
-    """Per-row loss weights: CPU rows carry ``cpu_share`` of the total, GPU rows the rest."""
-    cpu = is_cpu_rows(data)
-    w = np.ones(len(data))
-    n_cpu, n_gpu = int(cpu.sum()), int((~cpu).sum())
-    if n_cpu and n_gpu:
-        w[cpu] = cpu_share / (1 - cpu_share) * n_gpu / n_cpu
-    return w
-
-
-def is_cpu_rows(data: JustusData) -> np.ndarray:
+def is_cpu_rows(data: TrainingRows) -> np.ndarray:
     """Boolean ``[N]``: rows featurised against a CPU."""
-    from app.core.features import feature_index
-
     return data.features[:, feature_index("is_cpu")] > 0.5
 
 
-def model_inputs(data: JustusData, names: Sequence[str] = MODEL_FEATURES) -> np.ndarray:
+def model_inputs(data: TrainingRows, names: Sequence[str] = MODEL_FEATURES) -> np.ndarray:
     """The model's input columns of ``data.features``."""
     return select_features(data.features, names)
+
+
+def loss_weights(data: TrainingRows) -> np.ndarray:
+    """Per-row loss weights: every source (:func:`app.training.metrics.source_of`) carries the same share."""
+    src = source_of(data)
+    w = np.ones(len(data))
+    names = np.unique(src)
+    for s in names:
+        m = src == s
+        w[m] = len(data) / (len(names) * m.sum())
+    return w
 
 
 def load_training_data(
     *,
     database_url: str,
-    sources: Sequence[str],
-    cpu: bool,
-    sample: int | None,
+    sources: Sequence[str] = V3_SOURCES,
+    cpu: bool = True,
+    sample: Mapping[str, int | None],
     seed: int,
+    cpu_specs: Mapping[str, HardwareSpec] | None = None,
     log: Callable[[str], None] = print,
-) -> tuple[JustusData, JustusData | None, HardwareSpec | None]:
-    """GPU rows, CPU rows (None without ``cpu`` or without stored CPU rows) and the CPU spec they use, from
-    the measurement database (:func:`app.training.dataset.load_training_rows`).
-
-    ``sample``: measurements per imported GPU file (seeded), and ``4 · sample`` CPU configurations.
-    Raises ``ValueError`` when no GPU measurement of ``sources`` is stored.
-    """
+) -> tuple[TrainingRows, TrainingRows | None, HardwareSpec | None]:
+    """GPU rows of every GPU source in ``sources``, CPU rows (None without ``cpu`` or without stored CPU
+    rows) and the CPU spec they use, from the measurement database
+    (:func:`app.training.dataset.load_training_rows`). ``sample`` gives measurements per imported file of
+    each GPU source (None = all); ``cpu_specs`` featurises CPU ids against given specs (an artifact's
+    snapshot). Raises ``ValueError`` when no GPU measurement of ``sources`` is stored."""
     t0 = time.time()
-    gpu = load_from_database(database_url, sources=sources, hardware_kinds=("gpu",), sample_per_file=sample, seed=seed)
-    log(f"loaded {len(gpu)} GPU rows in {time.time() - t0:.1f}s (skipped {dict(gpu.skipped)})")
-    cpu_rows: JustusData | None = None
-    cpu_spec: HardwareSpec | None = None
-    if cpu:
+    parts: list[TrainingRows] = []
+    for src in sources:
+        if src == SOURCE_PROFILER:
+            continue
         try:
-            cpu_rows = load_from_database(database_url, sources=sources, hardware_kinds=("cpu",))
+            rows = load_from_database(database_url, sources=(src,), hardware_kinds=("gpu",),
+                                      sample_per_file=sample.get(src), seed=seed)  # fmt: skip
+        except ValueError:
+            log(f"no stored {src} GPU measurements: left out")
+            continue
+        log(f"loaded {len(rows)} {src} rows in {time.time() - t0:.1f}s (skipped {dict(rows.skipped)})")
+        parts.append(rows)
+    if not parts:
+        raise ValueError(f"no stored GPU measurements of {list(sources)}: import them first (layercast import ...)")
+    gpu = TrainingRows.concat(parts)
+    cpu_rows: TrainingRows | None = None
+    cpu_spec: HardwareSpec | None = None
+    if cpu and SOURCE_PROFILER in sources:
+        try:
+            cpu_rows = load_from_database(database_url, sources=(SOURCE_PROFILER,), hardware_kinds=("cpu",),
+                                          specs=cpu_specs)  # fmt: skip
         except ValueError:
             log("no CPU measurements stored: GPU-only model")
         if cpu_rows is not None:
-            if len(cpu_rows.hardware) != 1:
-                raise ValueError(f"the CPU head trains on one CPU; stored CPU rows name {sorted(cpu_rows.hardware)}")
-            cpu_spec = next(iter(cpu_rows.hardware.values()))
-            if sample is not None:
+            if len({str(g) for g in cpu_rows.gpu}) != 1:
+                raise ValueError(f"the CPU head trains on one CPU; stored CPU rows name {sorted(set(cpu_rows.gpu))}")
+            cpu_spec = cpu_rows.hardware[str(cpu_rows.gpu[0])]
+            small = sample.get(SOURCE_JUSTUS)
+            if small is not None and small < 1000:
                 keys = np.unique(cpu_rows.config)
-                keep = np.random.default_rng(seed).permutation(keys)[: max(1, sample * 4)]
+                keep = np.random.default_rng(seed).permutation(keys)[: max(1, small * 4)]
                 cpu_rows = cpu_rows.subset(np.isin(cpu_rows.config, keep))
-            log(f"loaded {len(cpu_rows)} CPU rows of {cpu_spec.id} (skipped {dict(cpu_rows.skipped)})")
+            log(f"loaded {len(cpu_rows)} CPU rows of {cpu_spec.id}")
     return gpu, cpu_rows, cpu_spec
 
 
-def splits(gpu: JustusData, cpu: JustusData | None, *, seed: int) -> tuple[JustusData, JustusData, JustusData]:
-    """Train / validation / test of both sources, each split by configuration 70/10/20 (GPU:
-    :func:`split_by_config`, as for v1; CPU: :func:`app.training.dataset.split_by_hash`, stable as the
-    seed dataset grows)."""
-    parts: list[tuple[JustusData, JustusData, JustusData]] = []
+def splits(
+    gpu: TrainingRows, cpu: TrainingRows | None, *, seed: int
+) -> tuple[TrainingRows, TrainingRows, TrainingRows]:
+    """Train / validation / test, 70/10/20 by configuration within each source (GPU sources:
+    :func:`split_by_config` over their configuration keys, which exclude the device; CPU:
+    :func:`app.training.dataset.split_by_hash`, stable as the seed dataset grows)."""
+    parts: list[tuple[TrainingRows, TrainingRows, TrainingRows]] = []
     for d, split in ((gpu, split_by_config), (cpu, split_by_hash)):
         if d is None or len(d) == 0:
             continue
         s = split(d.config, seed=seed)
         parts.append((d.subset(s == 0), d.subset(s == 1), d.subset(s == 2)))
-    tr, va, te = (JustusData.concat([p[i] for p in parts]) for i in range(3))
+    tr, va, te = (TrainingRows.concat([p[i] for p in parts]) for i in range(3))
     return tr, va, te
 
 
+def gpu_group(ids: np.ndarray, catalog: Mapping[str, HardwareSpec]) -> np.ndarray:
+    """Leave-one-GPU-out group of each hardware id: the catalog ``architecture`` (the chip: every A100
+    variant is one group), else the id."""
+    arch = {i: (catalog[i].architecture or i) if i in catalog else i for i in np.unique(ids)}
+    return np.asarray([arch[i] for i in ids])
+
+
+# ---------------------------------------------------------------- fit
+
+
 def fit_recipe(
-    tr: JustusData,
-    va: JustusData,
+    tr: TrainingRows,
+    va: TrainingRows,
     *,
-    recipe: dict[str, Any],
+    recipe: Mapping[str, Any],
     seed: int,
+    ensemble: int | None = None,
     log: Callable[[str], None] = print,
 ) -> tuple[KindHeads, dict[str, tuple[float, float]]]:
-    """Train the heads of ``recipe`` (keys of :data:`DEFAULTS`; CPU head with :data:`CPU_HEAD` overrides)
-    on ``tr`` — the GPU head on its GPU rows, the CPU head on its CPU rows (none without CPU rows) — and
-    calibrate each on its kind's ``va`` rows."""
+    """Train the heads of ``recipe`` (keys of :data:`DEFAULTS`; CPU head with :data:`CPU_HEAD` overrides) on
+    ``tr`` — the GPU head on its GPU rows (sources weighted equally), the CPU head on its CPU rows (none
+    without) — and calibrate each on its kind's ``va`` rows (in distribution). ``ensemble`` overrides the
+    members per head. Raises ``ValueError`` without GPU training rows."""
     names = tuple(recipe.get("feature_names", MODEL_FEATURES))
     heads: dict[str, Ensemble] = {}
     scales: dict[str, tuple[float, float]] = {"gpu": (1.0, 1.0), "cpu": (1.0, 1.0)}
@@ -456,9 +566,10 @@ def fit_recipe(
             continue
         r = {**recipe, **(recipe.get("cpu_head", CPU_HEAD) if cpu else {})}
         heads[kind] = train_ensemble(
-            model_inputs(t, names), np.log(t.time_ms), n=int(r["ensemble"]), seed=seed, log=log,
-            feature_names=names, epochs=int(r["epochs"]), hidden=int(r["hidden"]), depth=int(r["depth"]),
-            batch_size=int(r["batch_size"]), lr=float(r["lr"]), weight_decay=float(r["weight_decay"]),
+            model_inputs(t, names), np.log(t.time_ms), n=int(ensemble or r["ensemble"]), seed=seed, log=log,
+            feature_names=names, weights=loss_weights(t), epochs=int(r["epochs"]), hidden=int(r["hidden"]),
+            depth=int(r["depth"]), batch_size=int(r["batch_size"]), lr=float(r["lr"]),
+            weight_decay=float(r["weight_decay"]),
         )  # fmt: skip
         if len(v):
             scales[kind] = calibrate(heads[kind], model_inputs(v, names), np.log(v.time_ms), is_cpu_rows(v))[kind]
@@ -468,39 +579,87 @@ def fit_recipe(
 
 
 def leave_one_gpu_out(
-    tr: JustusData,
-    va: JustusData,
-    te: JustusData,
+    tr: TrainingRows,
+    va: TrainingRows,
+    te: TrainingRows,
     *,
-    recipe: dict[str, Any],
+    recipe: Mapping[str, Any],
     seed: int,
-    gpus: Sequence[str] | None = None,
+    groups: Sequence[str] | None = None,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """For each GPU: train and calibrate the recipe without any of its rows, predict its test rows.
+    """For each GPU chip (:func:`gpu_group`): train the GPU head without any of its rows (training,
+    normalisation, in-distribution calibration), predict its validation and test rows.
 
-    Returns ``{gpu: {"pred_ln": [N, 3], "test": JustusData, "model": the fold's model, "val_ratios": (lo, hi)}}``;
-    ``val_ratios`` are the interval misfits on the held-out GPU's validation rows (used, pooled over the *other*
-    folds, to widen intervals on unseen hardware).
+    Returns ``{group: {"pred_ln": [N, 3] on its test rows, "test": TrainingRows, "val_ratios": (lo, hi)
+    interval misfits on its validation rows, "model": the fold model}}``.
     """
+    catalog = load_catalog()
     names = tuple(recipe.get("feature_names", MODEL_FEATURES))
-    gpus = list(gpus) if gpus is not None else sorted({str(g) for g in np.unique(tr.gpu) if g in GPU_IDS.values()})
+    recipe = {**recipe, "epochs": int(recipe.get("logo_epochs", recipe["epochs"]))}
+    gtr, gva, gte = (d.subset(~is_cpu_rows(d)) for d in (tr, va, te))
+    g_tr, g_va, g_te = (gpu_group(d.gpu, catalog) for d in (gtr, gva, gte))
+    groups = list(groups) if groups is not None else sorted(set(g_te.tolist()))
     out: dict[str, Any] = {}
-    for g in gpus:
+    for g in groups:
         t0 = time.time()
-        # GPU rows only: the CPU head never answers a GPU row, so it need not be retrained here
-        gtr, gva = tr.subset(~is_cpu_rows(tr)), va.subset(~is_cpu_rows(va))
-        model, _ = fit_recipe(gtr.subset(gtr.gpu != g), gva.subset(gva.gpu != g), recipe=recipe, seed=seed,
-                              log=lambda s: None)  # fmt: skip
-        te_g, va_g = te.subset(te.gpu == g), va.subset(va.gpu == g)
+        model, _ = fit_recipe(gtr.subset(g_tr != g), gva.subset(g_va != g), recipe=recipe, seed=seed,
+                              ensemble=int(recipe.get("logo_ensemble", 1)), log=lambda s: None)  # fmt: skip
+        te_g, va_g = gte.subset(g_te == g), gva.subset(g_va == g)
         out[g] = {
             "pred_ln": predict(model, model_inputs(te_g, names)),
             "test": te_g,
             "model": model,
             "val_ratios": interval_ratios(predict(model, model_inputs(va_g, names)), np.log(va_g.time_ms)),
         }
-        p = np.exp(out[g]["pred_ln"][:, 1])
-        log(f"LOGO {g}: MAPE {metrics(te_g.time_ms, p)['mape_pct']:.1f} % ({time.time() - t0:.0f}s)")
+        m = metrics(te_g.time_ms, np.exp(out[g]["pred_ln"][:, 1])) if len(te_g) else {"mape_pct": float("nan")}
+        log(f"LOGO {g}: {len(te_g)} test rows, MAPE {m['mape_pct']:.1f} % ({time.time() - t0:.0f}s)")
+    return out
+
+
+# ---------------------------------------------------------------- measured ratios
+
+
+DEEPBENCH_DIR = REPO_ROOT.parent / "shared" / "data" / "deepbench"
+
+
+def backward_forward_ratios(deepbench_dir: Path = DEEPBENCH_DIR) -> dict[str, Any]:
+    """Backward/forward time ratios measured per op family (issue 8 item 5), from Baidu DeepBench training
+    kernels, which time the forward and the backward of the same configuration on the same GPU:
+    convolutions ``(bwd_data + bwd_filter) / fwd`` and recurrent layers ``bwd / fwd`` (per cell type), over
+    rows whose forward is at least 0.1 ms (launch overhead below 10 %). Median, quartiles and the row count
+    per family; ``{}`` when the files are absent. (The Justus rows time forward and training step of
+    different random configurations, so they give no paired ratio.)"""
+    import csv
+
+    out: dict[str, Any] = {}
+
+    def add(name: str, ratios: list[float]) -> None:
+        if ratios:
+            q = np.quantile(ratios, [0.25, 0.5, 0.75])
+            out[name] = {"median": round(float(q[1]), 3), "q25": round(float(q[0]), 3), "q75": round(float(q[2]), 3),
+                         "n": len(ratios)}  # fmt: skip
+
+    def num(row: Mapping[str, str], key: str) -> float:
+        try:
+            return float(row.get(key) or "nan")
+        except ValueError:
+            return float("nan")
+
+    conv, rnn = deepbench_dir / "deepbench_conv.csv", deepbench_dir / "deepbench_rnn.csv"
+    if conv.is_file():
+        with conv.open(newline="") as f:
+            rows = [r for r in csv.DictReader(f) if r.get("mode") == "train"]
+        r = [(num(x, "bwd_data_ms") + num(x, "bwd_filter_ms")) / num(x, "fwd_ms") for x in rows]
+        add("conv", [v for v, x in zip(r, rows, strict=True) if math.isfinite(v) and num(x, "fwd_ms") >= 0.1])
+    if rnn.is_file():
+        with rnn.open(newline="") as f:
+            rows = [r for r in csv.DictReader(f) if r.get("mode") == "train"]
+        for cell in sorted({x.get("cell", "") for x in rows} - {""}):
+            sel = [x for x in rows if x.get("cell") == cell and num(x, "fwd_ms") >= 0.1]
+            add(cell, [v for v in (num(x, "bwd_ms") / num(x, "fwd_ms") for x in sel) if math.isfinite(v)])
+    if out:
+        out["source"] = "Baidu DeepBench training kernels (CUDA 8-10, cuDNN 6-7), ../shared/data/deepbench"
     return out
 
 
@@ -510,7 +669,7 @@ def leave_one_gpu_out(
 def export_onnx(model: nn.Module, path: Path, n_features: int | None = None) -> None:
     """Export ``model`` to ONNX (opset 17, dynamic batch axis) at ``path``."""
     model.eval()
-    n = n_features if n_features is not None else len(getattr(model, "feature_names", FEATURE_NAMES))
+    n = n_features if n_features is not None else len(getattr(model, "feature_names", MODEL_FEATURES))
     dummy = torch.zeros(4, n, dtype=torch.float32)
     torch.onnx.export(
         model,
@@ -565,16 +724,49 @@ def hardware_snapshot(hw: HardwareSpec) -> dict[str, Any]:
     return hardware_to_dict(hw)
 
 
+def _op_kind_of_rows(data: TrainingRows) -> np.ndarray:
+    """Op kind value (``conv``, ``gemm``, ``matmul``...) of each row, from the one-hot features."""
+    out = np.full(len(data), "other", dtype=object)
+    for name in _KIND_ONE_HOTS:
+        out[data.features[:, feature_index(name)] > 0.5] = name[len("is_") :]
+    return out.astype(str)
+
+
+def feature_ranges(data: TrainingRows, names: Sequence[str]) -> dict[str, dict[str, dict[str, list[float]]]]:
+    """Per hardware kind and op kind: min and max of every model feature over ``data`` (serving flags a
+    query outside its own kind's and op kind's range as out of distribution, issue 8 item 4)."""
+    x = model_inputs(data, names)
+    cpu = is_cpu_rows(data)
+    kinds = _op_kind_of_rows(data)
+    out: dict[str, dict[str, dict[str, list[float]]]] = {}
+    for hw_kind, sel in (("gpu", ~cpu), ("cpu", cpu)):
+        for k in np.unique(kinds[sel]):
+            m = sel & (kinds == k)
+            out.setdefault(hw_kind, {})[str(k)] = {
+                "min": [float(v) for v in x[m].min(axis=0)],
+                "max": [float(v) for v in x[m].max(axis=0)],
+            }
+    return out
+
+
+def per_source_metrics(data: TrainingRows, pred_ln: np.ndarray) -> dict[str, Any]:
+    """:func:`metrics` of ``pred_ln`` ``[N, 3]`` per source."""
+    src = source_of(data)
+    p = np.exp(pred_ln)
+    return {str(s): metrics(data.time_ms[src == s], p[src == s, 1], p[src == s, 0], p[src == s, 2])
+            for s in np.unique(src)}  # fmt: skip
+
+
 def run(
     *,
     database_url: str,
     out_dir: Path,
-    sources: Sequence[str] = DEFAULT_SOURCES,
-    cpu: bool = True,
     epochs: int,
-    sample: int | None,
+    sample: Mapping[str, int | None],
     seed: int,
     version: str,
+    sources: Sequence[str] = V3_SOURCES,
+    cpu: bool = True,
     logo: bool = True,
     hidden: int = 128,
     depth: int = 3,
@@ -584,70 +776,124 @@ def run(
     argv: Sequence[str] = (),
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Train, calibrate, run leave-one-GPU-out, export; returns the metadata written next to the ONNX file."""
+    """Load, split, fit, run leave-one-GPU-out (conformal GPU interval), export; returns the metadata."""
     t0 = time.time()
     torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(True)
-    gpu, cpu_rows, cpu_spec = load_training_data(
-        database_url=database_url, sources=sources, cpu=cpu, sample=sample, seed=seed, log=log
-    )
-    catalog = gpu.hardware
+    gpu, cpu_rows, cpu_spec = load_training_data(database_url=database_url, sources=sources, cpu=cpu,
+                                                 sample=sample, seed=seed, log=log)  # fmt: skip
     tr, va, te = splits(gpu, cpu_rows, seed=seed)
-    recipe = {
-        **DEFAULTS,
-        "epochs": epochs,
-        "hidden": hidden,
-        "depth": depth,
-        "ensemble": ensemble,
-        "cpu_head": CPU_HEAD,
-    }
+    recipe = {**DEFAULTS, "epochs": epochs, "hidden": hidden, "depth": depth, "ensemble": ensemble,
+              "cpu_head": CPU_HEAD}  # fmt: skip
 
-    # roofline fallback constants: GPU rows (the fallback's CPU use is indicative only)
-    g_tr, g_va = tr.subset(~is_cpu_rows(tr)), va.subset(~is_cpu_rows(va))
+    # roofline fallback constants (ops the learned model does not cover): Justus training rows
+    g_tr, g_va = tr.subset(source_of(tr) == "justus"), va.subset(source_of(va) == "justus")
     rconst = fit_roofline_constants(
         roofline_ms=roofline_ms_from_raw(g_tr.raw), time_ms=g_tr.time_ms, is_train=g_tr.pass_ == "train_step",
         calib_roofline_ms=roofline_ms_from_raw(g_va.raw), calib_time_ms=g_va.time_ms,
         calib_is_train=g_va.pass_ == "train_step", source=f"fitted on Justus 2018 training split (seed {seed})",
     )  # fmt: skip
-    log(f"roofline constants: {rconst}")
 
     log(f"training on {len(tr)} rows ({int(is_cpu_rows(tr).sum())} CPU), {ensemble} x {epochs} epochs")
     t1 = time.time()
     model, q_scale = fit_recipe(tr, va, recipe=recipe, seed=seed, log=log)
     train_s = time.time() - t1
-    log(f"trained in {train_s:.1f}s; conformal scales {q_scale}")
-
-    test_pred = predict(model, model_inputs(te))
-    p = np.exp(test_pred)
-    cpu_te = is_cpu_rows(te)
-    summary = {
-        kind: metrics(te.time_ms[sel], p[sel, 1], p[sel, 0], p[sel, 2])
-        for kind, sel in (("gpu", ~cpu_te), ("cpu", cpu_te))
-        if sel.any()
-    }
-    log(f"test: {summary}")
+    log(f"trained in {train_s:.1f}s; in-distribution conformal scales {q_scale}")
 
     logo_summary: dict[str, Any] = {}
-    ood = (1.0, 1.0)
+    factor = (1.0, 1.0)
     if logo:
         folds = leave_one_gpu_out(tr, va, te, recipe=recipe, seed=seed, log=log)
-        ood = ood_scale([f["val_ratios"] for f in folds.values()])
-        logo_summary = {g: metrics(f["test"].time_ms, np.exp(f["pred_ln"][:, 1])) for g, f in folds.items()}
+        factor = conformal_factor([f["val_ratios"] for f in folds.values()])
+        logo_summary = {g: metrics(f["test"].time_ms, np.exp(f["pred_ln"][:, 1])) for g, f in folds.items()
+                        if len(f["test"])}  # fmt: skip
         logo_summary["mean_mape_pct"] = round(float(np.mean([v["mape_pct"] for v in logo_summary.values()])), 4)
-        log(f"LOGO mean MAPE {logo_summary['mean_mape_pct']}; OOD interval scale {ood}")
+        log(f"LOGO mean MAPE {logo_summary['mean_mape_pct']}; GPU interval factor {factor}")
+    gpu_scale = (q_scale["gpu"][0] * factor[0], q_scale["gpu"][1] * factor[1])
+    set_scale(model, "gpu", gpu_scale)
 
+    test_pred = predict(model, model_inputs(te))
+    summary = per_source_metrics(te, test_pred)
+    log(f"test: { {k: v['mape_pct'] for k, v in summary.items()} }")
+    meta = write_artifact(
+        model, out_dir=out_dir, version=version, tr=tr, te=te, cpu_spec=cpu_spec, sources=sources,
+        recipe=recipe, sample=sample, seed=seed, scales={"gpu": gpu_scale, "cpu": q_scale["cpu"]},
+        in_distribution_scales=q_scale, logo_factor=factor, rconst=rconst.to_dict(), summary=summary,
+        logo_summary=logo_summary, argv=argv, threads=threads, train_s=train_s,
+    )  # fmt: skip
+    meta["wall_time_s"] = round(time.time() - t0, 1)
+    stem = f"{MODEL_NAME}-{version}"
+    (out_dir / f"{stem}.json").write_text(json.dumps(meta, indent=1) + "\n")
+    if write_current:
+        (out_dir / "CURRENT").write_text(stem + "\n")
+    log(f"wrote {out_dir / stem}.onnx and .json in {meta['wall_time_s']}s")
+    return meta
+
+
+def write_artifact(
+    model: KindHeads,
+    *,
+    out_dir: Path,
+    version: str,
+    tr: TrainingRows,
+    te: TrainingRows,
+    cpu_spec: HardwareSpec | None,
+    sources: Sequence[str],
+    recipe: Mapping[str, Any],
+    sample: Mapping[str, int | None],
+    seed: int,
+    scales: Mapping[str, tuple[float, float]],
+    in_distribution_scales: Mapping[str, tuple[float, float]],
+    logo_factor: tuple[float, float],
+    rconst: Mapping[str, Any],
+    summary: Mapping[str, Any],
+    logo_summary: Mapping[str, Any],
+    argv: Sequence[str],
+    threads: int,
+    train_s: float,
+) -> dict[str, Any]:
+    """Write the ONNX graph and the torch weights; return the metadata (the caller writes the JSON)."""
+    catalog = tr.hardware
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = f"{MODEL_NAME}-{version}"
     onnx_path = out_dir / f"{stem}.onnx"
     export_onnx(model, onnx_path, len(MODEL_FEATURES))
     weights_path = out_dir / f"{stem}.weights.npz"
     save_weights(model, weights_path)
-    x_tr = model_inputs(tr)
-    cpu_kinds = sorted({str(f) for f in np.unique(tr.family[is_cpu_rows(tr)])}) if cpu_rows is not None else []
-    training_hw: dict[str, Any] = {g: hardware_snapshot(catalog[g]) for g in sorted({str(g) for g in g_tr.gpu})}
+    cpu_rows = is_cpu_rows(tr)
+    gpu_tr = tr.subset(~cpu_rows)
+    kinds = _op_kind_of_rows(tr)
+    training_hw: dict[str, Any] = {g: hardware_snapshot(catalog[g]) for g in sorted({str(g) for g in gpu_tr.gpu})}
     if cpu_spec is not None:
         training_hw[cpu_spec.id] = hardware_snapshot(cpu_spec)
-    meta: dict[str, Any] = {
+    tf1 = (gpu_tr.features[:, feature_index("stack_tf1_session")] > 0.5).any()
+    stacks = sorted({DEFAULT_STACK, *(["tf1-session"] if tf1 else [])})
+    applies: dict[str, Any] = {
+        "gpu": {
+            "op_kinds": sorted(set(kinds[~cpu_rows].tolist())),
+            "conv_spatial_dims": [2],
+            "grouped_conv": False,
+            "precision": sorted({str(p) for p in gpu_tr.precisions} | {"fp32", "tf32", "bf16"}),
+            "measured_precision": sorted({str(p) for p in gpu_tr.precisions}),
+            "stacks": stacks,
+            "optimizers": ["none", "sgd", "momentum", "adagrad", "adadelta", "adam", "rmsprop"],
+        }
+    }
+    if cpu_spec is not None and cpu_rows.any():
+        applies["cpu"] = {
+            "op_kinds": sorted(set(kinds[cpu_rows].tolist())),
+            "profiler_families": sorted({str(f) for f in np.unique(tr.family[cpu_rows])}),
+            "conv_spatial_dims": [1, 2],
+            "grouped_conv": True,
+            "precision": sorted({str(v) for v in tr.precisions[cpu_rows]}),
+            "measured_precision": sorted({str(v) for v in tr.precisions[cpu_rows]}),
+            "stacks": [DEFAULT_STACK],
+            "optimizers": ["none", "sgd", "momentum", "adam"],
+            "threads": 1,
+            "hardware_ids": [cpu_spec.id],
+        }
+    src_tr = source_of(tr)
+    return {
         "name": MODEL_NAME,
         "version": version,
         "onnx_file": onnx_path.name,
@@ -658,40 +904,19 @@ def run(
             "name": "log_time_ms",
             "dtype": "float32",
             "shape": ["n", 3],
-            "meaning": "natural log of the layer time in ms at quantiles 0.1, 0.5, 0.9 "
-            "(forward pass, or whole training step forward+backward+update)",
+            "meaning": "natural log of the layer time in ms at quantiles 0.1, 0.5, 0.9 (forward pass, or whole "
+            "training step forward+backward+update); every column >= log_floor_ms (physics floor)",
         },
+        "target": "ln(time / physics floor) >= 0 inside the graph (app.core.features.pass_floor_ms), returned "
+        "as ln ms = log_floor_ms + softplus(prior + MLP)",
         "quantiles": list(QUANTILES),
         "feature_names": list(MODEL_FEATURES),
         "feature_function": "app.core.features.layer_features, columns feature_names (select_features)",
         "normalisation": "baked into the ONNX graph (mean/std of the training rows)",
-        "feature_min": [float(v) for v in x_tr.min(axis=0)],
-        "feature_max": [float(v) for v in x_tr.max(axis=0)],
-        "applies_to": {
-            "gpu": {
-                "op_kinds": ["conv", "gemm"],
-                "conv_spatial_dims": [2],
-                "grouped_conv": False,
-                "precision": ["fp32"],
-                "optimizers": ["none", "sgd", "momentum", "adagrad", "adadelta", "adam", "rmsprop"],
-            },
-            **(
-                {
-                    "cpu": {
-                        "op_kinds": sorted(_cpu_op_kinds(tr)),
-                        "profiler_families": cpu_kinds,
-                        "conv_spatial_dims": [1, 2],
-                        "grouped_conv": True,
-                        "precision": sorted({str(v) for v in tr.precisions[is_cpu_rows(tr)]}),
-                        "optimizers": ["none", "sgd", "momentum", "adam"],
-                        "threads": 1,
-                        "hardware_ids": [cpu_spec.id] if cpu_spec is not None else [],
-                    }
-                }
-                if cpu_rows is not None
-                else {}
-            ),
-        },
+        "feature_ranges": feature_ranges(tr, MODEL_FEATURES),
+        "default_stack": DEFAULT_STACK,
+        "stacks": list(STACKS),
+        "applies_to": applies,
         "training_hardware": training_hw,
         "training_data": {
             "sources": list(sources),
@@ -699,88 +924,66 @@ def run(
             "files": [
                 {"name": f.name, "rows_read": f.rows_read, "rows_kept": f.rows_kept, "sha256": f.sha256}
                 for f in tr.files
-            ],
-            "seed_files": [f.name for f in cpu_rows.files] if cpu_rows is not None else [],
-            "sample_rows_per_file": sample,
-            "skipped": {f"{src}:{reason}": n for (src, reason), n in sorted((gpu.skipped + (
-                cpu_rows.skipped if cpu_rows is not None else type(gpu.skipped)())).items())},
-            "target": "time_ms_median",
-            "split": "per source, by distinct layer configuration (Justus: family, batch, geometry, bias, "
-            "activation, GPU and optimizer excluded; CPU: profiler config_id, precision excluded), seeded "
-            "shuffle, 70/10/20 train/validation/test",
+            ],  # fmt: skip
+            "sample_rows_per_file": dict(sample),
+            "target": "time_ms_median of each stored measurement",
+            "split": "per source, by distinct configuration (shape without device, optimizer or precision), "
+            "seeded shuffle, 70/10/20 train/validation/test",
             "split_seed": seed,
             "rows": {
                 "train": len(tr),
-                "validation": len(va),
                 "test": len(te),
-                "train_cpu": int(is_cpu_rows(tr).sum()),
+                "train_by_source": {str(s): int((src_tr == s).sum()) for s in np.unique(src_tr)},
             },  # fmt: skip
-            "gpu_column_to_catalog_id": GPU_IDS,
         },
         "model": {
-            "architecture": f"two heads (GPU, CPU; picked by is_cpu), each an ensemble of {ensemble} MLPs "
-            f"{depth}x{hidden} SiLU with quantile outputs over a physics prior",
-            "prior": "ln(exp(log_roofline_ms)/efficiency + floor_ms), efficiency and floor per hardware kind and pass",
+            "architecture": f"two heads (GPU, CPU; picked by is_cpu), each an ensemble of MLPs {recipe['depth']}x"
+            f"{recipe['hidden']} SiLU with quantile outputs over a floor + overhead prior",
+            "prior": "ln(time/floor) = softplus(logaddexp(ln 1/eff, ln overhead_ms(stack, pass, kind) - "
+            "log_floor_ms) + MLP)",
             "prior_constants_member0": {k: _members(h)[0].prior_summary() for k, h in model.heads().items()},
-            "conformal_scales": {k: list(v) for k, v in q_scale.items()},
-            "recipe": recipe,
-            "cpu_head": CPU_HEAD,
+            "conformal_scales": {k: list(v) for k, v in scales.items()},
+            "in_distribution_scales": {k: list(v) for k, v in in_distribution_scales.items()},
+            "gpu_interval_logo_factor": list(logo_factor),
+            "interval_calibration": "GPU: split-conformal scale on the validation rows times the 0.9 quantile "
+            "of the misfit ratios of every leave-one-GPU-out fold on its held-out GPU; CPU: validation rows",
+            "recipe": {k: v for k, v in recipe.items() if k != "feature_names"},
             "seed": seed,
-            "loss": "pinball on ln ms at 0.1/0.5/0.9",
+            "loss": "pinball on ln ms at 0.1/0.5/0.9, sources weighted equally",
             "optimizer": "AdamW + OneCycle",
         },
-        "roofline": rconst.to_dict(),
-        "metrics_test_summary": summary,
-        "metrics_leave_one_gpu_out_summary": logo_summary,
-        "ood_hardware_interval_scale": list(ood),
-        "paper_reference": {
-            "justus2018_conv_mlp_mape_pct": 10.9,
-            "justus2018_linear_flop_mape_pct": 399.9,
-            "justus2018_unseen_gpu_mape_pct": 39.6,
-        },
+        "backward_forward_ratio": backward_forward_ratios(),
+        "roofline": dict(rconst),
+        "metrics_test_summary": dict(summary),
+        "metrics_leave_one_gpu_out_summary": dict(logo_summary),
         "reproduce": "python -m app.training.train " + " ".join(argv),
         "environment": {
             "python": platform.python_version(),
             "torch": torch.__version__,
             "numpy": np.__version__,
             "threads": threads,
-        },
+        },  # fmt: skip
         "train_wall_time_s": round(train_s, 1),
         "wall_time_s": None,
     }
-    meta["wall_time_s"] = round(time.time() - t0, 1)
-    (out_dir / f"{stem}.json").write_text(json.dumps(meta, indent=1) + "\n")
-    if write_current:
-        (out_dir / "CURRENT").write_text(stem + "\n")
-    log(f"wrote {onnx_path} and {stem}.json in {meta['wall_time_s']}s")
-    return meta
-
-
-def _cpu_op_kinds(tr: JustusData) -> set[str]:
-    from app.core.features import EXTRA_KINDS, feature_index
-
-    x = tr.features[is_cpu_rows(tr)]
-    kinds = {k for k, name in (("conv", "is_conv"), ("gemm", "is_gemm")) if (x[:, feature_index(name)] > 0.5).any()}
-    kinds |= {k.value for k in EXTRA_KINDS if (x[:, feature_index(f"is_{k.value}")] > 0.5).any()}
-    return kinds
 
 
 def build_parser() -> argparse.ArgumentParser:
     """Arguments of ``layercast train``."""
     p = argparse.ArgumentParser(prog="layercast train", description=(__doc__ or "").splitlines()[0])
     p.add_argument("--database-url", default=None, help="measurement database (default $LAYERCAST_DATABASE_URL)")
-    p.add_argument("--sources", nargs="+", default=list(DEFAULT_SOURCES), help="measurement sources to train on")
+    p.add_argument("--sources", nargs="+", default=list(V3_SOURCES), help="measurement sources to train on")
     p.add_argument("--no-cpu", action="store_true", help="GPU rows only")
     p.add_argument("--out-dir", type=Path, default=DEFAULT_OUT_DIR)
     p.add_argument("--epochs", type=int, default=DEFAULTS["epochs"])
-    p.add_argument("--sample", type=int, default=None, help="measurements per imported GPU file (quick runs)")
+    p.add_argument("--sample", type=int, default=None, help="rows per file of every source (quick runs)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--version", default="2")
+    p.add_argument("--version", default="3")
     p.add_argument("--hidden", type=int, default=DEFAULTS["hidden"])
     p.add_argument("--depth", type=int, default=DEFAULTS["depth"])
     p.add_argument("--ensemble", type=int, default=DEFAULTS["ensemble"])
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 is fastest on a shared 2-core box)")
-    p.add_argument("--no-logo", action="store_true", help="skip leave-one-GPU-out")
+    p.add_argument("--no-logo", action="store_true", help="skip leave-one-GPU-out (GPU interval not LOGO-calibrated)")
     p.add_argument("--no-current", action="store_true", help="do not update models/CURRENT")
     return p
 
@@ -791,28 +994,14 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(args_list)
     from app.config import Settings
 
+    sample = dict(DEFAULT_SAMPLE) if a.sample is None else {k: a.sample for k in DEFAULT_SAMPLE}
     run(
-        database_url=a.database_url or Settings().database_url,
-        out_dir=a.out_dir,
-        sources=tuple(a.sources),
-        cpu=not a.no_cpu,
-        epochs=a.epochs,
-        sample=a.sample,
-        seed=a.seed,
-        version=a.version,
-        logo=not a.no_logo,
-        hidden=a.hidden,
-        depth=a.depth,
-        ensemble=a.ensemble,
-        threads=a.threads,
-        write_current=not a.no_current,
-        argv=args_list,
-    )
+        database_url=a.database_url or Settings().database_url, out_dir=a.out_dir, epochs=a.epochs, sample=sample,
+        seed=a.seed, version=a.version, sources=a.sources, cpu=not a.no_cpu, logo=not a.no_logo, hidden=a.hidden,
+        depth=a.depth, ensemble=a.ensemble, threads=a.threads, write_current=not a.no_current, argv=args_list,
+    )  # fmt: skip
     return 0
 
 
 if __name__ == "__main__":
     raise SystemExit(main())
-
-
-__all__ = ["FEATURE_NAMES_V1", "LayerTimeNet", "main", "run", "train_model", "predict", "calibrate", "export_onnx"]

@@ -130,8 +130,12 @@ def test_loader_vectorised_features_equal_row_by_row_layer_features(justus_db: s
 
     engine = create_engine(justus_db)
     with engine.connect() as conn:
-        where = {int(i): (c["source_file"], c["source_row"]) for i, c in conn.execute(
-            select(Measurement.id, Measurement.context).where(Measurement.id.in_(data.measurement_id.tolist())))}
+        where = {
+            int(i): (c["source_file"], c["source_row"])
+            for i, c in conn.execute(
+                select(Measurement.id, Measurement.context).where(Measurement.id.in_(data.measurement_id.tolist()))
+            )
+        }
     engine.dispose()
     for i in range(len(data)):
         name, row_idx = where[int(data.measurement_id[i])]
@@ -143,13 +147,17 @@ def test_loader_vectorised_features_equal_row_by_row_layer_features(justus_db: s
                                       padding=row["padding"], use_bias=row["use_bias"] == "True",
                                       activation=row["activation"])  # fmt: skip
         else:
-            layer = justus_dense_layer(batch=int(row["batch_size"]), in_features=int(row["in_features"]),
-                                       out_features=int(row["out_features"]), activation=row["activation"])
+            layer = justus_dense_layer(
+                batch=int(row["batch_size"]),
+                in_features=int(row["in_features"]),
+                out_features=int(row["out_features"]),
+                activation=row["activation"],
+            )
         assert data.layers[i] == layer
         gpu = data.gpu[i]
         assert catalog[gpu] == data.hardware[gpu]  # the stored spec is the catalog's
         one = layer_features(layer=layer, cost=layer_cost(layer), hardware=catalog[gpu], pass_=row["pass"],
-                             optimizer=row["optimizer"], precision="fp32")  # fmt: skip
+                             optimizer=row["optimizer"], precision="fp32", stack="tf1-session")  # fmt: skip
         np.testing.assert_array_equal(one, data.features[i])
         assert data.time_ms[i] == float(row["time_ms_median"])
 
@@ -160,3 +168,25 @@ def test_split_keeps_a_configuration_on_one_side() -> None:
     for key in np.unique(config):
         assert len(np.unique(split[config == key])) == 1
     assert set(np.unique(split)) <= {0, 1, 2}
+
+
+def test_v3_floor_and_stack_features() -> None:
+    """The v3 anchor is the physics floor at the precision, and the stack moves only its own columns."""
+    from app.core.features import feature_index, floor_ms_from_raw, raw_quantities
+    from app.core.precision import physics_floor_ms
+
+    hw = load_catalog()["a100-sxm4-80gb"]
+    layer = justus_dense_layer(batch=512, in_features=4096, out_features=4096, activation="none")
+    cost = layer_cost(layer)
+    kw = {"layer": layer, "cost": cost, "hardware": hw, "pass_": "forward", "optimizer": "none"}
+    fp32 = np.asarray([raw_quantities(**kw, precision="fp32")])
+    fp16 = np.asarray([raw_quantities(**kw, precision="fp16")])
+    assert floor_ms_from_raw(fp32)[0] == pytest.approx(physics_floor_ms(layer, cost, hw, "fp32", "forward"))
+    assert floor_ms_from_raw(fp16)[0] < floor_ms_from_raw(fp32)[0] / 10  # tensor cores: 312 vs 19.5 TFLOP/s
+    eager = layer_features(**kw, precision="fp32")
+    tf1 = layer_features(**kw, precision="fp32", stack="tf1-session")
+    differ = np.nonzero(eager != tf1)[0]
+    assert [FEATURE_NAMES[i] for i in differ] == ["stack_tf1_session"]
+    # wave quantisation: 4 x 32 output tiles of 128 x 128 over 108 SMs = 1.19 waves, 59 % of the last wave used
+    assert eager[feature_index("log_tiles")] == pytest.approx(np.log(4 * 32))
+    assert eager[feature_index("wave_efficiency")] == pytest.approx(128 / 108 / 2)

@@ -55,6 +55,9 @@ def test_onnxruntime_matches_torch_on_the_same_rows(tmp_path: Path, justus_db: s
     assert got.shape == (len(x), 3)
     np.testing.assert_allclose(np.exp(got), np.exp(want), rtol=1e-4)
     assert (got[:, 0] <= got[:, 1]).all() and (got[:, 1] <= got[:, 2]).all()
+    # never faster than physics: every quantile at or above the floor feature, in both runtimes
+    floor = x[:, list(MODEL_FEATURES).index("log_floor_ms")]
+    assert (got >= floor[:, None] - 1e-5).all() and (want >= floor[:, None] - 1e-5).all()
     # one row and many rows give the same answer (dynamic batch axis)
     np.testing.assert_allclose(sess.run(None, {"features": x[:1]})[0], got[:1], rtol=1e-5)
 
@@ -73,6 +76,50 @@ def test_train_command_writes_a_loadable_versioned_artifact(tmp_path: Path, just
     meta = predictor.learned.metadata
     assert meta["feature_names"] == list(MODEL_FEATURES)
     assert set(meta["feature_names"]) <= set(FEATURE_NAMES)
-    assert meta["metrics_test_summary"]["gpu"]["mape_pct"] > 0
+    assert meta["metrics_test_summary"]["justus"]["mape_pct"] > 0
     assert len(meta["training_data"]["files"]) == 10
+    assert meta["applies_to"]["gpu"]["op_kinds"] == ["conv", "gemm"]
+    assert meta["applies_to"]["gpu"]["stacks"] == ["pytorch-eager", "tf1-session"]
+    # out-of-distribution ranges per hardware kind and op kind, one bound per model feature
+    assert set(meta["feature_ranges"]["gpu"]) == {"conv", "gemm"}
+    assert len(meta["feature_ranges"]["gpu"]["conv"]["min"]) == len(MODEL_FEATURES)
+
+
+NEUSIGHT = SHARED_DATA / "neusight"
+VIDUR = SHARED_DATA / "vidur"
+
+
+@pytest.fixture(scope="module")
+def kernels_db(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """SQLite URL with the first rows of every Justus, NeuSight and Vidur file imported."""
+    from tests.helpers import import_measurements
+
+    url = f"sqlite:///{tmp_path_factory.mktemp('kernels-db') / 'measurements.db'}"
+    import_measurements(url, "justus", "--limit", "60")
+    import_measurements(url, "neusight", "--limit", "40")
+    import_measurements(url, "vidur", "--limit", "30")
+    return url
+
+
+@pytest.mark.skipif(not (NEUSIGHT.is_dir() and VIDUR.is_dir()), reason="NeuSight/Vidur data not present")
+def test_kernel_sources_widen_the_gpu_scope_and_logo_calibrates_the_interval(tmp_path: Path, kernels_db: str) -> None:
+    rc = main(
+        ["--database-url", kernels_db, "--no-cpu", "--out-dir", str(tmp_path), "--epochs", "1", "--hidden", "8",
+         "--depth", "1", "--ensemble", "1", "--version", "t2"]
+    )  # fmt: skip
+    assert rc == 0
+    meta = load_predictor(tmp_path).learned.metadata
+    assert {"conv", "gemm", "matmul", "elementwise", "norm", "softmax", "embedding"} <= set(
+        meta["applies_to"]["gpu"]["op_kinds"]
+    )
+    assert set(meta["metrics_test_summary"]) == {"justus", "neusight", "vidur"}
+    assert "fp16" in meta["applies_to"]["gpu"]["measured_precision"]
+    # one fold per GPU chip: the A100 variants of NeuSight and Vidur are one fold
+    folds = {k for k in meta["metrics_leave_one_gpu_out_summary"] if k != "mean_mape_pct"}
+    assert "Ampere (GA100)" in folds and "Ampere (GA102)" in folds and len(folds) == 11
+    lo, hi = meta["model"]["gpu_interval_logo_factor"]
+    assert lo > 0 and hi > 0
+    assert meta["model"]["conformal_scales"]["gpu"] == pytest.approx(
+        [a * b for a, b in zip(meta["model"]["in_distribution_scales"]["gpu"], (lo, hi), strict=True)]
+    )
     assert (tmp_path / meta["weights_file"]).is_file()  # torch weights for layercast finetune

@@ -48,6 +48,12 @@ def _softmax() -> Layer:
     return Layer("sm", "Softmax", OpKind.SOFTMAX, (x,), (Tensor("y", (32, 1000)),))
 
 
+def _batchnorm() -> Layer:
+    x = Tensor("x", (32, 64, 56, 56))
+    return Layer("bn", "BatchNormalization", OpKind.BATCHNORM, (x,), (Tensor("y", (32, 64, 56, 56)),),
+                 weights=(Tensor("g", (64,)), Tensor("b", (64,))), buffers=(Tensor("m", (64,)), Tensor("v", (64,))))
+
+
 def _lstm() -> Layer:
     return Layer(
         "lstm", "LSTM", OpKind.RECURRENT, (Tensor("x", (35, 20, 256)),), (Tensor("y", (35, 20, 512)),),
@@ -86,7 +92,7 @@ def test_larger_layer_takes_longer(predictor) -> None:
     assert big.total_ms > small.total_ms
 
 
-@pytest.mark.parametrize("layer", [_softmax(), _lstm()], ids=["softmax", "lstm"])
+@pytest.mark.parametrize("layer", [_batchnorm(), _lstm()], ids=["batchnorm", "lstm"])
 def test_other_op_kinds_on_gpu_fall_back_to_roofline(predictor, layer: Layer) -> None:
     (est,) = predictor.estimate([_q(layer, "p100")])
     assert est.method == "roofline"
@@ -117,7 +123,8 @@ def test_same_cpu_detected_again_uses_the_stored_spec(predictor) -> None:
     again = dataclasses.replace(hw, memory_bandwidth_bytes_per_s=hw.memory_bandwidth_bytes_per_s * 0.9)
     layer = _conv()
     a, b = predictor.estimate([LayerTimeQuery(layer, layer_cost(layer), h, "inference", "none") for h in (hw, again)])
-    assert a.total_ms == b.total_ms and not b.out_of_distribution
+    assert a.total_ms == b.total_ms and a.notes == b.notes
+    assert not any("hardware" in n for n in b.notes), b.notes
 
 
 def test_unseen_cpu_is_learned_but_flagged(predictor) -> None:
@@ -154,8 +161,9 @@ def test_unseen_gpu_is_flagged_out_of_distribution(predictor) -> None:
 
 
 def test_mixed_batch_keeps_query_order(predictor) -> None:
-    out = predictor.estimate([_q(_softmax(), "p100"), _q(_conv(), "p100"), _q(_lstm(), "k40")])
-    assert [e.method for e in out] == ["roofline", "learned", "roofline"]
+    out = predictor.estimate([_q(_batchnorm(), "p100"), _q(_conv(), "p100"), _q(_lstm(), "k40"),
+                              _q(_softmax(), "t4")])  # fmt: skip
+    assert [e.method for e in out] == ["roofline", "learned", "roofline", "learned"]
 
 
 def test_unsupported_layer_is_rejected(predictor) -> None:
@@ -170,32 +178,83 @@ def test_unsupported_layer_is_rejected(predictor) -> None:
 def test_shipped_metadata_lists_scope_and_held_out_metrics(predictor) -> None:
     meta = predictor.learned.metadata
     test = meta["metrics_test_summary"]
-    assert 0 < test["gpu"]["mape_pct"] < 15 and 0 < test["cpu"]["mape_pct"] < 40
-    assert 70 <= test["gpu"]["coverage_80_pct"] <= 90 and 70 <= test["cpu"]["coverage_80_pct"] <= 90
+    assert set(test) == {"justus", "neusight", "vidur", "cpu"}
+    for src in ("justus", "neusight", "vidur"):
+        assert 0 < test[src]["mape_pct"] < 20
+    assert 0 < test["cpu"]["mape_pct"] < 40
     assert set(meta["applies_to"]) == {"gpu", "cpu"}
+    assert {"conv", "gemm", "matmul", "elementwise", "activation", "norm", "softmax", "embedding"} <= set(
+        meta["applies_to"]["gpu"]["op_kinds"]
+    )
     assert {"conv", "gemm", "matmul", "recurrent", "batchnorm", "embedding"} <= set(
         meta["applies_to"]["cpu"]["op_kinds"]
     )
+    # the GPU interval is calibrated on GPUs the model had not seen (leave-one-GPU-out), so it is wider
+    assert all(f > 1 for f in meta["model"]["gpu_interval_logo_factor"])
     assert sum(1 for v in list_versions(MODELS_DIR) if v.current) == 1
 
 
+def _gemm(m: int, k: int, n: int) -> Layer:
+    return justus_dense_layer(batch=m, in_features=k, out_features=n, activation="none")
+
+
+def test_tf1_session_floor_does_not_leak_into_pytorch_answers(predictor) -> None:
+    """A small kernel is answered at PyTorch-eager cost by default; only a TF1 request pays the session floor."""
+    from app.core.vocab import SoftwareStack
+
+    layer = _gemm(16, 256, 256)
+    hw = load_catalog()["t4"]
+    eager, tf1 = predictor.estimate(
+        [LayerTimeQuery(layer, layer_cost(layer), hw, "inference", "none"),
+         LayerTimeQuery(layer, layer_cost(layer), hw, "inference", "none", software_stack=SoftwareStack.TF1_SESSION)]
+    )  # fmt: skip
+    assert eager.method == tf1.method == "learned"
+    assert eager.total_ms < 0.1  # NeuSight measures such kernels at ~10-50 us under PyTorch eager
+    assert tf1.total_ms > 2 * eager.total_ms
+
+
+def test_mixed_precision_gemm_uses_tensor_cores(predictor) -> None:
+    """fp16 autocast of a large GEMM on an A100 is several times faster than fp32 (312 vs 19.5 TFLOP/s)."""
+    from app.core.precision import Precision
+
+    layer = _gemm(4096, 4096, 4096)
+    hw = load_catalog()["a100-sxm4-80gb"]
+    fp32, fp16 = predictor.estimate(
+        [LayerTimeQuery(layer, layer_cost(layer), hw, "inference", "none", precision=p)
+         for p in (Precision.FP32, Precision.FP16)]
+    )  # fmt: skip
+    assert fp32.method == fp16.method == "learned"
+    assert fp32.total_ms > 4 * fp16.total_ms
+
+
+def test_no_jump_between_close_gpus(predictor) -> None:
+    """V100 PCIe and V100 SXM2 (10 % apart in peak, 0 % in bandwidth) get close answers: no gate between models."""
+    layer = _conv()
+    pcie, sxm = predictor.estimate([_q(layer, "v100-pcie-16gb", mode="inference"),
+                                    _q(layer, "v100-sxm2-16gb", mode="inference")])  # fmt: skip
+    assert pcie.method == sxm.method == "learned"
+    assert 0.8 < pcie.total_ms / sxm.total_ms < 1.3
+
+
 def test_evaluation_report_describes_the_shipped_predictor(predictor) -> None:
-    """reports/evaluation.json (``layercast evaluate``) was made with the active artifact, and the learned
-    model beats the FLOP-linear, roofline and lookup baselines on the same held-out rows."""
+    """reports/evaluation.json (``layercast evaluate``) was made with the active artifact: every method on the
+    same rows, leave-one-GPU-out over every GPU chip, and no learned prediction below the roofline."""
     import json
 
     rep = json.loads((MODELS_DIR.parent / "reports" / "evaluation.json").read_text())
     assert rep["predictor"] == predictor.version
-    for kind in ("gpu", "cpu"):
-        b = rep["held_out"][kind]
-        learned = b["learned"]["mape_pct"]
-        assert b["learned"]["n"] == b["flop_linear"]["n"] == b["roofline_fitted"]["n"]
-        assert learned < b["flop_linear"]["mape_pct"] and learned < b["roofline_fitted"]["mape_pct"]
-        assert learned < b["lookup_nn"]["mape_pct"]
-    # leave-one-GPU-out was run for every Justus GPU and beats the roofline fitted on the other four
-    assert set(rep["logo"]["per_gpu"]) == {"k40", "k80", "m60", "gtx-1080-ti", "p100"}
-    assert rep["logo"]["mean_mape_pct"] < rep["logo"]["mean_roofline_mape_pct"]
-    assert 70 <= rep["held_out"]["all_coverage_80_pct"] <= 90
+    held = rep["held_out"]
+    assert held["learned"]["n"] == held["previous"]["n"] == held["n"]
+    # the baselines are scored on the same rows where they give an answer (> 0 ms)
+    assert held["roofline"]["answered_pct"] > 99 and held["flops50"]["answered_pct"] > 95
+    assert held["learned"]["mape_pct"] < held["roofline"]["mape_pct"]
+    assert held["learned"]["mape_pct"] < held["flops50"]["mape_pct"]
+    assert held["learned"]["mape_pct"] < held["lookup"]["mape_pct"]
+    assert held["learned_below_roofline_pct"] == 0.0 and rep["logo"]["pooled"]["learned_below_roofline_pct"] == 0.0
+    assert len(rep["logo"]["per_gpu"]) == 11
+    pooled = rep["logo"]["pooled"]
+    assert pooled["learned"]["mape_pct"] < pooled["roofline"]["mape_pct"]
+    assert 70 <= pooled["learned"]["coverage_80_pct"] <= 90
 
 
 def test_split_training_step_keeps_components_positive() -> None:

@@ -46,23 +46,40 @@ def test_nearest_neighbour_lookup_answers_with_a_measured_time(justus_db: str) -
     np.testing.assert_array_equal(nearest_neighbour_predict(tr, tr), tr.time_ms)
 
 
+@pytest.fixture(scope="module")
+def kernels_training_db(tmp_path_factory: pytest.TempPathFactory, seed_dir: Path) -> str:
+    """SQLite URL with the first rows of every Justus, NeuSight and Vidur file and the synthetic CPU shard."""
+    from tests.helpers import import_measurements
+
+    url = f"sqlite:///{tmp_path_factory.mktemp('kernels-training-db') / 'measurements.db'}"
+    import_measurements(url, "justus", "--limit", "40")
+    import_measurements(url, "neusight", "--limit", "30")
+    import_measurements(url, "vidur", "--limit", "20")
+    import_measurements(url, "profiler", "--data-dir", str(seed_dir))
+    return url
+
+
 @needs_data
-def test_evaluate_writes_report_with_targets_and_baselines(tmp_path: Path, training_db: str) -> None:
+def test_evaluate_writes_report_with_targets_and_baselines(tmp_path: Path, kernels_training_db: str) -> None:
     models = tmp_path / "models"
-    assert train_main(["--database-url", training_db, "--out-dir", str(models),
-                       "--sample", "60", "--epochs", "2", "--ensemble", "1", "--hidden", "16", "--depth", "1",
-                       "--version", "t", "--no-logo"]) == 0  # fmt: skip
+    assert train_main(["--database-url", kernels_training_db, "--out-dir", str(models), "--epochs", "1",
+                       "--ensemble", "1", "--hidden", "8", "--depth", "1", "--version", "t",
+                       "--no-logo"]) == 0  # fmt: skip
     out = tmp_path / "reports"
-    assert evaluate_main(["--models-dir", str(models), "--database-url", training_db,
-                          "--out-dir", str(out), "--sample", "60", "--logo-epochs", "1", "--logo-ensemble", "1",
-                          "--no-e2e"]) == 0  # fmt: skip
+    assert evaluate_main(["--models-dir", str(models), "--previous", "", "--database-url", kernels_training_db,
+                          "--out-dir", str(out), "--logo-epochs", "1", "--no-e2e"]) == 0  # fmt: skip
     rep = json.loads((out / "evaluation.json").read_text())
-    gpu, cpu = rep["held_out"]["gpu"], rep["held_out"]["cpu"]
-    for block in (gpu, cpu):
-        assert {"learned", "flop_linear", "roofline_pure", "roofline_fitted", "lookup_nn"} <= set(block)
-        assert block["learned"]["n"] == block["roofline_pure"]["n"]  # same rows for every method
-        assert "coverage_80_pct" in block["learned"]
-    assert set(rep["logo"]["per_gpu"]) == {"gtx-1080-ti", "k40", "k80", "m60", "p100"}
-    assert set(rep["targets"]) >= {"justus_random_mape_pct", "logo_mean_mape_pct", "cpu_random_mape_pct"}
+    held = rep["held_out"]
+    assert {"learned", "roofline", "flops50", "lookup"} <= set(held)
+    assert held["learned"]["n"] == held["n"] and held["roofline"]["answered_pct"] > 95  # the same rows
+    assert "coverage_80_pct" in held["learned"]
+    assert set(held["learned_by"]["source"]) == {"justus", "neusight", "vidur", "cpu"}
+    # never faster than physics; the pure roofline is the floor itself
+    assert held["learned_below_roofline_pct"] == 0.0 and held["roofline_below_roofline_pct"] == 0.0
+    logo = rep["logo"]
+    assert "Ampere (GA102)" in logo["per_gpu"] and {"justus", "neusight", "vidur"} <= set(logo["by_source"])
+    assert logo["vidur_a100_a40"]["n"] > 0
+    assert set(rep["targets"]) >= {"logo_neusight_mape_pct", "logo_justus_mape_pct", "below_roofline_pct"}
+    assert rep["targets"]["below_roofline_pct"]["reached"] is True
     md = (out / "evaluation.md").read_text()
-    assert "## Targets" in md and "Leave-one-GPU-out" in md and "lookup table" in md
+    assert "## Targets" in md and "Leave-one-GPU-out" in md and "lookup table" in md and "FLOPs at 50 %" in md

@@ -15,7 +15,7 @@ def test_constant_columns_are_not_scaled_by_rounding_noise() -> None:
     rng = np.random.default_rng(0)
     n, f = 512, len(MODEL_FEATURES)
     x = rng.normal(size=(n, f)).astype(np.float32)
-    col = MODEL_FEATURES.index("hw_log_peak_flops_per_s")
+    col = MODEL_FEATURES.index("hw_log_op_peak_flops_per_s")
     x[:, col] = np.float32(26.53103)  # constant, not exactly representable: float32 std is ~1e-3, not 0
     y = rng.normal(size=n)
     m = train_model(x, y, epochs=1, seed=0, hidden=8, depth=1, batch_size=128, log=lambda s: None)

@@ -1,0 +1,153 @@
+"""POST /v1/predictions: data parallel, input pipeline, eval passes, checkpoints, energy, money and CO2 on
+a real ResNet-50 export (app/core/aggregate.py through the API)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.core.collectives import bucketed_allreduce
+from app.core.energy import IDLE_FRACTION_OF_TDP
+from app.hardware.catalog import load_catalog
+from tests.helpers import light_model
+
+
+@pytest.fixture
+def resnet_id(client: TestClient) -> str:
+    upload = ("resnet50.onnx", light_model("resnet50"), "application/octet-stream")
+    r = client.post("/v1/graphs", files={"file": upload})
+    assert r.status_code == 201, r.text
+    return str(r.json()["id"])
+
+
+def _predict(client: TestClient, **body) -> dict:
+    r = client.post("/v1/predictions", json=body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_data_parallel_splits_the_batch_and_all_reduces_the_gradients(client: TestClient, resnet_id: str) -> None:
+    one = _predict(client, graph_id=resnet_id, hardware_id="a100-sxm4-80gb", batch_size=32, optimizer="adam")
+    eight = _predict(client, graph_id=resnet_id, hardware_id="a100-sxm4-80gb", batch_size=256, device_count=8,
+                     optimizer="adam")
+    it = eight["iteration"]
+    assert eight["batch_size"] == 256 and it["device_count"] == 8 and it["per_device_batch_size"] == 32
+    # each device runs the 32-sample step of the single-device answer
+    assert math.isclose(it["layers_ms"], one["iteration"]["time_ms"], rel_tol=1e-9)
+    assert eight["memory"]["total_bytes"] == one["memory"]["total_bytes"]
+    assert it["gradient_bytes"] == eight["memory"]["gradients_bytes"] >= eight["totals"]["params"] * 4
+    link = load_catalog()["a100-sxm4-80gb"].link()
+    assert link is not None and link.kind == "nvlink"
+    expected = bucketed_allreduce(it["gradient_bytes"], 8, link, backward_ms=it["backward_ms"])
+    assert math.isclose(it["allreduce_ms"], expected.total_ms, rel_tol=1e-9)
+    assert math.isclose(it["allreduce_exposed_ms"], expected.exposed_ms, rel_tol=1e-9)
+    assert it["allreduce_buckets"] == expected.buckets >= 4  # ~100 MB of ResNet-50 gradients in 25 MiB buckets
+    assert math.isclose(it["time_ms"], it["layers_ms"] + it["allreduce_exposed_ms"], rel_tol=1e-9)
+    assert 0 < it["scaling_efficiency"] < 1
+    assert math.isclose(it["scaling_efficiency"], it["layers_ms"] / it["time_ms"], rel_tol=1e-9)
+    assert math.isclose(it["samples_per_s"], 256 / (it["time_ms"] / 1e3), rel_tol=1e-9)
+    assert one["iteration"]["scaling_efficiency"] == 1.0 and one["iteration"]["allreduce_ms"] == 0.0
+    assert "ring all-reduce" in eight["assumptions"]["data_parallel"]
+
+
+def test_pcie_exposes_more_communication_than_nvlink(client: TestClient, resnet_id: str) -> None:
+    body = {"graph_id": resnet_id, "batch_size": 64, "device_count": 4}
+    nvlink = _predict(client, hardware_id="a100-sxm4-80gb", **body)["iteration"]
+    pcie = _predict(client, hardware_id="a100-pcie-80gb", **body)["iteration"]
+    assert pcie["allreduce_ms"] > 5 * nvlink["allreduce_ms"]
+    assert pcie["scaling_efficiency"] < nvlink["scaling_efficiency"]
+
+
+def test_inference_on_several_devices_needs_no_all_reduce(client: TestClient, resnet_id: str) -> None:
+    it = _predict(client, graph_id=resnet_id, hardware_id="t4", batch_size=16, device_count=2,
+                  mode="inference")["iteration"]
+    assert it["gradient_bytes"] == 0 and it["allreduce_ms"] == 0 and it["scaling_efficiency"] == 1.0
+    assert it["per_device_batch_size"] == 8
+
+
+@pytest.mark.parametrize(
+    ("extra", "code"),
+    [
+        ({"hardware_id": "a100-sxm4-80gb", "batch_size": 30, "device_count": 8}, "validation_error"),
+        ({"hardware_id": "a100-sxm4-80gb", "batch_size": 32, "num_devices": 8}, "validation_error"),
+        ({"hardware_id": "a100-sxm4-80gb", "batch_size": 32, "device_count": 0}, "validation_error"),
+        ({"hardware_id": "a100-sxm4-80gb", "batch_size": 32, "checkpoint_every_epochs": 1}, "validation_error"),
+        ({"hardware_id": "local", "batch_size": 32, "device_count": 2}, "no_interconnect"),
+    ],
+)
+def test_bad_data_parallel_requests_are_422(client: TestClient, resnet_id: str, extra: dict, code: str) -> None:
+    r = client.post("/v1/predictions", json={"graph_id": resnet_id, **extra})
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["code"] == code
+
+
+def test_input_pipeline_eval_passes_and_checkpoints(client: TestClient, resnet_id: str) -> None:
+    base = {"graph_id": resnet_id, "hardware_id": "v100-sxm2-16gb", "batch_size": 32, "optimizer": "adam",
+            "dataset_size": 10_000, "epochs": 4}
+    plain = _predict(client, **base)
+    t = plain["iteration"]["time_ms"]
+    # a loader that needs twice the compute time bounds the step when it overlaps, adds when it does not
+    rate = 32 / (2 * t / 1e3)
+    slow = _predict(client, **base, loading_samples_per_s=rate)["iteration"]
+    assert math.isclose(slow["time_ms"], 2 * t, rel_tol=1e-9)
+    assert math.isclose(slow["input_exposed_ms"], t, rel_tol=1e-9)
+    serial = _predict(client, **base, loading_samples_per_s=rate, loading_overlapped=False)["iteration"]
+    assert math.isclose(serial["time_ms"], 3 * t, rel_tol=1e-9)
+    full = _predict(client, **base, eval_size=1000, checkpoint_every_epochs=2, checkpoint_write_bytes_per_s=1e9)
+    ep, job, mem = full["epoch"], full["job"], full["memory"]
+    assert ep["eval_iterations"] == math.ceil(1000 / 32)
+    assert math.isclose(ep["eval_s"], ep["eval_iterations"] * full["iteration"]["forward_ms"] / 1e3, rel_tol=1e-9)
+    assert math.isclose(ep["time_s"], plain["epoch"]["time_s"] + ep["eval_s"], rel_tol=1e-9)
+    assert job["checkpoints"] == 2
+    assert job["checkpoint_bytes"] == mem["weights_bytes"] + mem["optimizer_state_bytes"]
+    assert math.isclose(job["checkpoint_s"], 2 * job["checkpoint_bytes"] / 1e9, rel_tol=1e-9)
+    assert math.isclose(job["time_s"], 4 * ep["time_s"] + job["checkpoint_s"], rel_tol=1e-9)
+
+
+def test_energy_money_and_co2_are_labelled_estimates(client: TestClient, resnet_id: str) -> None:
+    hw = load_catalog()["a100-sxm4-80gb"]
+    assert hw.tdp_w is not None and hw.price_usd_per_hour is not None
+    body = _predict(client, graph_id=resnet_id, hardware_id=hw.id, batch_size=128, device_count=4,
+                    dataset_size=50_000, epochs=2, grid_gco2_per_kwh=400)
+    it, job = body["iteration"], body["job"]
+    idle = IDLE_FRACTION_OF_TDP * hw.tdp_w
+    # every device draws between idle and TDP for the whole step
+    step_s = it["time_ms"] / 1e3
+    assert 4 * idle * step_s < it["energy_j"] < 4 * hw.tdp_w * step_s
+    assert idle < it["average_power_w"] < hw.tdp_w
+    ep = body["epoch"]
+    assert math.isclose(ep["energy_j"], ep["iterations_per_epoch"] * it["energy_j"], rel_tol=1e-9)
+    assert math.isclose(job["energy_j"], 2 * ep["energy_j"], rel_tol=1e-9)
+    assert math.isclose(job["energy_kwh"], job["energy_j"] / 3.6e6, rel_tol=1e-9)
+    assert math.isclose(job["co2_kg"], job["energy_kwh"] * 0.4, rel_tol=1e-9)
+    assert math.isclose(job["device_hours"], 4 * job["time_h"], rel_tol=1e-9)
+    assert job["price_usd_per_hour"] == hw.price_usd_per_hour and "list price" in job["price_source"]
+    assert math.isclose(job["cost_usd"], job["device_hours"] * hw.price_usd_per_hour, rel_tol=1e-9)
+    for key in ("energy", "money", "co2"):
+        assert body["assumptions"][key].startswith("ESTIMATE")
+    override = _predict(client, graph_id=resnet_id, hardware_id=hw.id, batch_size=128, device_count=4,
+                        dataset_size=50_000, epochs=2, price_usd_per_hour=1.5)["job"]
+    assert override["price_source"] == "request" and override["co2_kg"] is None
+    assert math.isclose(override["cost_usd"], override["device_hours"] * 1.5, rel_tol=1e-9)
+
+
+def test_a_busier_layer_draws_more_power(client: TestClient, resnet_id: str) -> None:
+    # a bigger batch keeps the GPU busier: higher mean power per device
+    small = _predict(client, graph_id=resnet_id, hardware_id="h100-sxm", batch_size=1)["iteration"]
+    large = _predict(client, graph_id=resnet_id, hardware_id="h100-sxm", batch_size=128)["iteration"]
+    assert large["average_power_w"] > small["average_power_w"]
+
+
+def test_no_price_or_tdp_is_said_not_zeroed(client: TestClient, resnet_id: str) -> None:
+    body = _predict(client, graph_id=resnet_id, hardware_id="rtx-4090", batch_size=16, dataset_size=1000,
+                    epochs=1)
+    assert body["job"]["cost_usd"] is None and body["job"]["energy_j"] is not None
+    assert any("price" in w for w in body["warnings"])
+    custom = {"id": "no-tdp", "name": "No TDP", "vendor": "X", "peak_flops_per_s": {"fp32": 10e12},
+              "memory_bytes": 16 * 2**30, "memory_bandwidth_bytes_per_s": 500e9, "compute_units": 40}
+    bare = _predict(client, graph_id=resnet_id, hardware=custom, batch_size=2, dataset_size=10, epochs=1)
+    assert bare["iteration"]["energy_j"] is None and bare["job"]["energy_kwh"] is None
+    assert bare["job"]["cost_usd"] is None
+    assert any("tdp_w" in w for w in bare["warnings"])
