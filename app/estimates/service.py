@@ -257,8 +257,8 @@ def record_actuals(session: Session, predictor: Predictor, *, request: JobActual
         if not 1 / MAX_ACTUAL_RATIO <= ratio <= MAX_ACTUAL_RATIO:
             answers.append(JobActualRead(index=i, predicted_s=m.p50_s, ratio=ratio, error=ItemError(
                 code="implausible_actual",
-                message=f"measured_s {actual.measured_s:g} s is {ratio:.3g}x the estimate {m.p50_s:.4g} s; actuals more "
-                        f"than {MAX_ACTUAL_RATIO:g}x away from the estimate either way are not recorded")))
+                message=f"measured_s {actual.measured_s:g} s is {ratio:.3g}x the estimate {m.p50_s:.4g} s; "
+                        f"actuals more than {MAX_ACTUAL_RATIO:g}x away from it either way are not recorded")))
             continue
         config = {k: v for k, v in actual.model_dump(mode="json").items() if k not in ("measured_s", "context")}
         config.update(predicted_s=m.p50_s, predictor_version=predictor.version)
