@@ -56,6 +56,7 @@ ROUTERS: tuple[tuple[str, str], ...] = (
     ("app.graphs.router", "router"),
     ("app.predictions.router", "router"),
     ("app.measurements.router", "router"),
+    ("app.estimates.router", "router"),
 )
 
 _HTTP_CODES: dict[int, str] = {
