@@ -72,3 +72,29 @@ def test_every_field_with_junk_never_answers_5xx(fuzz_client: TestClient, path: 
             elif field != "extra" and junk in ("\x00", "\ud800") and r.status_code < 300:
                 failures.append((field, repr(junk)[:30], f"accepted with {r.status_code}"))
     assert failures == []
+
+
+@pytest.mark.parametrize("endpoint", ["/v1/job-estimates", "/v1/comparisons", "/v1/predictions/batch"])
+def test_estimate_bodies_with_junk_never_answer_5xx(fuzz_client: TestClient, endpoint: str) -> None:
+    """The estimate endpoints re-validate their items as predictions internally: a field the outer
+    schema accepts but the inner one refuses would be a 500."""
+    from tests.security.test_hostile_inputs import json_graph
+
+    gid = fuzz_client.post("/v1/graphs", json=json_graph(name="fuzz")).json()["id"]
+    job = {"graph_id": gid, "hardware_id": "a100-sxm4-40gb", "batch_size": 64, "dataset_size": 50_000, "epochs": 2}
+    base, wrap = {
+        "/v1/job-estimates": (job, lambda b: {"jobs": [b]}),
+        "/v1/comparisons": ({**{k: v for k, v in job.items() if k != "hardware_id"},
+                             "hardware_ids": ["a100-sxm4-40gb"], "device_counts": [1, 8]}, lambda b: b),
+        "/v1/predictions/batch": ({"graph_id": gid, "hardware_id": "a100-sxm4-40gb", "batch_size": 2},
+                                  lambda b: {"items": [b]}),
+    }[endpoint]
+    assert fuzz_client.post(endpoint, json=wrap(base)).status_code == 200
+    failures = []
+    for field in [*base, "extra"]:
+        for junk in [*JUNK, [2**31], [0], [1e308]]:
+            body = json.dumps(wrap({**base, field: junk})).encode("utf-8", "surrogatepass")
+            r = fuzz_client.post(endpoint, content=body, headers={"content-type": "application/json"})
+            if r.status_code >= 500:
+                failures.append((field, repr(junk)[:30], r.text[:200]))
+    assert failures == []
