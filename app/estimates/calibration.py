@@ -28,6 +28,12 @@ PRIOR_SIGMA = 0.10
 PRIOR_DOF = 2.0
 #: 90th percentile of the standard normal.
 Z90 = 1.2815515655446004
+#: Largest plausible ratio between a job's measured duration and the model's estimate, either way. The
+#: held-out errors of ``reports/evaluation.md`` are tens of per cent, so an actual 100x off the estimate is a
+#: unit error, a hung job or a poisoning attempt, not a calibration signal: ``POST /v1/job-estimates/actuals``
+#: refuses it per item (``implausible_actual``) and :func:`calibrate` clips stored ratios to this range.
+MAX_ACTUAL_RATIO = 100.0
+MAX_LOG_RATIO = math.log(MAX_ACTUAL_RATIO)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +57,12 @@ UNCALIBRATED = Calibration(actuals=0, factor=1.0, log_sd=0.0)
 
 
 def calibrate(log_ratios: Sequence[float]) -> Calibration:
-    """The shrinkage calibration (module docstring) of ``log_ratios`` = ln(actual / predicted)."""
+    """The shrinkage calibration (module docstring) of ``log_ratios`` = ln(actual / predicted).
+
+    Each ratio is clipped to ±:data:`MAX_LOG_RATIO` (rows stored before the per-item check, or by another
+    path, can never push the factor or the spread to overflow); non-finite ratios are ignored.
+    """
+    log_ratios = [min(max(r, -MAX_LOG_RATIO), MAX_LOG_RATIO) for r in log_ratios if math.isfinite(r)]
     n = len(log_ratios)
     if n == 0:
         return UNCALIBRATED

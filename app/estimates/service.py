@@ -23,7 +23,7 @@ from app.core.precision import PRECISION_SEMANTICS
 from app.core.vocab import Granularity, Pass
 from app.errors import LayercastError, PayloadTooLarge
 from app.estimates import engine
-from app.estimates.calibration import UNCALIBRATED, Calibration, calibrate
+from app.estimates.calibration import MAX_ACTUAL_RATIO, UNCALIBRATED, Calibration, calibrate
 from app.estimates.engine import GraphCache, Scenario
 from app.estimates.schemas import (
     MAX_BATCH_ITEMS,
@@ -253,6 +253,13 @@ def record_actuals(session: Session, predictor: Predictor, *, request: JobActual
         if isinstance(m, ItemError):
             answers.append(JobActualRead(index=i, error=m))
             continue
+        ratio = actual.measured_s / m.p50_s
+        if not 1 / MAX_ACTUAL_RATIO <= ratio <= MAX_ACTUAL_RATIO:
+            answers.append(JobActualRead(index=i, predicted_s=m.p50_s, ratio=ratio, error=ItemError(
+                code="implausible_actual",
+                message=f"measured_s {actual.measured_s:g} s is {ratio:.3g}x the estimate {m.p50_s:.4g} s; "
+                        f"actuals more than {MAX_ACTUAL_RATIO:g}x away from it either way are not recorded")))
+            continue
         config = {k: v for k, v in actual.model_dump(mode="json").items() if k not in ("measured_s", "context")}
         config.update(predicted_s=m.p50_s, predictor_version=predictor.version)
         row = repo.add(Measurement(
@@ -262,7 +269,7 @@ def record_actuals(session: Session, predictor: Predictor, *, request: JobActual
             batch_size=actual.batch_size, config=config, time_ms_median=actual.measured_s * 1e3,
             context=dict(actual.context),
         ))
-        read = JobActualRead(index=i, measurement_id=row.id, predicted_s=m.p50_s, ratio=actual.measured_s / m.p50_s)
+        read = JobActualRead(index=i, measurement_id=row.id, predicted_s=m.p50_s, ratio=ratio)
         stored.append((i, read))
         answers.append(read)
     calibrations = _calibrations(session, predictor.version, request.actuals)

@@ -119,3 +119,28 @@ def test_calibrate_shrinks_one_actual_less_than_many() -> None:
     assert 1.0 < one.factor < many.factor < 2.0 + 1e-9
     assert many.log_sd < one.log_sd
     assert calibrate([]).factor == 1.0 and calibrate([]).actuals == 0
+
+
+def test_implausible_actuals_are_refused_and_cannot_poison_later_estimates(client: TestClient, resnet_id: str) -> None:
+    """An actual 1e300 s (or 1e-300 s) long is a unit error or an attack: refused per item, nothing stored,
+    and the next estimate is the model's own (before: factor 1e289, then an OverflowError 500)."""
+    job = _job(resnet_id)
+    before = client.post("/v1/job-estimates", json={"jobs": [job]}).json()["estimates"][0]
+    r = client.post("/v1/job-estimates/actuals", json={"actuals": [
+        {**job, "measured_s": 1e300}, {**job, "measured_s": 1e-300}, {**job, "measured_s": before["p50_s"] * 1.2}]})
+    assert r.status_code == 201, r.text
+    body = r.json()
+    assert body["recorded"] == 1
+    assert [a["error"]["code"] for a in body["actuals"][:2]] == ["implausible_actual", "implausible_actual"]
+    after = client.post("/v1/job-estimates", json={"jobs": [job]})
+    assert after.status_code == 200
+    est = after.json()["estimates"][0]
+    assert est["actuals"] == 1 and 1.0 < est["calibration_factor"] < 1.2
+    assert math.isfinite(est["p90_s"]) and est["p90_s"] > est["p50_s"]
+
+
+def test_calibrate_clips_stored_ratios_that_bypassed_the_check() -> None:
+    cal = calibrate([700.0, -700.0, float("nan")])
+    assert cal.actuals == 2 and math.isfinite(cal.factor) and math.isfinite(cal.log_sd)
+    p50, p90 = cal.p50_p90(1e6, 2e6)
+    assert math.isfinite(p90) and p90 >= p50
