@@ -37,7 +37,6 @@ import tempfile
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -136,8 +135,6 @@ def gate(
 
 def _watermark(session: Session) -> Watermark:
     max_id, max_at = session.execute(select(func.max(Measurement.id), func.max(Measurement.created_at))).one()
-    if isinstance(max_at, str):  # SQLite aggregate over the text column
-        max_at = datetime.fromisoformat(max_at)
     return Watermark(max_measurement_id=max_id, max_created_at=max_at)
 
 
