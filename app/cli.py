@@ -8,6 +8,7 @@ Subcommands::
     layercast train|evaluate|finetune|profile ...                  predictor work (needs the train extra)
     layercast import justus|deepbench                              import public measurements
     layercast hardware list                                        print the built-in hardware catalog
+    layercast predict|compare|gate MODEL.onnx --hardware ID ...    cost predictions for CI (app.estimates.cli)
     layercast version                                              print the version
 
 Only the delegated training/profiling commands may import torch, and only when they run. Settings come
@@ -50,6 +51,10 @@ def _build_parser() -> argparse.ArgumentParser:
     hw_sub.add_parser("list", help="print the built-in hardware catalog")
 
     sub.add_parser("version", help="print the version")
+
+    from app.estimates.cli import add_parsers
+
+    add_parsers(sub)
     return parser
 
 
@@ -80,6 +85,8 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
 DELEGATED: dict[str, tuple[str, str]] = {
     "train": ("app.training.train", "train a predictor from scratch (needs the train extra)"),
     "evaluate": ("app.training.evaluate", "evaluate the shipped predictor against baselines; writes a report"),
+    "retrain": ("app.training.retrain", "train a candidate on all measurements, promote it only if not worse"),
+    "worker": ("app.training.worker", "run retrains when requested, on new measurements or a schedule"),
     "finetune": ("app.training.finetune", "fine-tune the predictor to a new device from a few measurements"),
     "profile": ("app.profiler.run", "measure per-layer times on this machine with torch (train extra)"),
     "import": ("app.measurements.cli", "import public measurements (justus, deepbench, neusight, vidur)"),
@@ -163,6 +170,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "hardware":
         return _hardware_list()
+    if args.command in ("predict", "compare", "gate"):
+        from app.estimates.cli import run
+
+        return run(args)
     if args.command == "version":
         from app.main import service_version
 

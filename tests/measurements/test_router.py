@@ -16,8 +16,7 @@ from app.migrate import upgrade
 
 
 @pytest.fixture
-def client(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
-    monkeypatch.setattr(app.main, "_load_predictor", lambda _settings: None)
+def client(settings: Settings) -> Iterator[TestClient]:
     upgrade(settings.database_url)
     with TestClient(app.main.create_app(settings)) as test_client:
         yield test_client
