@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from app.deps import get_predictor
 from app.estimates.schemas import MAX_BATCH_ITEMS
 
 CNN = {"name": "small-cnn", "input_shape": [3, 32, 32],
@@ -30,8 +31,7 @@ class CountingPredictor:
 
 @pytest.fixture
 def counting(client: TestClient) -> Iterator[CountingPredictor]:
-    from app.deps import get_predictor
-
+    """The production predictor wrapped for counting, swapped in through ``dependency_overrides``."""
     wrapper = CountingPredictor(client.app.state.predictors.current())  # type: ignore[attr-defined]
     client.app.dependency_overrides[get_predictor] = lambda: wrapper  # type: ignore[attr-defined]
     yield wrapper
