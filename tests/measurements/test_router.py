@@ -1,6 +1,5 @@
 """HTTP routes of measurements on the full app (``create_app``: its routers, error handlers and catalog
-seeding) on a migrated SQLite file. The predictor is not loaded: these routes do not use it, and this
-keeps them testable whatever state the shipped predictor artifact is in."""
+seeding, predictor registry) on a migrated SQLite file."""
 
 from __future__ import annotations
 
