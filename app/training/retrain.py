@@ -266,13 +266,24 @@ def config_from_args(a: argparse.Namespace) -> RetrainConfig:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``layercast retrain``: exit 0 promoted, 3 rejected (production unchanged), 1 failed."""
+    """``layercast retrain``: exit 0 promoted, 3 rejected (production unchanged), 4 another retrain is
+    running (:func:`app.training.worker.retrain_lock`); a failure raises (recorded as ``failed``)."""
     from app.config import Settings
+    from app.training.worker import retrain_lock
 
     a = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     settings = Settings()
-    result = run_retrain(database_url=a.database_url or settings.database_url,
-                         store_dir=a.store or settings.artifact_store_dir, cfg=config_from_args(a))  # fmt: skip
+    database_url = a.database_url or settings.database_url
+    engine = make_engine(database_url)
+    try:
+        with retrain_lock(engine) as got:
+            if not got:
+                print("another retrain run holds the lock; try again later", file=sys.stderr)
+                return 4
+            result = run_retrain(database_url=database_url, store_dir=a.store or settings.artifact_store_dir,
+                                 cfg=config_from_args(a))  # fmt: skip
+    finally:
+        engine.dispose()
     return 0 if result["status"] == "promoted" else 3
 
 
