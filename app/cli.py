@@ -6,6 +6,7 @@ Subcommands::
     layercast migrate [--revision head]                            apply migrations
     layercast downgrade REVISION                                   revert migrations ("base" drops all)
     layercast train|evaluate|finetune|profile ...                  predictor work (needs the train extra)
+    layercast retrain|worker ...                                   gated retraining (app.training.retrain/worker)
     layercast import justus|deepbench                              import public measurements
     layercast hardware list                                        print the built-in hardware catalog
     layercast predict|compare|gate MODEL.onnx --hardware ID ...    cost predictions for CI (app.estimates.cli)

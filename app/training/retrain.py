@@ -14,7 +14,7 @@ Stages of :func:`run_retrain`:
 3. **evaluate** candidate and production on the same rows: the candidate's **fresh held-out** test split
    (:func:`app.training.train.splits` of the non-benchmark rows, the split the candidate was scored on)
    and the benchmark. Metrics (:func:`app.training.metrics.metrics` of the p50) overall, per source,
-   per hardware id and per precision.
+   per hardware id, per precision and per op family.
 4. **gate** (:func:`gate`): on each of the two splits the candidate's MAPE must be at most production's
    times ``1 + overall_tolerance`` overall and ``1 + group_tolerance`` on every hardware id and every
    precision with at least ``min_group_rows`` rows in the split.
@@ -98,10 +98,11 @@ def in_benchmark(config_keys: np.ndarray, fraction: float) -> np.ndarray:
 
 def evaluate_on(predictor: LearnedPredictor, data: TrainingRows) -> dict[str, Any]:
     """Metrics of ``predictor``'s p50 (and 80 % interval) on ``data``: ``overall`` and ``by_source``,
-    ``by_hardware``, ``by_precision`` (each :func:`app.training.metrics.metrics`)."""
+    ``by_hardware``, ``by_precision``, ``by_family`` (op family; each :func:`app.training.metrics.metrics`)."""
     pred = np.exp(predictor.run_features(data.features).astype(np.float64))
     out: dict[str, Any] = {"overall": metrics(data.time_ms, pred[:, 1], pred[:, 0], pred[:, 2])}
-    for name, column in (("by_source", data.source), ("by_hardware", data.gpu), ("by_precision", data.precision)):
+    for name, column in (("by_source", data.source), ("by_hardware", data.gpu), ("by_precision", data.precision),
+                         ("by_family", data.family)):  # fmt: skip
         out[name] = {str(v): metrics(data.time_ms[column == v], pred[column == v, 1], pred[column == v, 0],
                                      pred[column == v, 2]) for v in np.unique(column)}  # fmt: skip
     return out
@@ -265,13 +266,24 @@ def config_from_args(a: argparse.Namespace) -> RetrainConfig:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``layercast retrain``: exit 0 promoted, 3 rejected (production unchanged), 1 failed."""
+    """``layercast retrain``: exit 0 promoted, 3 rejected (production unchanged), 4 another retrain is
+    running (:func:`app.training.worker.retrain_lock`); a failure raises (recorded as ``failed``)."""
     from app.config import Settings
+    from app.training.worker import retrain_lock
 
     a = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     settings = Settings()
-    result = run_retrain(database_url=a.database_url or settings.database_url,
-                         store_dir=a.store or settings.artifact_store_dir, cfg=config_from_args(a))  # fmt: skip
+    database_url = a.database_url or settings.database_url
+    engine = make_engine(database_url)
+    try:
+        with retrain_lock(engine) as got:
+            if not got:
+                print("another retrain run holds the lock; try again later", file=sys.stderr)
+                return 4
+            result = run_retrain(database_url=database_url, store_dir=a.store or settings.artifact_store_dir,
+                                 cfg=config_from_args(a))  # fmt: skip
+    finally:
+        engine.dispose()
     return 0 if result["status"] == "promoted" else 3
 
 

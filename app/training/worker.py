@@ -105,6 +105,14 @@ def _due(engine: Engine, wcfg: WorkerConfig) -> tuple[str | None, int | None]:
     return None, None
 
 
+def _fail_orphans(engine: Engine) -> None:
+    """Mark ``running`` runs ``failed``: with the lock held no run is in progress, so these belong to a
+    process that died mid-run (its production row was never touched)."""
+    with make_sessionmaker(engine).begin() as session:
+        session.execute(update(RetrainRun).where(RetrainRun.status == "running").values(
+            status="failed", finished_at=utcnow(), error="the process running it stopped before it finished"))
+
+
 def run_once(*, database_url: str, store_dir: Path, cfg: RetrainConfig, wcfg: WorkerConfig,
              retrain: Callable[..., dict[str, Any]] = run_retrain) -> dict[str, Any] | None:  # fmt: skip
     """One worker tick: take the lock, run what is due; returns the run (None: not due or locked).
@@ -115,6 +123,7 @@ def run_once(*, database_url: str, store_dir: Path, cfg: RetrainConfig, wcfg: Wo
             if not got:
                 logger.info("another worker holds the retrain lock")
                 return None
+            _fail_orphans(engine)
             trigger, run_id = _due(engine, wcfg)
             if trigger is None:
                 return None

@@ -163,3 +163,18 @@ def test_a_crash_during_training_leaves_production(db: str, tmp_path: Path, monk
             assert run.status == "failed" and "mid-training" in (run.error or "")
     finally:
         engine.dispose()
+
+
+def test_retrain_command_exit_code_reports_the_decision(db: str, tmp_path: Path) -> None:
+    from app.cli import main as cli_main
+
+    code = cli_main(["retrain", "--database-url", db, "--store", str(tmp_path / "store"), "--sources", "justus2018",
+                     "--no-cpu", "--epochs", "2", "--hidden", "8", "--depth", "1", "--ensemble", "1"])  # fmt: skip
+    engine = make_engine(db)
+    try:
+        with make_sessionmaker(engine)() as session:
+            [run] = session.scalars(select(RetrainRun)).all()
+    finally:
+        engine.dispose()
+    assert run.status in ("promoted", "rejected") and code == (0 if run.status == "promoted" else 3)
+    assert run.metrics["candidate"]["benchmark"]["overall"]["n"] > 0

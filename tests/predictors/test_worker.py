@@ -102,6 +102,25 @@ def test_api_request_is_recorded_and_taken_by_the_worker(sqlite_url: str, tmp_pa
     assert run_once(database_url=sqlite_url, store_dir=tmp_path, cfg=CFG, wcfg=WCFG, retrain=record) is None
 
 
+def test_a_run_orphaned_by_a_dead_worker_is_marked_failed(sqlite_url: str, tmp_path: Path) -> None:
+    upgrade(sqlite_url)
+    engine = make_engine(sqlite_url)
+    try:
+        with make_sessionmaker(engine).begin() as session:
+            session.add(RetrainRun(status="running", trigger="schedule", metrics={}, gate={}))
+        assert run_once(database_url=sqlite_url, store_dir=tmp_path, cfg=CFG, wcfg=WCFG) is None
+        with make_sessionmaker(engine)() as session:
+            [run] = session.scalars(select(RetrainRun)).all()
+            assert run.status == "failed" and "stopped" in (run.error or "")
+        with retrain_lock(engine) as got:  # a running retrain blocks the command
+            assert got
+            from app.training.retrain import main as retrain_main
+
+            assert retrain_main(["--database-url", sqlite_url, "--store", str(tmp_path)]) == 4
+    finally:
+        engine.dispose()
+
+
 def test_schedule_makes_a_run_due(sqlite_url: str, tmp_path: Path) -> None:
     upgrade(sqlite_url)
     calls: list[str] = []
