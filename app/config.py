@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -16,6 +17,7 @@ class Settings(BaseSettings):
     ``models_dir``: folder of predictor artifacts (ONNX + metadata JSON); default the shipped ``models/``.
     ``max_upload_bytes``: largest accepted request body, 2 GiB by default (GPT-2 XL-sized ONNX files
     with their weights; uploads are streamed to disk, and weights are not stored).
+    ``log_format``: ``json`` (one object per line, with the request id) or ``text``, for ``layercast serve``.
     """
 
     model_config = SettingsConfigDict(env_prefix="LAYERCAST_", extra="ignore")
@@ -27,3 +29,4 @@ class Settings(BaseSettings):
     port: int = 8000
     seed_catalog: bool = True
     log_level: str = "info"
+    log_format: Literal["json", "text"] = "json"

@@ -27,7 +27,6 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy import text
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -35,11 +34,13 @@ from app.config import Settings
 from app.db import make_engine, make_sessionmaker
 from app.errors import LayercastError, PayloadTooLarge
 from app.migrate import ensure_sqlite_dir
+from app.observability import RequestContext
 
 logger = logging.getLogger("layercast")
 
 #: Routers included by :func:`create_app`, as ``(module, attribute)``.
 ROUTERS: tuple[tuple[str, str], ...] = (
+    ("app.observability", "router"),
     ("app.hardware.router", "router"),
     ("app.graphs.router", "router"),
     ("app.predictions.router", "router"),
@@ -235,31 +236,12 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = False
         lifespan=_make_lifespan(settings, run_migrations),
     )
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_upload_bytes)
+    app.add_middleware(RequestContext)  # added last = outermost: ids and timing cover the size guard too
 
     app.add_exception_handler(LayercastError, _handle_layercast_error)
     app.add_exception_handler(RequestValidationError, _handle_validation_error)
     app.add_exception_handler(StarletteHTTPException, _handle_http_exception)
     app.add_exception_handler(Exception, _handle_unexpected)
-
-    @app.get("/healthz", tags=["ops"], summary="Liveness and readiness")
-    def healthz(request: Request) -> JSONResponse:
-        """``status`` ``ok`` (200) or ``degraded`` (503, database unreachable), with the service version,
-        the database state and the version of the loaded predictor (null when none is loaded)."""
-        database = "ok"
-        try:
-            with request.app.state.engine.connect() as conn:
-                conn.execute(text("SELECT 1"))
-        except Exception:  # noqa: BLE001 - any failure means "not ready"
-            logger.exception("healthz: database check failed")
-            database = "error"
-        predictor = getattr(request.app.state, "predictor", None)
-        body = {
-            "status": "ok" if database == "ok" else "degraded",
-            "version": service_version(),
-            "database": database,
-            "predictor_version": getattr(predictor, "version", None),
-        }
-        return JSONResponse(body, status_code=200 if database == "ok" else 503)
 
     for module_name, attribute in ROUTERS:
         app.include_router(getattr(importlib.import_module(module_name), attribute))
