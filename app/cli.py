@@ -8,6 +8,7 @@ Subcommands::
     layercast train|evaluate|finetune|profile ...                  predictor work (needs the train extra)
     layercast import justus|deepbench                              import public measurements
     layercast hardware list                                        print the built-in hardware catalog
+    layercast predict|compare|gate MODEL.onnx --hardware ID ...    cost predictions for CI (app.estimates.cli)
     layercast version                                              print the version
 
 Only the delegated training/profiling commands may import torch, and only when they run. Settings come
@@ -50,6 +51,10 @@ def _build_parser() -> argparse.ArgumentParser:
     hw_sub.add_parser("list", help="print the built-in hardware catalog")
 
     sub.add_parser("version", help="print the version")
+
+    from app.estimates.cli import add_parsers
+
+    add_parsers(sub)
     return parser
 
 
@@ -164,6 +169,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "hardware":
         return _hardware_list()
+    if args.command in ("predict", "compare", "gate"):
+        from app.estimates.cli import run
+
+        return run(args)
     if args.command == "version":
         from app.main import service_version
 

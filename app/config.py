@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app.core.limits import DEFAULT_LIMITS, Limits
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -18,6 +20,11 @@ class Settings(BaseSettings):
     ``max_upload_bytes``: largest accepted request body, 2 GiB by default (GPT-2 XL-sized ONNX files
     with their weights; uploads are streamed to disk, and weights are not stored).
     ``log_format``: ``json`` (one object per line, with the request id) or ``text``, for ``layercast serve``.
+    ``max_json_bytes``: largest JSON request body (32 MiB: a 100k-layer JSON graph is ~1.5 MB).
+    ``max_nodes``, ``max_rank``, ``max_dim``, ``max_tensor_elements``, ``max_subgraph_depth``,
+    ``max_json_depth``, ``import_timeout_s``: import bounds (:class:`app.core.limits.Limits`, where the
+    defaults are explained). ``db_pool_size``: database connections, one per worker thread (anyio's
+    default thread limiter runs 40 sync routes at once).
     """
 
     model_config = SettingsConfigDict(env_prefix="LAYERCAST_", extra="ignore")
@@ -30,3 +37,20 @@ class Settings(BaseSettings):
     seed_catalog: bool = True
     log_level: str = "info"
     log_format: Literal["json", "text"] = "json"
+    max_json_bytes: int = 32 * 1024**2
+    max_nodes: int = DEFAULT_LIMITS.max_nodes
+    max_rank: int = DEFAULT_LIMITS.max_rank
+    max_dim: int = DEFAULT_LIMITS.max_dim
+    max_tensor_elements: int = DEFAULT_LIMITS.max_tensor_elements
+    max_subgraph_depth: int = DEFAULT_LIMITS.max_subgraph_depth
+    max_json_depth: int = DEFAULT_LIMITS.max_json_depth
+    import_timeout_s: float = DEFAULT_LIMITS.import_timeout_s
+    db_pool_size: int = 40
+
+    def limits(self) -> Limits:
+        """The import bounds these settings configure."""
+        return Limits(
+            max_nodes=self.max_nodes, max_rank=self.max_rank, max_dim=self.max_dim,
+            max_tensor_elements=self.max_tensor_elements, max_subgraph_depth=self.max_subgraph_depth,
+            max_json_depth=self.max_json_depth, import_timeout_s=self.import_timeout_s,
+        )

@@ -9,6 +9,7 @@ nothing is created at import time.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
 
@@ -67,10 +68,27 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-def make_engine(url: str) -> Engine:
-    """Engine for ``url``; SQLite gets foreign keys switched on and a busy timeout."""
+#: Whether transactions begun in this context may write (SQLite only: ``BEGIN IMMEDIATE`` then).
+#: The API sets it per request from the method (GET/HEAD/OPTIONS read); scripts keep the default.
+write_intent: ContextVar[bool] = ContextVar("layercast_write_intent", default=True)
+
+
+def make_engine(url: str, *, pool_size: int = 40) -> Engine:
+    """Engine for ``url`` with ``pool_size`` connections (size it to the worker threads: every sync
+    route holds one for its duration, and a smaller pool turns load into pool-timeout errors).
+
+    SQLite: foreign keys on, WAL journal, a 30 s busy timeout, and writes serialised with
+    ``BEGIN IMMEDIATE`` (the pysqlite event hooks of SQLAlchemy's SQLite dialect documentation,
+    "Serializable isolation / Savepoints / Transactional DDL"): a transaction that may write takes
+    the write lock when it begins, waiting up to the busy timeout, instead of upgrading a read
+    lock mid-transaction, which SQLite refuses at once with "database is locked" whatever the timeout
+    when another writer committed in between. Read-only transactions (:data:`write_intent` false)
+    begin deferred, so reads never wait for writers under WAL.
+    """
     if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        in_memory = url in ("sqlite://", "sqlite+pysqlite://") or ":memory:" in url
+        pool: dict[str, Any] = {} if in_memory else {"pool_size": pool_size, "max_overflow": 0, "pool_timeout": 60}
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, **pool)
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_conn, _record):  # pragma: no cover - trivial
@@ -80,14 +98,15 @@ def make_engine(url: str) -> Engine:
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA foreign_keys=ON")
             cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA busy_timeout=30000")
             cur.close()
 
         @event.listens_for(engine, "begin")
         def _sqlite_begin(conn):  # pragma: no cover - trivial
-            conn.exec_driver_sql("BEGIN")
+            conn.exec_driver_sql("BEGIN IMMEDIATE" if write_intent.get() else "BEGIN")
 
         return engine
-    return create_engine(url, pool_pre_ping=True)
+    return create_engine(url, pool_pre_ping=True, pool_size=pool_size, max_overflow=0, pool_timeout=60)
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:

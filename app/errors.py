@@ -91,3 +91,35 @@ class PrecisionNotSupportedError(LayercastError):
 
     status_code = 422
     code = "precision_not_supported"
+
+
+class LimitExceeded(LayercastError):
+    """A request or an upload crosses one of the configured bounds of :class:`app.core.limits.Limits`.
+
+    ``detail``: ``limit`` (its name: ``dimension``, ``tensor_rank``, ``tensor_elements``,
+    ``json_depth``, ``import_seconds``...), ``value`` (what the input has, or a lower bound of it) and
+    ``max`` (the configured bound).
+    """
+
+    status_code = 422
+    code = "limit_exceeded"
+
+    def __init__(self, limit: str, value: int | float, maximum: int | float, message: str | None = None) -> None:
+        super().__init__(
+            message or f"{limit} of {value} exceeds the limit of {maximum}",
+            detail={"limit": limit, "value": value, "max": maximum},
+        )
+
+
+class GraphTooLarge(LimitExceeded):
+    """The graph has more nodes (or layers), or deeper subgraph nesting, than the import accepts."""
+
+    status_code = 413
+    code = "graph_too_large"
+
+
+class UnsupportedOpset(LayercastError):
+    """The ONNX model imports a default-domain opset newer than the installed onnx knows."""
+
+    status_code = 422
+    code = "unsupported_opset"

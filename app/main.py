@@ -11,12 +11,21 @@ Errors (STYLE.md §6) are rendered as one problem document, whatever raised them
 * :class:`app.errors.LayercastError` → its own status and code;
 * request validation failures → 422 ``validation_error`` with ``detail.errors``;
 * Starlette/FastAPI HTTP errors (unknown route, wrong method, ...) → their status, code from the status;
-* anything else → 500 ``internal_error``, logged with its traceback, which never reaches the client.
+* anything else → 500 ``internal_error``, logged with its traceback, which never reaches the client,
+  sent with ``Connection: close`` so a keep-alive client reconnects instead of reading a reset.
+
+Every request runs under :class:`RequestGuard`: a URL with NUL or a line break in its path or a NUL in its
+query is 400 ``bad_request``; the import limits of the settings are made active
+(:func:`app.core.limits.use_limits`), SQLite transactions of GET/HEAD/OPTIONS begin deferred and all
+others ``BEGIN IMMEDIATE`` (:data:`app.db.write_intent`), and a JSON body is read whole (up to
+``max_json_bytes``, else 413) and its nesting measured (over ``max_json_depth``: 422
+``limit_exceeded``) before anything parses it.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -27,14 +36,17 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.config import Settings
-from app.db import make_engine, make_sessionmaker
-from app.errors import LayercastError, PayloadTooLarge
+from app.core.limits import Limits, json_bytes_depth, use_limits
+from app.db import make_engine, make_sessionmaker, write_intent
+from app.errors import LayercastError, LimitExceeded, PayloadTooLarge
 from app.migrate import ensure_sqlite_dir
 from app.observability import RequestContext
+from app.schemas import ErrorResponse
 
 logger = logging.getLogger("layercast")
 
@@ -45,6 +57,7 @@ ROUTERS: tuple[tuple[str, str], ...] = (
     ("app.graphs.router", "router"),
     ("app.predictions.router", "router"),
     ("app.measurements.router", "router"),
+    ("app.estimates.router", "router"),
 )
 
 _HTTP_CODES: dict[int, str] = {
@@ -70,11 +83,19 @@ def service_version() -> str:
         return "0+unknown"
 
 
+class ProblemResponse(JSONResponse):
+    """JSON response of an error: ASCII-escaped, so a lone surrogate echoed from the request (a field
+    name, a path segment) is written as ``\\ud800`` instead of failing to encode as UTF-8 (a 500)."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":"), default=str).encode("ascii")
+
+
 def problem(status_code: int, code: str, message: str, detail: dict[str, Any] | None = None,
             headers: dict[str, str] | None = None) -> JSONResponse:
     """A problem-document response (the one error shape of the API)."""
     body = {"error": {"code": code, "message": message, "detail": detail or {}}}
-    return JSONResponse(body, status_code=status_code, headers=headers)
+    return ProblemResponse(body, status_code=status_code, headers=headers)
 
 
 # --------------------------------------------------------------------------------------------- errors
@@ -103,7 +124,7 @@ def _clean_validation_errors(errors: Any) -> list[dict[str, Any]]:
 
 async def _handle_layercast_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, LayercastError)
-    return JSONResponse(exc.to_problem(), status_code=exc.status_code)
+    return ProblemResponse(exc.to_problem(), status_code=exc.status_code)
 
 
 async def _handle_validation_error(_request: Request, exc: Exception) -> JSONResponse:
@@ -126,7 +147,8 @@ async def _handle_http_exception(_request: Request, exc: Exception) -> JSONRespo
 
 async def _handle_unexpected(request: Request, exc: Exception) -> JSONResponse:
     logger.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    return problem(500, "internal_error", "internal server error; the error has been logged")
+    return problem(500, "internal_error", "internal server error; the error has been logged",
+                   headers={"Connection": "close"})
 
 
 # ---------------------------------------------------------------------------------------- size guard
@@ -153,7 +175,7 @@ class BodySizeLimit:
                 f"request body of {int(declared)} bytes exceeds the limit of {self.max_bytes} bytes",
                 detail={"limit_bytes": self.max_bytes, "size_bytes": int(declared)},
             )
-            await JSONResponse(err.to_problem(), status_code=err.status_code)(scope, receive, send)
+            await ProblemResponse(err.to_problem(), status_code=err.status_code)(scope, receive, send)
             return
 
         received = 0
@@ -170,6 +192,89 @@ class BodySizeLimit:
             return message
 
         await self.app(scope, counting_receive, send)
+
+
+def _is_json(content_type: str) -> bool:
+    """FastAPI parses a body as JSON for ``application/json``, ``application/*+json`` and no type."""
+    main = content_type.split(";")[0].strip().lower()
+    return main == "application/json" or (main.startswith("application/") and main.endswith("+json"))
+
+
+class RequestGuard:
+    """ASGI middleware: per-request limits and write intent, and bounds on JSON bodies (module doc).
+
+    ``raw_paths``: POST paths whose untyped body is a raw upload (ONNX bytes), not JSON.
+    """
+
+    def __init__(self, app: ASGIApp, limits: Limits, max_json_bytes: int, raw_paths: frozenset[str]) -> None:
+        self.app = app
+        self.limits = limits
+        self.max_json_bytes = max_json_bytes
+        self.raw_paths = raw_paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        method = scope.get("method", "GET")
+        if any(c in scope.get("path", "") for c in "\x00\r\n") or b"%00" in scope.get("query_string", b""):
+            # PostgreSQL refuses NUL in text: a path or query parameter holding one would be a 500
+            bad = LayercastError("the URL contains a NUL or line-break character")
+            await ProblemResponse(bad.to_problem(), status_code=400)(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        ctype = headers.get(b"content-type", b"").decode("latin-1")
+        token = write_intent.set(method not in ("GET", "HEAD", "OPTIONS"))
+        try:
+            with use_limits(self.limits):
+                if method in ("GET", "HEAD", "OPTIONS", "DELETE") or not (
+                    _is_json(ctype) or (not ctype and scope.get("path") not in self.raw_paths)
+                ):
+                    await self.app(scope, receive, send)
+                    return
+                body, error = await self._read_json_body(receive)
+                if error is not None:
+                    await ProblemResponse(error.to_problem(), status_code=error.status_code)(scope, receive, send)
+                    return
+                replayed = False
+
+                async def replay() -> Message:
+                    nonlocal replayed
+                    if replayed:
+                        return await receive()
+                    replayed = True
+                    return {"type": "http.request", "body": body, "more_body": False}
+
+                await self.app(scope, replay, send)
+        finally:
+            write_intent.reset(token)
+
+    async def _read_json_body(self, receive: Receive) -> tuple[bytes, LayercastError | None]:
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            try:
+                message = await receive()
+            except HTTPException as exc:  # BodySizeLimit's own bound crossed first
+                return b"", PayloadTooLarge(str(exc.detail), detail={"limit": "upload_bytes", "value": size})
+            if message["type"] == "http.disconnect":
+                break
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_json_bytes:
+                return b"", PayloadTooLarge(
+                    f"JSON body exceeds the limit of {self.max_json_bytes} bytes",
+                    detail={"limit": "json_bytes", "value": size, "max": self.max_json_bytes},
+                )
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        depth = await run_in_threadpool(json_bytes_depth, body) if size > 1 << 20 else json_bytes_depth(body)
+        if depth > self.limits.max_json_depth:
+            return body, LimitExceeded("json_depth", depth, self.limits.max_json_depth,
+                                       f"JSON body nests {depth} deep; the limit is {self.limits.max_json_depth}")
+        return body, None
 
 
 # ------------------------------------------------------------------------------------------ lifespan
@@ -198,7 +303,7 @@ def _make_lifespan(settings: Settings, run_migrations: bool) -> Callable[[FastAP
             from app.migrate import upgrade
 
             upgrade(settings.database_url)
-        engine = make_engine(settings.database_url)
+        engine = make_engine(settings.database_url, pool_size=settings.db_pool_size)
         app.state.settings = settings
         app.state.engine = engine
         app.state.sessionmaker = make_sessionmaker(engine)
@@ -235,6 +340,10 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = False
         summary="Predicts what a deep neural network costs on given hardware before it runs.",
         lifespan=_make_lifespan(settings, run_migrations),
     )
+    app.add_middleware(
+        RequestGuard, limits=settings.limits(), max_json_bytes=settings.max_json_bytes,
+        raw_paths=frozenset({"/v1/graphs"}),
+    )
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_upload_bytes)
     app.add_middleware(RequestContext)  # added last = outermost: ids and timing cover the size guard too
 
@@ -245,4 +354,46 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = False
 
     for module_name, attribute in ROUTERS:
         app.include_router(getattr(importlib.import_module(module_name), attribute))
+    _document_common_errors(app)
     return app
+
+
+#: Statuses any route can answer, whatever its own ``responses=`` say: 400 (a body that cannot be
+#: parsed: broken multipart), 413 (a body over ``max_upload_bytes``/``max_json_bytes``), 422 (validation,
+#: ``limit_exceeded``), 500 (``internal_error``, with ``Connection: close``).
+_COMMON_ERRORS: dict[str, str] = {
+    "400": "bad_request: the body cannot be parsed",
+    "413": "payload_too_large: body over max_upload_bytes or max_json_bytes",
+    "422": "validation_error or limit_exceeded (json_depth...)",
+    "500": "internal_error (never caused by input; sent with Connection: close)",
+}
+
+
+def _document_common_errors(app: FastAPI) -> None:
+    """Make the OpenAPI document list, on every operation, the error statuses the middleware and the
+    handlers of this module can answer (400/413 only where the operation takes a body)."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = build()
+        ref = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
+        for operations in schema.get("paths", {}).values():
+            for operation in operations.values():
+                responses = operation.setdefault("responses", {})
+                for status_code, description in _COMMON_ERRORS.items():
+                    takes_input = "requestBody" in operation or operation.get("parameters")
+                    if (status_code in ("400", "413") and "requestBody" not in operation) or (
+                        status_code == "422" and not takes_input
+                    ):
+                        continue
+                    if status_code not in responses:
+                        responses[status_code] = {"description": description, "content": ref}
+        schema.setdefault("components", {}).setdefault("schemas", {}).setdefault(
+            "ErrorResponse", ErrorResponse.model_json_schema(ref_template="#/components/schemas/{model}")
+        )
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

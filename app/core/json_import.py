@@ -35,7 +35,8 @@ from app.core.ir import (
     RecurrentAttrs,
     Tensor,
 )
-from app.errors import InvalidGraph
+from app.core.limits import Deadline, current_limits, json_depth
+from app.errors import InvalidGraph, LimitExceeded
 
 _ACTIVATIONS = {
     "relu": "Relu", "gelu": "Gelu", "sigmoid": "Sigmoid", "tanh": "Tanh", "silu": "SiLU", "swish": "SiLU",
@@ -77,13 +78,24 @@ def import_json(doc: Mapping[str, Any], *, batch_size: int = 1) -> Graph:
     """Build a :class:`Graph` from a JSON layer list at ``batch_size``.
 
     Raises :class:`InvalidGraph` for a malformed document (unknown op, missing or non-positive field,
-    shapes that do not chain, e.g. a conv kernel larger than its padded input) and ``ValueError`` for a
-    non-positive ``batch_size``.
+    shapes that do not chain, e.g. a conv kernel larger than its padded input), ``ValueError`` for a
+    non-positive ``batch_size``, and for documents over the active :class:`app.core.limits.Limits`
+    :class:`app.errors.GraphTooLarge` (more layers than ``max_nodes``) or
+    :class:`app.errors.LimitExceeded` (nesting over ``max_json_depth``, a tensor over the rank,
+    dimension or element bounds, or past ``import_timeout_s``).
     """
     if batch_size <= 0:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     if not isinstance(doc, Mapping):
         raise InvalidGraph("a JSON graph must be an object with 'input_shape' and 'layers'")
+    limits = current_limits()
+    deadline = Deadline(limits.import_timeout_s)
+    depth = json_depth(doc, limits.max_json_depth)
+    if depth > limits.max_json_depth:
+        raise LimitExceeded("json_depth", depth, limits.max_json_depth,
+                            f"the JSON graph nests deeper than {limits.max_json_depth} levels")
+    if isinstance(doc.get("layers"), list):
+        limits.check_nodes(len(doc["layers"]), "layers")
     shape_in = doc.get("input_shape")
     if (
         not isinstance(shape_in, list)
@@ -98,6 +110,7 @@ def import_json(doc: Mapping[str, Any], *, batch_size: int = 1) -> Graph:
     if not isinstance(specs, list) or not specs:
         raise InvalidGraph("'layers' must be a non-empty list")
 
+    limits.check_shape((batch_size, *shape_in), "input")
     x = Tensor("input", (batch_size, *shape_in), dtype)
     graph_input = x
     act_dtype = "float32" if dtype.startswith("int") else dtype
@@ -109,6 +122,10 @@ def import_json(doc: Mapping[str, Any], *, batch_size: int = 1) -> Graph:
         name = str(spec.get("name") or f"{op}_{i}")
         built = _build(i, op, name, spec, x, act_dtype, first=(i == 0))
         block = built if isinstance(built, list) else [built]
+        for layer in block:
+            for t in layer.outputs:
+                limits.check_shape(t.shape, t.name)
+        deadline.check()
         layers.extend(block)
         x = block[-1].outputs[0]
     return Graph(

@@ -54,9 +54,10 @@ from app.core.ir import (
     TopKAttrs,
     UnsupportedAttrs,
 )
+from app.core.limits import Deadline, Limits, current_limits
 from app.core.onnx_weights import drop_external_data, has_inline_data
 from app.core.shape_prop import MAX_VALUE_NUMEL, propagate_shapes
-from app.errors import InvalidGraph, UnboundDimension
+from app.errors import GraphTooLarge, InvalidGraph, LimitExceeded, UnboundDimension, UnsupportedOpset
 
 # op_type → cost family. Anything absent is OpKind.UNSUPPORTED (listed, never counted as zero).
 OP_KINDS: dict[str, OpKind] = {
@@ -156,7 +157,55 @@ def parse_model(content: bytes) -> onnx.ModelProto:
         raise InvalidGraph(f"not a valid ONNX model: {exc.__class__.__name__}") from exc
     if not model.graph.node:
         raise InvalidGraph("ONNX model has no nodes (empty graph or not an ONNX file)")
+    check_model_bounds(model, current_limits())
     return model
+
+
+def check_model_bounds(model: onnx.ModelProto, limits: Limits) -> None:
+    """Refuse a model before any inference runs on it: an opset newer than the installed onnx
+    (:class:`UnsupportedOpset`, 422), more nodes than ``limits.max_nodes`` counting those of every
+    subgraph, or subgraphs (If/Loop/Scan bodies) nested deeper than ``limits.max_subgraph_depth``
+    (:class:`GraphTooLarge`, 413). The walk is iterative, so nesting depth costs no Python stack.
+    """
+    newest = onnx.defs.onnx_opset_version()
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx") and not 1 <= imp.version <= newest:
+            raise UnsupportedOpset(
+                f"ONNX opset {imp.version} is not supported; this service reads opsets 1 to {newest}",
+                detail={"opset": int(imp.version), "max_opset": newest},
+            )
+    count = 0
+    stack: list[tuple[onnx.GraphProto, int]] = [(model.graph, 0)]
+    while stack:
+        graph, depth = stack.pop()
+        if depth > limits.max_subgraph_depth:
+            raise GraphTooLarge("subgraph_depth", depth, limits.max_subgraph_depth,
+                                f"subgraphs nest {depth} deep; the limit is {limits.max_subgraph_depth}")
+        count += len(graph.node)
+        limits.check_nodes(count)
+        for node in graph.node:
+            for attr in node.attribute:
+                if attr.HasField("g"):
+                    stack.append((attr.g, depth + 1))
+                stack.extend((sub, depth + 1) for sub in attr.graphs)
+
+
+def _check_declared_dims(g: onnx.GraphProto, limits: Limits) -> None:
+    """Negative declared dims are :class:`InvalidGraph`; ranks, dims and sizes over ``limits`` are
+    :class:`app.errors.LimitExceeded`. Covers graph inputs, initializers and ``Constant`` values."""
+    declared: list[tuple[str, list[int]]] = []
+    for vi in g.input:
+        declared.append((vi.name, [d for d in _dims(vi) if isinstance(d, int)]))
+    declared.extend((t.name, list(t.dims)) for t in g.initializer)
+    for node in g.node:
+        if node.op_type == "Constant":
+            declared.extend((node.output[0] if node.output else node.name, list(a.t.dims))
+                            for a in node.attribute if a.HasField("t"))
+    for name, shape in declared:
+        if any(d < 0 for d in shape):
+            raise InvalidGraph(f"tensor '{name}' declares a negative dimension: {shape}",
+                               detail={"tensor": name, "shape": shape})
+        limits.check_shape(shape, name)
 
 
 def _dims(vi: onnx.ValueInfoProto) -> list[int | str | None]:
@@ -366,10 +415,26 @@ def _bind_inputs(
     ``batch_size`` (rank ≥ 2) is rebound. Returns the binding used, the export's fixed batch size if one had
     to be overridden (else None) and warnings. Raises :class:`UnboundDimension` naming the first symbolic
     dimension with no value, or a non-positive value.
+    A fixed batch axis is rebound only when every data input agrees on its value (inputs of (2,1,4,8)
+    and (3,8,5) have no common batch); otherwise a warning says the fixed shapes were kept.
     """
     binding: dict[str, int] = {}
     fixed_batch: int | None = None
     warnings: list[str] = []
+    # A fixed batch axis is an export batch only when every data input agrees on it: inputs of (2,1,4,8)
+    # and (3,8,5) have no common batch axis, and rebinding both would change what the graph computes.
+    leading = set()
+    for vi in roles.data:
+        dims_vi = vi.type.tensor_type.shape.dim
+        axis = roles.batch_axis.get(vi.name, 0)
+        if len(dims_vi) >= 2 and len(dims_vi) > axis and dims_vi[axis].HasField("dim_value"):
+            leading.add(int(dims_vi[axis].dim_value))
+    rebind_fixed = len(leading) <= 1
+    if not rebind_fixed:
+        warnings.append(
+            f"data inputs have different fixed leading dimensions {sorted(leading)}: no common batch axis, "
+            f"so the fixed shapes were kept and batch_size={batch_size} applies only to symbolic batch axes"
+        )
     for vi, is_param in [*((v, False) for v in roles.data), *((v, True) for v in roles.params)]:
         shape = vi.type.tensor_type.shape
         batch_axis = None if is_param else roles.batch_axis.get(vi.name, 0)
@@ -396,7 +461,7 @@ def _bind_inputs(
                 binding[name] = value
                 d.Clear()
                 d.dim_value = value
-            elif axis == batch_axis and d.dim_value != batch_size and len(shape.dim) >= 2:
+            elif axis == batch_axis and rebind_fixed and d.dim_value != batch_size and len(shape.dim) >= 2:
                 fixed_batch = int(d.dim_value)
                 d.dim_value = batch_size
     if fixed_batch is not None:
@@ -463,12 +528,17 @@ _DIM_OPS: dict[type, Any] = {
 }
 
 
+_MAX_DIM_EXPR_CHARS = 256  # torch.export's dim expressions are a few names long
+
+
 def _eval_dim(expr: str, binding: Mapping[str, int]) -> int | None:
     """Value of a symbolic dim (a name or an integer expression of names with ``+ - * // %`` and
     ``Min``/``Max``, as torch.export writes them) under ``binding``; None when a name is unbound or the
     expression has anything else in it."""
     if expr in binding:
         return int(binding[expr])
+    if len(expr) > _MAX_DIM_EXPR_CHARS:  # a hostile file's megabyte-long sum would recurse in ev()
+        return None
     try:
         tree = ast.parse(expr, mode="eval").body
     except SyntaxError:
@@ -523,6 +593,61 @@ def _rewrite_fixed_batch_reshapes(model: onnx.ModelProto, fixed_batch: int) -> N
             node.input[1] = new_tensor.name
         else:
             inits[node.input[1]].CopyFrom(new_tensor)
+
+
+def _rewrite_batch_one_reshapes(
+    model: onnx.ModelProto, shapes: Mapping[str, tuple[tuple[int | str | None, ...], int]], batch_size: int
+) -> list[str]:
+    """Rewrite hard-coded batch-1 Reshape targets that cannot hold the bound batch; one warning each.
+
+    A symbolic-batch export can still carry a constant target such as ``[1, 2048]`` (traced at batch 1):
+    at batch 4 the input holds 4 × 2048 elements, and ONNX shape inference answers (1, 2048) anyway, so
+    the classifier would be costed at batch 1. A target whose element count differs from its input's
+    by exactly the factor ``batch_size``, with a leading 1, and input axis 0 equal to ``batch_size``,
+    gets its leading 1 turned into 0 ("copy axis 0", ``allowzero=0``); any other mismatch is reported
+    as a warning and left alone.
+    """
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    users = Counter(name for n in g.node for name in n.input)
+    out: list[str] = []
+    for node in g.node:
+        if node.op_type != "Reshape" or len(node.input) < 2 or not node.output:
+            continue
+        src, dst = shapes.get(node.input[0]), shapes.get(node.output[0])
+        if src is None or dst is None or not all(isinstance(d, int) for d in (*src[0], *dst[0])):
+            continue
+        n_in = int(np.prod([int(d) for d in src[0] if isinstance(d, int)]))
+        n_out = int(np.prod([int(d) for d in dst[0] if isinstance(d, int)]))
+        if n_in == n_out:
+            continue
+        label = node.name or node.output[0]
+        target_init = inits.get(node.input[1])
+        target = (numpy_helper.to_array(target_init).reshape(-1) if target_init is not None
+                  and has_inline_data(target_init) else None)
+        if (
+            target is not None and target.size >= 2 and int(target[0]) == 1 and src[0] and src[0][0] == batch_size
+            and n_in == n_out * batch_size and not any(a.name == "allowzero" and a.i == 1 for a in node.attribute)
+        ):
+            fixed = target.astype(np.int64).copy()
+            fixed[0] = 0
+            new_tensor = numpy_helper.from_array(fixed, node.input[1])
+            if users[node.input[1]] > 1:
+                new_tensor.name = f"{node.input[1]}__layercast_{label}"
+                g.initializer.append(new_tensor)
+                node.input[1] = new_tensor.name
+            else:
+                target_init.CopyFrom(new_tensor)  # type: ignore[union-attr]
+            out.append(
+                f"Reshape '{label}' has the hard-coded target {target.tolist()}, which holds one sample, on a "
+                f"batch of {batch_size}; its leading 1 was read as the batch axis and rewritten to copy axis 0"
+            )
+        else:
+            out.append(
+                f"Reshape '{label}' turns {n_in} elements {list(src[0])} into {n_out} {list(dst[0])}: the graph "
+                "is inconsistent at this binding and the layers after it may be costed at the wrong size"
+            )
+    return out
 
 
 def _is_float_table(entry: tuple[list[int | str | None], str] | None) -> bool:
@@ -623,10 +748,17 @@ def import_onnx(
     if batch_size <= 0:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     dims = dict(dims or {})
+    limits = current_limits()
+    deadline = Deadline(limits.import_timeout_s)
     if isinstance(content, bytes):
         model = parse_model(content)
     else:
         model = onnx.ModelProto.FromString(content.SerializeToString())
+        check_model_bounds(model, limits)
+    for key, value in dims.items():
+        if value > limits.max_dim:
+            raise LimitExceeded("dimension", value, limits.max_dim,
+                                f"dims binds '{key}' to {value}; the limit is {limits.max_dim}")
     drop_external_data(model)  # costed from declared dims; the files a model names are never opened
     model = _inline_functions(model)
     g = model.graph
@@ -635,6 +767,7 @@ def import_onnx(
     data_inputs, param_inputs = roles.data, {vi.name for vi in roles.params}
     if not data_inputs:
         raise InvalidGraph("ONNX graph has no data input (all inputs are initializers, parameters or unused)")
+    _check_declared_dims(g, limits)
     binding, fixed_batch, warnings = _bind_inputs(model, roles, batch_size=batch_size, dims=dims)
     warnings.extend(roles.warnings)
     if fixed_batch is not None:
@@ -648,8 +781,10 @@ def import_onnx(
         if out.type.tensor_type.HasField("shape"):
             out.type.tensor_type.ClearField("shape")
     try:
+        # no data_prop: ONNX's data propagation materialises values (a Range to 10^12 is std::bad_alloc
+        # after 17 GB); concrete shape arithmetic is propagate_shapes' job, which bounds what it folds.
         inferred = shape_inference.infer_shapes(
-            _light_copy(model), check_type=False, strict_mode=False, data_prop=True
+            _light_copy(model), check_type=False, strict_mode=False, data_prop=False
         )
     except Exception as exc:
         raise InvalidGraph(f"ONNX shape inference failed: {exc}") from exc
@@ -667,10 +802,17 @@ def import_onnx(
     for init in g.initializer:
         known[init.name] = (tuple(int(d) for d in init.dims), init.data_type)
     ig = g
+    propagated = propagate_shapes(model, known=known, fallback=fallback, deadline=deadline)
+    reshape_warnings = _rewrite_batch_one_reshapes(model, propagated, batch_size)
+    if reshape_warnings:
+        warnings.extend(reshape_warnings)
+        propagated = propagate_shapes(model, known=known, fallback=fallback, deadline=deadline)
     shapes: dict[str, tuple[list[int | str | None], str]] = {
         k: (list(shp), _DTYPES.get(elem, "float32"))  # type: ignore[call-overload]
-        for k, (shp, elem) in propagate_shapes(model, known=known, fallback=fallback).items()
+        for k, (shp, elem) in propagated.items()
     }
+    for tname, (tshape, _dtype) in shapes.items():
+        limits.check_shape([d for d in tshape if isinstance(d, int)], tname)
 
     init_names = {i.name for i in ig.initializer}
     data_names = {vi.name for vi in data_inputs}

@@ -21,6 +21,7 @@ inference, restricted to shape-sized values.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,6 +29,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 from onnx.shape_inference import infer_node_outputs
+
+from app.core.limits import Deadline
 
 MAX_VALUE_NUMEL = 1 << 16  # largest tensor kept as a folded constant (shape-sized, not weights)
 
@@ -81,6 +84,24 @@ def _constant_value(node: onnx.NodeProto) -> np.ndarray | None:
     return None
 
 
+# Ops whose output holds at most as many elements as their largest input (shape-sized inputs are
+# at most MAX_VALUE_NUMEL elements, so folding them is bounded even when schema inference cannot
+# size the output first).
+_SIZE_PRESERVING = frozenset({
+    "Cast", "CastLike", "Identity", "Squeeze", "Unsqueeze", "Flatten", "Reshape", "Transpose", "Slice",
+    "Neg", "Abs", "Floor", "Ceil", "Round", "Sqrt", "Reciprocal", "Not", "Sign", "Relu", "Shape", "Size",
+    "ReduceSum", "ReduceProd", "ReduceMax", "ReduceMin", "ReduceMean", "ArgMax", "ArgMin", "NonZero",
+})
+
+
+def _fold_is_small(op: str, outs: list[str], sized: Mapping[str, tuple[Shape | None, int]]) -> bool:
+    """Whether evaluating a node keeps every output within :data:`MAX_VALUE_NUMEL` elements."""
+    shapes = [sized.get(o, (None, 0))[0] for o in outs]
+    if all(_concrete(shp) for shp in shapes):
+        return all(math.prod(int(d) for d in shp or () if isinstance(d, int)) <= MAX_VALUE_NUMEL for shp in shapes)
+    return op in _SIZE_PRESERVING
+
+
 def _eval(node: onnx.NodeProto, args: list[np.ndarray | None], opsets: Mapping[str, int]) -> list[Any] | None:
     """Evaluate one node on constant inputs with the ONNX reference runtime; None when it cannot."""
     from onnx.reference import ReferenceEvaluator
@@ -109,6 +130,7 @@ def propagate_shapes(
     *,
     known: Mapping[str, tuple[Shape, int]],
     fallback: Mapping[str, tuple[Shape, int]] | None = None,
+    deadline: Deadline | None = None,
 ) -> dict[str, tuple[Shape, int]]:
     """Concrete output shape and ONNX element type of every tensor of ``model.graph`` that can be sized.
 
@@ -116,7 +138,13 @@ def propagate_shapes(
     ``name → (shape, TensorProto elem type)``; ``fallback`` the result of whole-graph shape inference,
     used for nodes this pass cannot type. Returns ``name → (shape, elem type)`` for inputs,
     initializers and node outputs; an unknown dimension is ``None`` (or its symbolic name).
-    Never raises on a node it cannot handle: the node's outputs are simply left to ``fallback``.
+    Never raises on a node it cannot handle: the node's outputs are simply left to ``fallback``;
+    raises :class:`app.errors.LimitExceeded` (``import_seconds``) once ``deadline`` has passed.
+
+    Bounded memory: a node is evaluated only when the schema's own inference sizes every output at
+    most :data:`MAX_VALUE_NUMEL` elements first (or, for ops whose output is never larger than their
+    inputs, :data:`_SIZE_PRESERVING`, when inference cannot size it), so ``Range`` to 10¹², ``Expand`` to
+    16384² or ``ConstantOfShape`` are typed from their shapes and never materialised.
     """
     g = model.graph
     fallback = fallback or {}
@@ -132,6 +160,8 @@ def propagate_shapes(
             values[init.name] = numpy_helper.to_array(init)
 
     for node in g.node:
+        if deadline is not None:
+            deadline.check()
         op = node.op_type
         ins = list(node.input)
         outs = [o for o in node.output if o]
@@ -159,7 +189,9 @@ def propagate_shapes(
                     types[outs[0]] = (target, elem)
                     continue
             if result is None and op not in _NO_FOLD and all((not i) or i in values for i in ins) and ins:
-                result = _eval(node, [values[i] if i else None for i in ins], opsets)
+                sized = _infer(node, types, values, opsets, model.ir_version)
+                if _fold_is_small(op, [o for o in node.output if o], sized):
+                    result = _eval(node, [values[i] if i else None for i in ins], opsets)
         if result is not None and len(result) >= len(outs):
             for oname, v in zip(node.output, result, strict=False):
                 if not oname:

@@ -40,11 +40,14 @@ class Granularity(StrEnum):
     * ``layer``: one framework layer timed from the host, dispatch and launch included (Justus: one
       layer per TF session iteration; the profiler's per-layer rows).
     * ``iteration``: a whole model's forward or training step (the profiler's end-to-end rows).
+    * ``job``: a whole training job (epochs × iterations, start-up and evaluation included) as a cluster
+      scheduler measured it (``POST /v1/job-estimates/actuals``).
     """
 
     KERNEL = "kernel"
     LAYER = "layer"
     ITERATION = "iteration"
+    JOB = "job"
 
 
 class Pass(StrEnum):

@@ -9,14 +9,15 @@ from typing import IO, Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response, status
 from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
 
 from app.core.ir import Tensor
 from app.deps import SessionDep, SettingsDep
-from app.errors import InvalidGraph, InvalidRequest, PayloadTooLarge
+from app.errors import InvalidGraph, InvalidRequest, LimitExceeded, PayloadTooLarge
 from app.graphs import service
 from app.graphs.models import StoredGraph
 from app.graphs.schemas import GraphLayers, GraphList, GraphRead, GraphSummary, JsonGraphCreate, LayerCostRead
-from app.schemas import ErrorResponse
+from app.schemas import INT32_MAX, ErrorResponse, Name, OffsetQuery, check_name, clean_name
 
 router = APIRouter(prefix="/v1/graphs", tags=["graphs"])
 
@@ -40,7 +41,8 @@ DimsQuery = Annotated[
 
 
 def parse_dims(raw: str | None) -> dict[str, int]:
-    """Parse ``'a=1,b=2'`` into ``{"a": 1, "b": 2}``; raises :class:`InvalidRequest` (422)."""
+    """Parse ``'a=1,b=2'`` into ``{"a": 1, "b": 2}``; raises :class:`InvalidRequest` (422) for bad syntax
+    and :class:`LimitExceeded` (422) for a value over 2³¹−1."""
     if not raw:
         return {}
     out: dict[str, int] = {}
@@ -50,11 +52,25 @@ def parse_dims(raw: str | None) -> dict[str, int]:
             if not sep or not key.strip():
                 raise ValueError
             out[key.strip()] = int(value)
+            if out[key.strip()] > INT32_MAX:
+                raise LimitExceeded("dimension", out[key.strip()], INT32_MAX,
+                                    f"dims binds '{key.strip()}' to {value}; the limit is {INT32_MAX}")
         except ValueError:
             raise InvalidRequest(
                 f"dims must look like 'name=value,name=value', got {raw!r}", detail={"dims": raw}
             ) from None
     return out
+
+
+def _parse_json_graph(raw: bytes) -> JsonGraphCreate:
+    """A JSON layer-list upload; raises :class:`InvalidGraph` (422) for bad JSON or a bad document."""
+    try:
+        return JsonGraphCreate.model_validate(json.loads(raw))
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError and pydantic ValidationError
+        errors = exc.errors(include_url=False) if isinstance(exc, ValidationError) else []
+        raise InvalidGraph(
+            f"JSON graph is not valid: {str(exc).splitlines()[0]}", detail={"errors": errors}
+        ) from None
 
 
 def _read(row: StoredGraph, *, notices: list[str] | None = None) -> GraphRead:
@@ -106,7 +122,7 @@ async def create_graph(
     settings: SettingsDep,
     batch_size: BatchQuery = 1,
     dims: DimsQuery = None,
-    name: Annotated[str | None, Query(max_length=200)] = None,
+    name: Annotated[Name | None, Query()] = None,
 ) -> GraphRead:
     """Upload an ONNX file (multipart field ``file``, or the raw bytes as ``application/octet-stream``)
     or a JSON layer list (``application/json``).
@@ -138,18 +154,17 @@ async def create_graph(
                 size += len(chunk)
             await upload.seek(0)
             source = upload.file
-            name = name or (str(form.get("name")) if form.get("name") else None) or (upload.filename or "")
+            form_name = form.get("name")
+            if isinstance(form_name, str) and form_name:
+                try:
+                    name = name or check_name(form_name[:200])
+                except ValueError as exc:
+                    raise InvalidRequest(f"form field 'name': {exc}", detail={"field": "name"}) from None
+            name = name or clean_name(upload.filename or "")
             fmt = "onnx"
         elif ctype == "application/json":
-            try:
-                doc = json.loads(await request.body())
-                parsed = JsonGraphCreate.model_validate(doc)
-            except ValueError as exc:  # JSONDecodeError and pydantic ValidationError
-                errors = exc.errors(include_url=False) if isinstance(exc, ValidationError) else []
-                raise InvalidGraph(
-                    f"JSON graph is not valid: {str(exc).splitlines()[0]}", detail={"errors": errors}
-                ) from None
-            content = service.canonical_json(parsed.model_dump())
+            parsed = await run_in_threadpool(_parse_json_graph, await request.body())
+            content = await run_in_threadpool(service.canonical_json, parsed.model_dump())
             digest.update(content)
             size = len(content)
             spool.write(content)
@@ -177,7 +192,10 @@ async def create_graph(
             raise PayloadTooLarge(f"upload larger than {limit} bytes", detail={"max_upload_bytes": limit})
         if not size:
             raise InvalidGraph("empty upload")
-        result = service.create_graph(
+        # CPU (parse, import, analyse) and database work off the event loop; the import's own
+        # deadline (app.core.limits, import_timeout_s) bounds how long the worker thread runs.
+        result = await run_in_threadpool(
+            service.create_graph,
             session,
             content=source,
             source_format=fmt,
@@ -204,7 +222,7 @@ def delete_graph(graph_id: str, session: SessionDep) -> Response:
 def list_graphs(
     session: SessionDep,
     limit: Annotated[int, Query(gt=0, le=1000)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: OffsetQuery = 0,
 ) -> GraphList:
     """Stored graphs, newest first."""
     rows, count = service.list_graphs(session, limit=limit, offset=offset)

@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
 from pydantic import Field
 
-from app.schemas import Schema
+from app.schemas import JsonObject, Name, PositiveInt32, Schema
 
 
 class JsonGraphCreate(Schema):
     """A model as a JSON layer list (see :mod:`app.core.json_import` for the layer vocabulary)."""
 
-    name: str = Field(default="json-model", max_length=200)
-    input_shape: list[int] = Field(min_length=1, description="one sample's shape, without the batch axis")
-    input_dtype: str = "float32"
-    layers: list[dict[str, Any]] = Field(min_length=1)
+    name: Name = "json-model"
+    input_shape: list[PositiveInt32] = Field(min_length=1, description="one sample's shape, without the batch axis")
+    input_dtype: Name = "float32"
+    layers: list[JsonObject] = Field(min_length=1)
 
 
 class UnsupportedOpRead(Schema):

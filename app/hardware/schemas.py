@@ -11,9 +11,15 @@ from pydantic import Field, field_validator, model_validator
 from app.core.collectives import LinkKind
 from app.core.hardware import PRECISIONS
 from app.hardware.catalog import HARDWARE_ID_PATTERN
-from app.schemas import Schema
+from app.schemas import Name, PositiveInt32, Schema, Text
 
-PositiveFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+# Physically sane ranges (finite, and wide enough for a microcontroller up to a rack-scale system): a
+# denormal peak such as 5e-324 FLOP/s would otherwise turn every roofline time into inf/NaN.
+PeakFlops = Annotated[float, Field(ge=1e6, le=1e20, allow_inf_nan=False)]
+Bandwidth = Annotated[float, Field(ge=1e6, le=1e17, allow_inf_nan=False)]
+Bytes = Annotated[float, Field(ge=1, le=1e18, allow_inf_nan=False)]
+Mhz = Annotated[float, Field(gt=0, le=1e5, allow_inf_nan=False)]
+Watts = Annotated[float, Field(gt=0, le=1e7, allow_inf_nan=False)]
 Precision = Literal["fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "int8"]
 if set(get_args(Precision)) != set(PRECISIONS):  # pragma: no cover - keeps the two lists in step
     raise RuntimeError("app.hardware.schemas.Precision differs from app.core.hardware.PRECISIONS")
@@ -28,29 +34,29 @@ class HardwareCreate(Schema):
     """
 
     id: str = Field(pattern=HARDWARE_ID_PATTERN, examples=["rtx-5090"])
-    name: str = Field(min_length=1, max_length=200, examples=["NVIDIA GeForce RTX 5090"])
-    vendor: str = Field(min_length=1, max_length=100, examples=["NVIDIA"])
+    name: Name = Field(examples=["NVIDIA GeForce RTX 5090"])
+    vendor: Name = Field(max_length=100, examples=["NVIDIA"])
     kind: Literal["gpu", "cpu"] = "gpu"
-    peak_flops_per_s: dict[Precision, PositiveFloat] = Field(examples=[{"fp32": 104.8e12}])
-    memory_bytes: PositiveFloat
-    memory_bandwidth_bytes_per_s: PositiveFloat
-    compute_units: int = Field(gt=0, description="SMs (NVIDIA), CUs (AMD) or physical cores (CPU)")
-    base_clock_mhz: PositiveFloat | None = None
-    boost_clock_mhz: PositiveFloat | None = None
-    tdp_w: PositiveFloat | None = None
-    l2_cache_bytes: PositiveFloat | None = None
-    vector_width_bits: int | None = Field(default=None, gt=0)
-    architecture: str | None = Field(default=None, max_length=100)
-    idle_power_w: PositiveFloat | None = Field(default=None, description="idle draw (W); default 20 % of TDP")
-    price_usd_per_hour: PositiveFloat | None = Field(
+    peak_flops_per_s: dict[Precision, PeakFlops] = Field(examples=[{"fp32": 104.8e12}])
+    memory_bytes: Bytes
+    memory_bandwidth_bytes_per_s: Bandwidth
+    compute_units: PositiveInt32 = Field(description="SMs (NVIDIA), CUs (AMD) or physical cores (CPU)")
+    base_clock_mhz: Mhz | None = None
+    boost_clock_mhz: Mhz | None = None
+    tdp_w: Watts | None = None
+    l2_cache_bytes: Bytes | None = None
+    vector_width_bits: Annotated[int, Field(strict=True, gt=0, le=65536)] | None = None
+    architecture: Name | None = Field(default=None, max_length=100)
+    idle_power_w: Watts | None = Field(default=None, description="idle draw (W); default 20 % of TDP")
+    price_usd_per_hour: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)] | None = Field(
         default=None, description="on-demand list price per device-hour (USD); the source names offer and date")
     interconnect: LinkKind | None = Field(
         default=None, description="what joins several of these devices for data parallel")
-    interconnect_bandwidth_bytes_per_s: PositiveFloat | None = Field(
+    interconnect_bandwidth_bytes_per_s: Bandwidth | None = Field(
         default=None, description="per-direction link bandwidth per device (bytes/s)")
-    interconnect_latency_s: PositiveFloat | None = Field(
+    interconnect_latency_s: Annotated[float, Field(gt=0, le=10, allow_inf_nan=False)] | None = Field(
         default=None, description="fixed latency of one ring all-reduce step (s)")
-    sources: dict[str, str] = Field(default_factory=dict)
+    sources: dict[Name, Text] = Field(default_factory=dict)
 
     @field_validator("peak_flops_per_s")
     @classmethod

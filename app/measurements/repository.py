@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import Select, delete, func, insert, select
 from sqlalchemy.orm import Session
 
+from app.core.vocab import Granularity
 from app.hardware.models import Hardware
 from app.measurements.models import Measurement
 
@@ -52,6 +53,13 @@ class MeasurementRepository:
     def hardware_exists(self, hardware_id: str) -> bool:
         """Whether a hardware row with this id is stored."""
         return self.session.get(Hardware, hardware_id) is not None
+
+    def job_actuals(self, *, hardware_ids: Sequence[str]) -> Sequence[Measurement]:
+        """Recorded whole-job measurements (``granularity`` ``job``) on the given devices, by ascending id."""
+        stmt = select(Measurement).where(
+            Measurement.granularity == Granularity.JOB.value, Measurement.hardware_id.in_(list(hardware_ids))
+        )
+        return self.session.scalars(stmt.order_by(Measurement.id)).all()
 
     @staticmethod
     def _filtered(

@@ -10,7 +10,7 @@ from app.deps import SessionDep
 from app.measurements import service
 from app.measurements.schemas import MeasurementCreate, MeasurementList, MeasurementRead
 from app.observability import record_measurement
-from app.schemas import ErrorResponse
+from app.schemas import ErrorResponse, OffsetQuery
 
 router = APIRouter(prefix="/v1/measurements", tags=["measurements"])
 
@@ -44,7 +44,7 @@ def list_measurements(
     source: str | None = None,
     op_kind: str | None = None,
     limit: Annotated[int, Query(ge=1, le=service.MAX_PAGE)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: OffsetQuery = 0,
 ) -> MeasurementList:
     """Measurements by ascending id, filtered by device, source (``justus2018``, ``deepbench``,
     ``reported``...) and op kind; ``total`` counts every match."""

@@ -16,7 +16,7 @@ from app.core.precision import Precision as PrecisionMode
 from app.core.vocab import Granularity, Pass, SoftwareStack
 from app.hardware.catalog import HARDWARE_ID_PATTERN
 from app.hardware.schemas import Precision
-from app.schemas import Schema
+from app.schemas import JsonObject, PositiveInt32, Schema
 
 Name = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")]
 PositiveMs = Annotated[float, Field(gt=0, allow_inf_nan=False)]
@@ -46,12 +46,12 @@ class MeasurementCreate(Schema):
         "or a storage format of the catalog (fp64, fp8, int8)")
     software_stack: SoftwareStack = Field(examples=["pytorch-eager"])
     granularity: Granularity = Field(examples=["layer"])
-    batch_size: int = Field(gt=0, description="samples per batch")
-    config: dict[str, Any] = Field(min_length=1, description="what was measured (layer, model or job)")
+    batch_size: PositiveInt32 = Field(description="samples per batch")
+    config: JsonObject = Field(min_length=1, description="what was measured (layer, model or job)")
     time_ms_median: PositiveMs
     time_ms_std: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
-    repetitions: int | None = Field(default=None, gt=0)
-    context: dict[str, Any] = Field(default_factory=dict, description="framework, driver, threads, clocks, ...")
+    repetitions: PositiveInt32 | None = None
+    context: JsonObject = Field(default_factory=dict, description="framework, driver, threads, clocks, ...")
     measured_at: AwareDatetime | None = None
 
 

@@ -10,7 +10,7 @@ from app.core.precision import Precision
 from app.core.vocab import SoftwareStack
 from app.graphs.schemas import JsonGraphCreate
 from app.hardware.schemas import HardwareCreate
-from app.schemas import Schema
+from app.schemas import Name, PositiveInt32, Schema
 
 Mode = Literal["training", "inference"]
 Optimizer = Literal["none", "sgd", "momentum", "nesterov", "adagrad", "adadelta", "rmsprop", "adam", "adamw"]
@@ -19,11 +19,13 @@ Optimizer = Literal["none", "sgd", "momentum", "nesterov", "adagrad", "adadelta"
 class PredictionCreate(Schema):
     """What to predict. Give exactly one of ``graph_id``/``graph`` and one of ``hardware_id``/``hardware``."""
 
-    graph_id: str | None = Field(default=None, description="id returned by POST /v1/graphs")
+    graph_id: Name | None = Field(default=None, max_length=64, description="id returned by POST /v1/graphs")
     graph: JsonGraphCreate | None = Field(default=None, description="inline JSON layer list")
-    hardware_id: str | None = Field(default=None, description="catalog id, e.g. 'p100', 'a100-sxm4-40gb', 'local'")
+    hardware_id: Name | None = Field(
+        default=None, max_length=64, description="catalog id, e.g. 'p100', 'a100-sxm4-40gb', 'local'"
+    )
     hardware: HardwareCreate | None = Field(default=None, description="inline custom hardware spec")
-    batch_size: int = Field(gt=0, le=1_000_000)
+    batch_size: int = Field(strict=True, gt=0, le=1_000_000)
     mode: Mode = "training"
     optimizer: Optimizer = Field(default="sgd", description="ignored (treated as 'none') in inference mode")
     precision: Precision = Field(
@@ -39,15 +41,17 @@ class PredictionCreate(Schema):
     activation_checkpointing: bool = Field(
         default=False, description="training only: keep one input per segment of sqrt(layers) layers and "
                                    "recompute the rest in backward (torch.utils.checkpoint)")
-    dims: dict[str, int] = Field(default_factory=dict, description="symbolic dimensions other than the batch")
-    dataset_size: int | None = Field(default=None, gt=0, description="samples per epoch")
-    epochs: float | None = Field(default=None, gt=0)
+    dims: dict[Name, PositiveInt32] = Field(
+        default_factory=dict, description="symbolic dimensions other than the batch"
+    )
+    dataset_size: int | None = Field(default=None, strict=True, gt=0, le=10**15, description="samples per epoch")
+    epochs: float | None = Field(default=None, gt=0, le=1e6, allow_inf_nan=False)
     device_count: int = Field(
-        default=1, ge=1, le=4096,
+        default=1, strict=True, ge=1, le=4096,
         description="data-parallel devices; batch_size is the GLOBAL batch and must divide evenly over them. "
                     "Gradients are ring all-reduced over the hardware's interconnect in 25 MiB DDP buckets")
     iteration_overhead_ms: float = Field(
-        default=0.0, ge=0, allow_inf_nan=False,
+        default=0.0, ge=0, le=1e9, allow_inf_nan=False,
         description="fixed time per iteration outside the layers (loss, zero_grad, framework glue)")
     loading_samples_per_s: float | None = Field(
         default=None, gt=0, allow_inf_nan=False,
@@ -55,7 +59,8 @@ class PredictionCreate(Schema):
     loading_overlapped: bool = Field(
         default=True, description="the loader prefetches while the devices compute (DataLoader workers)")
     eval_size: int | None = Field(
-        default=None, gt=0, description="samples of an evaluation set run forward-only once per epoch")
+        default=None, strict=True, gt=0, le=10**15,
+        description="samples of an evaluation set run forward-only once per epoch")
     checkpoint_every_epochs: float | None = Field(
         default=None, gt=0, allow_inf_nan=False,
         description="write a checkpoint (weights + optimizer state) every this many epochs")

@@ -59,7 +59,7 @@ from app.predictor.base import LayerTimeEstimate, LayerTimeQuery, Predictor
 
 
 @dataclass(frozen=True, slots=True)
-class _Roofline:
+class LayerRoofline:
     """Roofline of a layer's forward (+ backward in training) at a precision: time (ms), what bounds it,
     and the FLOPs, bytes and peak it was computed from (for the layer's utilisation)."""
 
@@ -70,20 +70,22 @@ class _Roofline:
     peak_flops_per_s: float
 
 
-def _roofline(layer: Layer, cost: LayerCost, hw: HardwareSpec, precision: Precision, training: bool) -> _Roofline:
+def layer_roofline(
+    layer: Layer, cost: LayerCost, hw: HardwareSpec, precision: Precision, training: bool
+) -> LayerRoofline:
     """Roofline of the layer's forward (+ backward in training) at ``precision`` (the peak the op may use,
-    bytes at the precision's storage types, direct-algorithm FLOPs)."""
+    bytes at the precision's storage types, direct-algorithm FLOPs). Shared with :mod:`app.estimates.engine`."""
     op = op_precision(hw, precision, layer.kind)
     c = cost_at_precision(layer, cost, precision)
     flops = c.forward_flops + (c.backward_flops if training else 0)
     nbytes = c.forward_bytes + (c.backward_bytes if training else 0)
     t_compute = flops / op.peak_flops_per_s
     t_memory = nbytes / hw.memory_bandwidth_bytes_per_s
-    return _Roofline(time_ms=max(t_compute, t_memory) * 1e3, bound="compute" if t_compute >= t_memory else "memory",
+    return LayerRoofline(time_ms=max(t_compute, t_memory) * 1e3, bound="compute" if t_compute >= t_memory else "memory",
                      flops=flops, nbytes=nbytes, peak_flops_per_s=op.peak_flops_per_s)
 
 
-def _layer_power_w(hw: HardwareSpec, roof: _Roofline, e: LayerTimeEstimate) -> float | None:
+def layer_power_w(hw: HardwareSpec, roof: LayerRoofline, e: LayerTimeEstimate) -> float | None:
     """Estimated power (W) of ``hw`` while it runs the layer (:mod:`app.core.energy`): utilisation from the
     layer's FLOPs and bytes over its predicted forward + backward time; ``None`` without a TDP."""
     if hw.tdp_w is None:
@@ -93,7 +95,7 @@ def _layer_power_w(hw: HardwareSpec, roof: _Roofline, e: LayerTimeEstimate) -> f
     return power_w(hw, u)
 
 
-def _aggregation_input(
+def aggregation_input(
     request: PredictionCreate, hw: HardwareSpec, times: list[LayerTime], fp: MemoryFootprint, *, training: bool
 ) -> AggregationInput:
     """What :func:`app.core.aggregate.aggregate` needs from the request, the device and the footprint."""
@@ -169,11 +171,11 @@ def _layer_rows(
             ))
             continue
         e: LayerTimeEstimate = next(estimates)
-        roof = _roofline(layer, cost, hw, precision, training)
+        roof = layer_roofline(layer, cost, hw, precision, training)
         total = e.forward_ms + e.backward_ms + e.update_ms
         times.append(LayerTime(forward_ms=e.forward_ms, backward_ms=e.backward_ms, update_ms=e.update_ms,
                                total_ms_p10=e.total_ms_p10, total_ms_p90=e.total_ms_p90,
-                               power_w=_layer_power_w(hw, roof, e)))
+                               power_w=layer_power_w(hw, roof, e)))
         ood_layers += int(e.out_of_distribution)
         rows.append(LayerPrediction(
             **common, method=e.method, bound=roof.bound, roofline_ms=roof.time_ms, forward_ms=e.forward_ms,
@@ -221,7 +223,7 @@ def _totals_read(
     return iteration, epoch, job
 
 
-def _checked_precision(hw: HardwareSpec, precision: Precision) -> Precision:
+def checked_precision(hw: HardwareSpec, precision: Precision) -> Precision:
     """``precision`` if ``hw`` can run it; raises :class:`PrecisionNotSupportedError` (422) otherwise."""
     try:
         return check_precision(hw, precision)
@@ -275,7 +277,7 @@ def estimate(
     Raises :class:`PrecisionNotSupportedError` (422) when ``hw`` lacks the requested precision and
     :class:`NoInterconnect` (422) for several devices on hardware without an interconnect.
     """
-    precision = _checked_precision(hw, request.precision)
+    precision = checked_precision(hw, request.precision)
     if request.device_count > 1 and hw.link() is None:
         raise NoInterconnect(
             f"hardware {hw.id!r} lists no interconnect (interconnect, interconnect_bandwidth_bytes_per_s, "
@@ -293,7 +295,7 @@ def estimate(
                                 "precision": storage_precision(precision), "hardware": hw,
                                 "activation_checkpointing": request.activation_checkpointing}
     fp = footprint(analysis, **mem_opts)
-    agg = aggregate(_aggregation_input(request, hw, times, fp, training=training))
+    agg = aggregate(aggregation_input(request, hw, times, fp, training=training))
     it = agg.iteration
     fwd = it.forward_ms
     if it.layers_ms <= 0:

@@ -145,30 +145,42 @@ def exported(name: str) -> Exported:
     return Exported(name, content, RNN_BATCH if name.endswith("_lm") else BATCH, dims, params, flops, by_op, tied)
 
 
-def export_variant(name: str, *, dynamo: bool, weights: bool) -> tuple[bytes, dict[str, int]]:
+def export_variant(name: str, *, dynamo: bool, weights: str) -> tuple[bytes, dict[str, int]]:
     """ONNX bytes of ``name`` as a user exports it today, and the ``dims`` that bind its symbolic axes.
 
-    ``dynamo=False``: the TorchScript exporter (opset 17, ``dynamic_axes``), ``export_params=weights``.
-    ``dynamo=True``: the torch 2.13 default exporter (opset 18+, torch.export naming, dims named by
-    ``torch.export`` such as ``s27``), every axis ``Dim.AUTO``, weights embedded (``external_data=False``)
-    or, without weights, ``export_params=False, keep_initializers_as_inputs=True`` (weights and constants
-    listed as inputs without data). The sequence axis is bound to the same length as :func:`exported`.
+    ``weights`` is ``"inline"`` (in the file), ``"none"`` (``export_params=False``) or, dynamo only,
+    ``"external"`` (torch 2.13's default ``torch.onnx.export(model, args, "m.onnx")``: weights in
+    ``m.onnx.data``; only the ``.onnx`` is returned, as a user uploads it).
+    ``dynamo=False``: the TorchScript exporter (opset 17, ``dynamic_axes``).
+    ``dynamo=True``: the default exporter (opset 18+, torch.export naming, dims named by ``torch.export``
+    such as ``s27``), every axis ``Dim.AUTO``; without weights, ``keep_initializers_as_inputs=True`` (weights
+    and constants listed as inputs without data). The sequence axis is bound to the length of :func:`exported`.
     """
+    import tempfile
+    from pathlib import Path
+
+    import onnx
     import torch
 
     module, args, dynamic, dims, _, _ = _prepared(name)
-    buf = io.BytesIO()
     if not dynamo:
+        buf = io.BytesIO()
         torch.onnx.export(module, args, buf, input_names=["x"], dynamic_axes={"x": dynamic}, dynamo=False,
-                          opset_version=17, export_params=weights)
+                          opset_version=17, export_params=weights == "inline")
         return buf.getvalue(), dims
     auto = torch.export.Dim.AUTO
-    torch.onnx.export(module, args, buf, input_names=["x"], dynamic_shapes={"x": {k: auto for k in dynamic}},
-                      dynamo=True, external_data=False, export_params=weights,
-                      keep_initializers_as_inputs=not weights, verbose=False)
-    content = buf.getvalue()
-    import onnx
-
+    kw = {"input_names": ["x"], "dynamic_shapes": {"x": {k: auto for k in dynamic}}, "dynamo": True, "verbose": False}
+    if weights == "external":
+        with tempfile.TemporaryDirectory() as d:
+            path = Path(d) / "m.onnx"
+            torch.onnx.export(module, args, str(path), **kw)
+            assert (Path(d) / "m.onnx.data").is_file()  # the weights went to the side file
+            content = path.read_bytes()
+    else:
+        buf = io.BytesIO()
+        torch.onnx.export(module, args, buf, external_data=False, export_params=weights == "inline",
+                          keep_initializers_as_inputs=weights == "none", **kw)
+        content = buf.getvalue()
     x = next(vi for vi in onnx.load_model_from_string(content).graph.input if vi.name == "x")
     axes = [d.dim_param for d in x.type.tensor_type.shape.dim]
     seq = dims.get("seq")

@@ -2,7 +2,8 @@
 
 Every architecture of tests/core/real_models.py that the oracle tests cover, exported by the TorchScript
 exporter (``dynamo=False``) and by torch 2.13's default dynamo exporter (opset 18+, torch.export naming),
-with and without weights, imports with zero unsupported layers and the counts of the oracle test: the
+with weights in the file, without weights, and (dynamo's default) with weights in a side file that is not
+uploaded, imports with zero unsupported layers and the counts of the oracle test: the
 parameter count of ``module.parameters()`` and the MAC-class FLOPs of ``FlopCounterMode`` (both within
 2 %, as there), and exactly the numbers of the legacy export with weights.
 """
@@ -23,18 +24,19 @@ pytest.importorskip("onnxscript")
 from tests.core.real_models import export_variant, exported  # noqa: E402
 
 MODELS = ["bert", "gpt2", "vit", "resnet50", "mobilenet_v2", "lstm_lm"]
+FORMS = [(False, "none"), (True, "inline"), (True, "external"), (True, "none")]  # legacy inline: the oracle test
 VARIANTS = [
-    pytest.param(name, dynamo, weights, id=f"{name}-{'dynamo' if dynamo else 'legacy'}-{'w' if weights else 'nw'}",
+    pytest.param(name, dynamo, weights, id=f"{name}-{'dynamo' if dynamo else 'legacy'}-{weights}",
                  marks=pytest.mark.slow)
-    for name in MODELS for dynamo in (False, True) for weights in (True, False)
-    # legacy with weights is the oracle test itself; the dynamo LSTM without weights is a known gap (its
-    # Reshape targets are value-less inputs and the exporter recorded no shape for them)
-    if (dynamo or not weights) and not (name == "lstm_lm" and dynamo and not weights)
+    for name in MODELS for dynamo, weights in FORMS
+    # the dynamo LSTM without weights is a known gap: its Reshape targets are value-less inputs and the
+    # exporter recorded no shape for their results
+    if not (name == "lstm_lm" and dynamo and weights == "none")
 ]
 
 
 @functools.cache
-def _summary(name: str, dynamo: bool, weights: bool):  # noqa: ANN202 - small tuple, not the bytes
+def _summary(name: str, dynamo: bool, weights: str):  # noqa: ANN202 - small tuple, not the bytes
     e = exported(name)
     content, dims = export_variant(name, dynamo=dynamo, weights=weights)
     g = import_onnx(content, batch_size=e.batch_size, dims=dims, name=name)
@@ -50,7 +52,7 @@ def _reference(name: str):  # noqa: ANN202
 
 
 @pytest.mark.parametrize(("name", "dynamo", "weights"), VARIANTS)
-def test_every_export_imports_fully_with_the_oracle_counts(name: str, dynamo: bool, weights: bool) -> None:
+def test_every_export_imports_fully_with_the_oracle_counts(name: str, dynamo: bool, weights: str) -> None:
     unsupported, params, mac_flops, fwd, _ = _summary(name, dynamo, weights)
     e, ref_params, ref_mac_flops = _reference(name)
     assert not unsupported, unsupported
@@ -62,7 +64,7 @@ def test_every_export_imports_fully_with_the_oracle_counts(name: str, dynamo: bo
 
 @pytest.mark.slow
 def test_gpt2_weightless_export_counts_the_tied_head_once_and_says_so() -> None:
-    _, params, _, _, warnings = _summary("gpt2", False, False)
+    _, params, _, _, warnings = _summary("gpt2", False, "none")
     assert params / 1e6 == pytest.approx(124.4, abs=0.05)  # not 162.9 M
     (tied,) = [w for w in warnings if "tied" in w]
     assert "transformer.wte.weight" in tied and "onnx::MatMul_" in tied

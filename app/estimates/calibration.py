@@ -1,0 +1,74 @@
+"""Calibration of job estimates by measured actuals (pure).
+
+For one (graph, hardware) the log ratios ``r_i = ln(actual_i / predicted_i)`` of the recorded jobs are
+modelled as ``r_i ~ N(μ, σ²)`` with a prior ``μ ~ N(0, τ²)`` (the predictor is unbiased until shown
+otherwise). The posterior mean of μ is the shrinkage estimate (normal–normal conjugate model, e.g. Gelman
+et al., *Bayesian Data Analysis*, §2.5)::
+
+    μ̂ = (n / σ²) r̄ / (n / σ² + 1 / τ²),    var(μ̂) = 1 / (n / σ² + 1 / τ²)
+
+so one actual moves the estimate part of the way and many actuals move it to their mean. σ² is the
+sample variance of the ``r_i`` pooled with :data:`PRIOR_SIGMA` over :data:`PRIOR_DOF` pseudo-observations
+(a scaled-inverse-χ² prior), so that two equal actuals do not claim zero spread. The calibrated p50 is
+``exp(μ̂) × predicted``; the p90 is ``p50 × exp(z₀.₉ √(σ² + var(μ̂)))`` (predictive spread of the next job),
+never below the uncalibrated p90 ratio when there are no actuals.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+#: Prior standard deviation of the log bias of the predictor on a (graph, hardware): ±50 % is plausible
+#: (the held-out whole-iteration errors of ``reports/evaluation.md`` are tens of per cent).
+PRIOR_TAU = 0.5
+#: Prior spread of one job's log ratio around the bias (run-to-run and data-loading variation): ~10 %.
+PRIOR_SIGMA = 0.10
+PRIOR_DOF = 2.0
+#: 90th percentile of the standard normal.
+Z90 = 1.2815515655446004
+#: Largest plausible ratio between a job's measured duration and the model's estimate, either way. The
+#: held-out errors of ``reports/evaluation.md`` are tens of per cent, so an actual 100x off the estimate is a
+#: unit error, a hung job or a poisoning attempt, not a calibration signal: ``POST /v1/job-estimates/actuals``
+#: refuses it per item (``implausible_actual``) and :func:`calibrate` clips stored ratios to this range.
+MAX_ACTUAL_RATIO = 100.0
+MAX_LOG_RATIO = math.log(MAX_ACTUAL_RATIO)
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """``factor`` multiplies the model's p50; ``log_sd`` is the predictive spread (natural log) of a job's
+    time around the calibrated p50; ``actuals`` how many measurements it rests on."""
+
+    actuals: int
+    factor: float
+    log_sd: float
+
+    def p50_p90(self, predicted_p50_s: float, predicted_p90_s: float) -> tuple[float, float]:
+        """Calibrated (p50, p90) in s; without actuals the model's own (p50, p90)."""
+        if self.actuals == 0:
+            return predicted_p50_s, predicted_p90_s
+        p50 = self.factor * predicted_p50_s
+        return p50, p50 * math.exp(Z90 * self.log_sd)
+
+
+UNCALIBRATED = Calibration(actuals=0, factor=1.0, log_sd=0.0)
+
+
+def calibrate(log_ratios: Sequence[float]) -> Calibration:
+    """The shrinkage calibration (module docstring) of ``log_ratios`` = ln(actual / predicted).
+
+    Each ratio is clipped to ±:data:`MAX_LOG_RATIO` (rows stored before the per-item check, or by another
+    path, can never push the factor or the spread to overflow); non-finite ratios are ignored.
+    """
+    log_ratios = [min(max(r, -MAX_LOG_RATIO), MAX_LOG_RATIO) for r in log_ratios if math.isfinite(r)]
+    n = len(log_ratios)
+    if n == 0:
+        return UNCALIBRATED
+    mean = sum(log_ratios) / n
+    ss = sum((r - mean) ** 2 for r in log_ratios)
+    sigma2 = (ss + PRIOR_DOF * PRIOR_SIGMA**2) / (n - 1 + PRIOR_DOF)
+    precision = n / sigma2 + 1 / PRIOR_TAU**2
+    mu = (n / sigma2) * mean / precision
+    return Calibration(actuals=n, factor=math.exp(mu), log_sd=math.sqrt(sigma2 + 1 / precision))

@@ -1,0 +1,413 @@
+"""``layercast predict | compare | gate``: cost predictions for CI pipelines, offline or against a server.
+
+Offline (the default) the command runs the same code the API runs, in process, without a database: the
+ONNX file is imported by :func:`app.graphs.service.build_graph`, the device comes from the built-in
+catalog (:func:`app.hardware.catalog.load_catalog`) and the predictor from ``$LAYERCAST_MODELS_DIR``
+(:func:`app.predictor.registry.load_predictor`); the answer is :func:`app.predictions.service.estimate`'s.
+With ``--server URL`` the file is uploaded to ``POST /v1/graphs`` and predicted by ``POST /v1/predictions``
+(httpx), so a pipeline can share one service and its custom hardware.
+
+Exit codes: 0 success (gate: within every limit), 1 gate breach, 2 bad arguments or a prediction the
+service refused (unknown hardware, unsupported precision, unreadable model: the problem document's code
+is printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from app.core.precision import Precision
+from app.errors import LayercastError
+
+EXIT_OK, EXIT_BREACH, EXIT_ERROR = 0, 1, 2
+
+
+class PredictionFailed(Exception):
+    """A prediction the backend refused: ``code`` is the problem document's machine-readable code."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class JobParams:
+    """What to predict besides the model and the device (units in the names; ``None`` = not asked)."""
+
+    batch_size: int
+    mode: str = "training"
+    optimizer: str = "sgd"
+    precision: str = "fp32"
+    dataset_size: int | None = None
+    epochs: float | None = None
+    device_count: int = 1
+    price_usd_per_hour: float | None = None
+    dims: tuple[tuple[str, int], ...] = ()
+
+    def body(self) -> dict[str, Any]:
+        """The job part of a ``POST /v1/predictions`` body (``batch_size`` is the global batch)."""
+        body: dict[str, Any] = {"batch_size": self.batch_size, "mode": self.mode, "optimizer": self.optimizer,
+                                "precision": self.precision, "dims": dict(self.dims),
+                                "device_count": self.device_count}
+        for key in ("dataset_size", "epochs", "price_usd_per_hour"):
+            if getattr(self, key) is not None:
+                body[key] = getattr(self, key)
+        return body
+
+
+class Backend(Protocol):
+    """Where predictions come from; ``predict`` returns a ``PredictionRead`` as JSON-ready dict."""
+
+    def predict(self, model: Path, hardware_id: str, params: JobParams) -> dict[str, Any]: ...
+
+
+class OfflineBackend:
+    """In process: the API's pure prediction path over the built-in catalog and the shipped predictor."""
+
+    def __init__(self, models_dir: Path) -> None:
+        from app.hardware.catalog import load_catalog
+        from app.predictor.registry import load_predictor
+
+        self.catalog = load_catalog()
+        self.predictor = load_predictor(models_dir)
+
+    def predict(self, model: Path, hardware_id: str, params: JobParams) -> dict[str, Any]:
+        """Raises :class:`PredictionFailed` with the API's error code for what the API would refuse."""
+        from app.core.analysis import analyze
+        from app.graphs import service as graphs
+        from app.predictions.schemas import PredictionCreate
+        from app.predictions.service import estimate
+
+        hw = self.catalog.get(hardware_id)
+        if hw is None:
+            raise PredictionFailed(
+                "hardware_not_found",
+                f"unknown hardware id {hardware_id!r} (offline: built-in catalog only; see `layercast hardware "
+                "list`, or use --server for custom hardware)")
+        content = model.read_bytes()
+        try:
+            request = PredictionCreate(graph_id=graphs.content_id(content), hardware_id=hardware_id,
+                                       **params.body())
+        except ValueError as exc:  # pydantic's ValidationError: what the API answers with a 422
+            raise PredictionFailed("validation_error", str(exc).splitlines()[-1].strip()) from exc
+        try:
+            graph = graphs.build_graph(content, "onnx", batch_size=request.per_device_batch_size,
+                                       dims=dict(params.dims), name=model.stem)
+            analysis = analyze(graph, software_stack=request.software_stack)
+            answer = estimate(analysis, hw, self.predictor, request=request, graph_id=None)
+        except LayercastError as exc:
+            raise PredictionFailed(exc.code, exc.message) from exc
+        return answer.model_dump(mode="json")
+
+
+class ServerBackend:
+    """Against a running service: upload to ``POST /v1/graphs`` (once per file), ``POST /v1/predictions``."""
+
+    def __init__(self, url: str, *, timeout_s: float = 120.0) -> None:
+        import httpx
+
+        self.client = httpx.Client(base_url=url.rstrip("/"), timeout=timeout_s)
+        self._ids: dict[Path, str] = {}
+
+    @staticmethod
+    def _check(response: Any) -> dict[str, Any]:
+        body = response.json() if response.headers.get("content-type", "").startswith("application/json") else {}
+        if response.status_code >= 400:
+            err = body.get("error", {}) if isinstance(body, dict) else {}
+            raise PredictionFailed(str(err.get("code", f"http_{response.status_code}")),
+                                   str(err.get("message", response.text[:200])))
+        return dict(body)
+
+    def graph_id(self, model: Path) -> str:
+        """Id of ``model`` on the server (uploaded on first use)."""
+        if model not in self._ids:
+            with model.open("rb") as fh:
+                files = {"file": (model.name, fh, "application/octet-stream")}
+                self._ids[model] = str(self._check(self.client.post("/v1/graphs", files=files))["id"])
+        return self._ids[model]
+
+    def predict(self, model: Path, hardware_id: str, params: JobParams) -> dict[str, Any]:
+        """Raises :class:`PredictionFailed` with the server's error code on a 4xx/5xx answer."""
+        body = {"graph_id": self.graph_id(model), "hardware_id": hardware_id, **params.body()}
+        return self._check(self.client.post("/v1/predictions", json=body))
+
+
+# ---------------------------------------------------------------------------------------------- metrics
+
+
+def headline(pred: dict[str, Any]) -> tuple[str, float]:
+    """The job-level figure a gate compares: job seconds when epochs were given, else epoch seconds when
+    a dataset size was, else iteration milliseconds."""
+    if pred.get("job"):
+        return "job_s", float(pred["job"]["time_s"])
+    if pred.get("epoch"):
+        return "epoch_s", float(pred["epoch"]["time_s"])
+    return "iteration_ms", float(pred["iteration"]["time_ms"])
+
+
+@dataclass(frozen=True, slots=True)
+class LayerDelta:
+    """One layer's time in the baseline and the candidate (ms per iteration; None when absent)."""
+
+    name: str
+    op_type: str
+    baseline_ms: float | None
+    candidate_ms: float | None
+
+    @property
+    def delta_ms(self) -> float:
+        """Growth in ms per iteration (a new layer grows from 0, a removed one shrinks to 0)."""
+        return (self.candidate_ms or 0.0) - (self.baseline_ms or 0.0)
+
+
+def layer_deltas(baseline: dict[str, Any], candidate: dict[str, Any]) -> list[LayerDelta]:
+    """Per-layer time changes matched by layer name, largest growth first. Unsupported layers (no time)
+    count as absent."""
+    def times(pred: dict[str, Any]) -> dict[str, tuple[str, float]]:
+        out: dict[str, tuple[str, float]] = {}
+        for row in pred["layers"]:
+            if row["total_ms"] is not None:
+                op, t = out.get(row["name"], (row["op_type"], 0.0))
+                out[row["name"]] = (op, t + float(row["total_ms"]))
+        return out
+
+    old, new = times(baseline), times(candidate)
+    deltas = [
+        LayerDelta(name, (new.get(name) or old[name])[0], old[name][1] if name in old else None,
+                   new[name][1] if name in new else None)
+        for name in list(new) + [n for n in old if n not in new]
+    ]
+    return sorted(deltas, key=lambda d: -d.delta_ms)
+
+
+def parse_fraction(text: str) -> float:
+    """``"5%"`` → 0.05, ``"0.05"`` → 0.05; raises ``argparse.ArgumentTypeError`` for anything else."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(%?)\s*", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"expected a fraction like 5% or 0.05, got {text!r}")
+    value = float(m.group(1))
+    return value / 100 if m.group(2) else value
+
+
+def _dims(text: str) -> tuple[tuple[str, int], ...]:
+    from app.graphs.router import parse_dims
+
+    try:
+        return tuple(sorted(parse_dims(text).items()))
+    except LayercastError as exc:
+        raise argparse.ArgumentTypeError(exc.message) from exc
+
+
+# ---------------------------------------------------------------------------------------------- output
+
+
+def _fmt_s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"
+
+
+def _summary_row(hw: str, pred: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "hardware_id": hw,
+        "iteration_ms": pred["iteration"]["time_ms"],
+        "iteration_ms_p90": pred["iteration"]["time_ms_p90"],
+        "epoch_s": (pred.get("epoch") or {}).get("time_s"),
+        "job_s": (pred.get("job") or {}).get("time_s"),
+        "cost_usd": (pred.get("job") or {}).get("cost_usd"),
+        "energy_kwh": (pred.get("job") or {}).get("energy_kwh"),
+        "device_count": pred["iteration"]["device_count"],
+        "scaling_efficiency": pred["iteration"]["scaling_efficiency"],
+        "peak_memory_bytes": pred["memory"]["total_bytes"],
+        "fits": pred["memory"]["fits"],
+        "largest_batch_size_that_fits": pred["memory"]["largest_batch_size_that_fits"],
+        "predictor_version": pred["predictor_version"],
+    }
+
+
+def _print_rows(rows: Sequence[dict[str, Any]]) -> None:
+    from app.cli import format_table
+
+    headers = ("hardware_id", "devices", "iteration_ms", "epoch_s", "job_s", "cost_usd", "energy_kwh", "peak_gib",
+               "fits", "largest_batch", "error")
+    table = [
+        (r["hardware_id"], r.get("device_count"), r.get("iteration_ms"), r.get("epoch_s"), r.get("job_s"),
+         r.get("cost_usd"), r.get("energy_kwh"),
+         None if r.get("peak_memory_bytes") is None else r["peak_memory_bytes"] / 2**30, r.get("fits"),
+         r.get("largest_batch_size_that_fits"), r.get("error"))
+        for r in rows
+    ]
+    print(format_table(table, headers))
+
+
+# ---------------------------------------------------------------------------------------------- commands
+
+
+def add_parsers(sub: Any) -> None:
+    """Register ``predict``, ``compare`` and ``gate`` on the ``layercast`` subparsers."""
+    def common(p: argparse.ArgumentParser, *, hardware_help: str) -> None:
+        p.add_argument("model", type=Path, help="ONNX file")
+        p.add_argument("--hardware", required=True, help=hardware_help)
+        p.add_argument("--batch-size", type=int, required=True, help="samples per iteration")
+        p.add_argument("--dataset-size", type=int, default=None, help="samples per epoch")
+        p.add_argument("--epochs", type=float, default=None, help="epochs of the job (needs --dataset-size)")
+        p.add_argument("--device-count", type=int, default=1,
+                       help="data-parallel devices sharing --batch-size (the global batch)")
+        p.add_argument("--price-usd-per-hour", type=float, default=None,
+                       help="price per device-hour (default: the catalog's list price)")
+        p.add_argument("--precision", default="fp32", choices=[x.value for x in Precision])
+        p.add_argument("--mode", default="training", choices=["training", "inference"])
+        p.add_argument("--optimizer", default="sgd")
+        p.add_argument("--dims", type=_dims, default=(), help="symbolic dimensions, e.g. seq=128")
+        p.add_argument("--server", default=None, help="service URL (default: predict offline, in process)")
+        p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    predict = sub.add_parser("predict", help="predict a model's iteration, epoch and job time on one device")
+    common(predict, hardware_help="hardware id (see `layercast hardware list`)")
+
+    compare = sub.add_parser("compare", help="predict one model on several devices")
+    common(compare, hardware_help="comma-separated hardware ids, e.g. v100-sxm2-16gb,a100-sxm4-40gb")
+
+    gate = sub.add_parser("gate", help="fail (exit 1) when a model's predicted cost breaches a limit")
+    common(gate, hardware_help="hardware id the limit applies to")
+    limits = gate.add_argument_group("limits (at least one)")
+    limits.add_argument("--baseline", type=Path, default=None, help="ONNX file of the previous model")
+    limits.add_argument("--max-increase", type=parse_fraction, default=None,
+                        help="largest allowed growth over --baseline, e.g. 5%%")
+    limits.add_argument("--max-epoch-s", type=float, default=None, help="largest allowed epoch time (s)")
+    limits.add_argument("--max-usd", type=float, default=None,
+                        help="largest allowed job cost (USD; needs --dataset-size and --epochs)")
+    gate.add_argument("--top", type=int, default=10, help="layers to list (default 10)")
+
+
+def _params(args: argparse.Namespace) -> JobParams:
+    return JobParams(batch_size=args.batch_size, mode=args.mode, optimizer=args.optimizer,
+                     precision=args.precision, dataset_size=args.dataset_size, epochs=args.epochs,
+                     device_count=args.device_count, price_usd_per_hour=args.price_usd_per_hour, dims=args.dims)
+
+
+def _backend(args: argparse.Namespace) -> Backend:
+    if args.server:
+        return ServerBackend(args.server)
+    from app.config import Settings
+
+    return OfflineBackend(Settings().models_dir)
+
+
+def _predict(args: argparse.Namespace, backend: Backend) -> int:
+    pred = backend.predict(args.model, args.hardware, _params(args))
+    if args.json:
+        print(json.dumps(pred, indent=2))
+        return EXIT_OK
+    _print_rows([_summary_row(args.hardware, pred)])
+    for warning in pred["warnings"]:
+        print(f"warning: {warning}")
+    return EXIT_OK
+
+
+def _compare(args: argparse.Namespace, backend: Backend) -> int:
+    rows: list[dict[str, Any]] = []
+    for hw in [h.strip() for h in args.hardware.split(",") if h.strip()]:
+        try:
+            rows.append(_summary_row(hw, backend.predict(args.model, hw, _params(args))))
+        except PredictionFailed as exc:  # a device that cannot run it is listed with its reason
+            rows.append({"hardware_id": hw, "error": exc.code, "message": exc.message})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        _print_rows(rows)
+    return EXIT_OK if any("error" not in r for r in rows) else EXIT_ERROR
+
+
+def _gate(args: argparse.Namespace, backend: Backend) -> int:
+    if args.max_increase is None and args.max_epoch_s is None and args.max_usd is None:
+        print("layercast gate: give --max-increase (with --baseline), --max-epoch-s and/or --max-usd",
+              file=sys.stderr)
+        return EXIT_ERROR
+    if args.max_usd is not None and args.epochs is None:
+        print("layercast gate: --max-usd needs --dataset-size and --epochs", file=sys.stderr)
+        return EXIT_ERROR
+    if (args.max_increase is None) != (args.baseline is None):
+        print("layercast gate: --max-increase and --baseline go together", file=sys.stderr)
+        return EXIT_ERROR
+    if args.max_epoch_s is not None and args.dataset_size is None:
+        print("layercast gate: --max-epoch-s needs --dataset-size", file=sys.stderr)
+        return EXIT_ERROR
+    params = _params(args)
+    candidate = backend.predict(args.model, args.hardware, params)
+    metric, value = headline(candidate)
+    breaches: list[str] = []
+    checks: list[dict[str, Any]] = []
+    deltas: list[LayerDelta] = []
+    if args.baseline is not None:
+        baseline = backend.predict(args.baseline, args.hardware, params)
+        _, base_value = headline(baseline)
+        growth = value / base_value - 1 if base_value > 0 else float("inf")
+        ok = growth <= args.max_increase
+        checks.append({"check": "max_increase", "metric": metric, "baseline": base_value, "candidate": value,
+                       "increase": growth, "limit": args.max_increase, "ok": ok})
+        if not ok:
+            breaches.append(f"{metric} grew {growth:+.1%} ({base_value:.4g} -> {value:.4g}), limit "
+                            f"+{args.max_increase:.1%}")
+        deltas = layer_deltas(baseline, candidate)
+    if args.max_epoch_s is not None:
+        epoch_s = float(candidate["epoch"]["time_s"])
+        ok = epoch_s <= args.max_epoch_s
+        checks.append({"check": "max_epoch_s", "candidate": epoch_s, "limit": args.max_epoch_s, "ok": ok})
+        if not ok:
+            breaches.append(f"epoch takes {epoch_s:.4g} s, limit {args.max_epoch_s:.4g} s")
+    if args.max_usd is not None:
+        cost = candidate["job"]["cost_usd"]
+        if cost is None:
+            print(f"layercast gate: no price for {args.hardware!r}: give --price-usd-per-hour", file=sys.stderr)
+            return EXIT_ERROR
+        ok = cost <= args.max_usd
+        checks.append({"check": "max_usd", "candidate": cost, "limit": args.max_usd, "ok": ok})
+        if not ok:
+            breaches.append(f"job costs {cost:.4g} USD, limit {args.max_usd:.4g} USD")
+    if not deltas:  # no baseline: the layers that cost most are what to look at
+        deltas = layer_deltas({"layers": []}, candidate)
+    top = deltas[: args.top]
+    if args.json:
+        print(json.dumps({
+            "ok": not breaches, "breaches": breaches, "checks": checks,
+            "layers": [{"name": d.name, "op_type": d.op_type, "baseline_ms": d.baseline_ms,
+                        "candidate_ms": d.candidate_ms, "delta_ms": d.delta_ms} for d in top],
+        }, indent=2))
+    else:
+        for line in breaches:
+            print(f"BREACH: {line}")
+        if not breaches:
+            print(f"ok: {metric} = {value:.4g} within every limit")
+        print(f"top {len(top)} layers by {'growth' if args.baseline else 'time'} (ms per iteration):")
+        from app.cli import format_table
+
+        print(format_table([(d.name, d.op_type, _fmt_s(d.baseline_ms), _fmt_s(d.candidate_ms),
+                             f"{d.delta_ms:+.4g}") for d in top],
+                           ("layer", "op_type", "baseline_ms", "candidate_ms", "delta_ms")))
+    return EXIT_BREACH if breaches else EXIT_OK
+
+
+COMMANDS = {"predict": _predict, "compare": _compare, "gate": _gate}
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run a parsed ``predict``/``compare``/``gate`` command; returns the exit code (see module docstring)."""
+    if args.epochs is not None and args.dataset_size is None:
+        print("layercast: --epochs needs --dataset-size", file=sys.stderr)
+        return EXIT_ERROR
+    for path in (args.model, getattr(args, "baseline", None)):
+        if path is not None and not path.is_file():
+            print(f"layercast: no such file: {path}", file=sys.stderr)
+            return EXIT_ERROR
+    try:
+        return COMMANDS[args.command](args, _backend(args))
+    except PredictionFailed as exc:
+        print(f"layercast {args.command}: {exc.code}: {exc.message}", file=sys.stderr)
+        return EXIT_ERROR

@@ -1,0 +1,66 @@
+"""HTTP routes of the callers' endpoints (thin: parse, call one service function, return)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, status
+
+from app.deps import PredictorDep, SessionDep
+from app.estimates import service
+from app.estimates.schemas import (
+    BatchPredictionCreate,
+    BatchPredictionRead,
+    ComparisonCreate,
+    ComparisonRead,
+    JobActualsCreate,
+    JobActualsRead,
+    JobEstimatesCreate,
+    JobEstimatesRead,
+)
+from app.schemas import ErrorResponse
+
+router = APIRouter(prefix="/v1")
+
+_ITEMS = "per-item failures (graph_not_found, hardware_not_found, precision_not_supported, invalid_graph, " \
+         "unbound_dimension, unknown_dimension, invalid_request) are answered in the item, not as the status"
+_BATCH_ERRORS: dict[int | str, dict[str, Any]] = {
+    413: {"model": ErrorResponse, "description": "too_many_items, payload_too_large"},
+    422: {"model": ErrorResponse, "description": f"validation_error; {_ITEMS}"},
+}
+_COMPARE_ERRORS: dict[int | str, dict[str, Any]] = {
+    404: {"model": ErrorResponse, "description": "graph_not_found"},
+    422: {"model": ErrorResponse, "description": "validation_error, invalid_graph, unbound_dimension, "
+                                                 "unknown_dimension, invalid_request (sweep)"},
+}
+
+
+@router.post("/predictions/batch", response_model=BatchPredictionRead, responses=_BATCH_ERRORS,
+             tags=["predictions"], summary="Many predictions in one call (NAS loops)")
+def predict_batch(body: BatchPredictionCreate, session: SessionDep, predictor: PredictorDep) -> BatchPredictionRead:
+    """Up to 10,000 (graph, hardware, batch, precision, mode) items; the layers of all items go through one
+    batched predictor call. Summaries only unless ``detail=layers``."""
+    return service.predict_batch(session, predictor, request=body)
+
+
+@router.post("/job-estimates", response_model=JobEstimatesRead, responses=_BATCH_ERRORS,
+             tags=["job-estimates"], summary="Job durations for a scheduler")
+def estimate_jobs(body: JobEstimatesCreate, session: SessionDep, predictor: PredictorDep) -> JobEstimatesRead:
+    """Up to 1,000 jobs: ``p50_s``, ``p90_s``, ``fits``, calibrated by recorded actuals of the same graph and
+    hardware."""
+    return service.estimate_jobs(session, predictor, request=body)
+
+
+@router.post("/job-estimates/actuals", response_model=JobActualsRead, responses=_BATCH_ERRORS,
+             status_code=status.HTTP_201_CREATED, tags=["job-estimates"], summary="Report measured job durations")
+def record_actuals(body: JobActualsCreate, session: SessionDep, predictor: PredictorDep) -> JobActualsRead:
+    """Store measured whole-job durations; later estimates of the same graph and hardware use them."""
+    return service.record_actuals(session, predictor, request=body)
+
+
+@router.post("/comparisons", response_model=ComparisonRead, responses=_COMPARE_ERRORS, tags=["comparisons"],
+             summary="One job on many devices: time, cost, energy, Pareto front")
+def compare(body: ComparisonCreate, session: SessionDep, predictor: PredictorDep) -> ComparisonRead:
+    """One row per device x device count (default: every stored device), devices that cannot run the job in
+    ``unavailable`` with their reason; optional batch-size sweep on one device."""
+    return service.compare(session, predictor, request=body)

@@ -1,0 +1,243 @@
+"""API schemas of the callers' endpoints: batch predictions (NAS), job estimates (schedulers) and their
+actuals, hardware comparisons. Compact by default; units in every field name."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from app.core.precision import Precision
+from app.core.vocab import SoftwareStack
+from app.graphs.schemas import JsonGraphCreate
+from app.predictions.schemas import Mode, Optimizer, PredictionRead
+from app.schemas import Schema
+
+#: Largest number of items of one ``POST /v1/predictions/batch`` (413 ``too_many_items`` above).
+MAX_BATCH_ITEMS = 10_000
+#: Largest number of jobs of one ``POST /v1/job-estimates`` or ``/actuals`` call (413 above).
+MAX_JOBS = 1_000
+
+
+class ItemError(Schema):
+    """Why one item of a batch has no answer: the code and message its own request would have had."""
+
+    code: str
+    message: str
+
+
+# ------------------------------------------------------------------------------------- batch predictions
+
+
+class BatchItem(Schema):
+    """One prediction of a batch: a stored graph (``graph_id``) or an inline layer list (``graph``)."""
+
+    graph_id: str | None = None
+    graph: JsonGraphCreate | None = None
+    hardware_id: str
+    batch_size: int = Field(gt=0, le=1_000_000)
+    mode: Mode = "training"
+    optimizer: Optimizer = "sgd"
+    precision: Precision = Precision.FP32
+    software_stack: SoftwareStack = SoftwareStack.PYTORCH_EAGER
+    dims: dict[str, int] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_graph(self) -> BatchItem:
+        if (self.graph_id is None) == (self.graph is None):
+            raise ValueError("give exactly one of 'graph_id' or 'graph'")
+        return self
+
+
+class BatchPredictionCreate(Schema):
+    """Up to :data:`MAX_BATCH_ITEMS` items; ``detail=layers`` adds each item's full prediction."""
+
+    items: list[BatchItem] = Field(min_length=1)
+    detail: Literal["summary", "layers"] = "summary"
+
+
+class BatchSummary(Schema):
+    """One item's iteration (one training step or inference batch) and memory, in brief."""
+
+    iteration_ms: float
+    iteration_ms_p10: float
+    iteration_ms_p90: float
+    forward_ms: float
+    backward_ms: float
+    update_ms: float
+    samples_per_s: float
+    peak_memory_bytes: int
+    fits: bool
+    layers: int
+    layers_unsupported: int
+    energy_j: float | None = Field(description="estimated device energy of one iteration (null without a TDP)")
+
+
+class BatchItemRead(Schema):
+    index: int
+    error: ItemError | None = None
+    summary: BatchSummary | None = None
+    prediction: PredictionRead | None = Field(default=None, description="only with detail=layers")
+
+
+class BatchPredictionRead(Schema):
+    predictor_version: str
+    count: int
+    failed: int
+    layer_queries: int = Field(description="supported layers over all items")
+    unique_layer_queries: int = Field(
+        description="distinct (layer shape, device, setting) the predictor ran on in this call; items answered "
+                    "before by the same predictor are recalled, not predicted again")
+    items: list[BatchItemRead]
+
+
+# ----------------------------------------------------------------------------------------- job estimates
+
+
+class JobSpec(Schema):
+    """A training job as a scheduler sees it. ``batch_size`` is the global batch, split evenly over
+    ``device_count`` devices (data parallel)."""
+
+    graph_id: str
+    hardware_id: str
+    device_count: int = Field(default=1, ge=1, le=4096)
+    batch_size: int = Field(gt=0, le=1_000_000)
+    dataset_size: int = Field(gt=0)
+    epochs: float = Field(gt=0)
+    precision: Precision = Precision.FP32
+    optimizer: Optimizer = "sgd"
+    software_stack: SoftwareStack = SoftwareStack.PYTORCH_EAGER
+    dims: dict[str, int] = Field(default_factory=dict)
+
+
+class JobEstimatesCreate(Schema):
+    jobs: list[JobSpec] = Field(min_length=1)
+
+
+class JobEstimateRead(Schema):
+    """``p50_s``/``p90_s``: median and 90th percentile of the job's wall time (s); calibrated by the
+    recorded actuals of the same graph and hardware when there are any (``actuals`` > 0)."""
+
+    index: int
+    p50_s: float | None = None
+    p90_s: float | None = None
+    fits: bool | None = None
+    actuals: int = 0
+    calibration_factor: float = Field(default=1.0, description="applied to the model's p50 (actual/predicted)")
+    error: ItemError | None = None
+
+
+class JobEstimatesRead(Schema):
+    predictor_version: str
+    count: int
+    failed: int
+    estimates: list[JobEstimateRead]
+
+
+class JobActual(JobSpec):
+    """A job that ran: its parameters and the measured wall time (s)."""
+
+    measured_s: float = Field(gt=0, allow_inf_nan=False)
+    context: dict[str, Any] = Field(default_factory=dict, description="scheduler, job id, cluster, date, ...")
+
+
+class JobActualsCreate(Schema):
+    actuals: list[JobActual] = Field(min_length=1)
+
+
+class JobActualRead(Schema):
+    index: int
+    measurement_id: int | None = None
+    predicted_s: float | None = Field(default=None, description="uncalibrated model p50 the actual is compared to")
+    ratio: float | None = Field(default=None, description="measured_s / predicted_s")
+    actuals: int = Field(default=0, description="actuals of this graph and hardware now stored")
+    calibration_factor: float = 1.0
+    error: ItemError | None = None
+
+
+class JobActualsRead(Schema):
+    predictor_version: str
+    recorded: int
+    failed: int
+    actuals: list[JobActualRead]
+
+
+# ------------------------------------------------------------------------------------------ comparisons
+
+SortKey = Literal["job_s", "epoch_s", "iteration_ms", "cost_usd", "energy_j", "hardware_id"]
+
+
+class BatchSweep(Schema):
+    """Time per sample and memory fit against the batch size on one device."""
+
+    hardware_id: str
+    batch_sizes: list[int] = Field(min_length=1, max_length=64)
+
+
+class ComparisonCreate(Schema):
+    """One graph and one job on many devices. ``hardware_ids`` default to every stored device;
+    ``batch_size`` is the global batch of every row (split over ``device_counts``)."""
+
+    graph_id: str
+    batch_size: int = Field(gt=0, le=1_000_000)
+    dataset_size: int = Field(gt=0)
+    epochs: float = Field(gt=0)
+    mode: Mode = "training"
+    optimizer: Optimizer = "sgd"
+    precision: Precision = Precision.FP32
+    software_stack: SoftwareStack = SoftwareStack.PYTORCH_EAGER
+    dims: dict[str, int] = Field(default_factory=dict)
+    hardware_ids: list[str] | None = Field(default=None, max_length=256)
+    device_counts: list[int] = Field(default_factory=lambda: [1], min_length=1, max_length=16)
+    price_usd_per_hour: dict[str, float] = Field(default_factory=dict,
+                                                 description="per-device-hour price overrides by hardware id")
+    grid_gco2_per_kwh: float | None = Field(default=None, gt=0, description="grid carbon intensity for co2_kg")
+    sort_by: SortKey = "job_s"
+    sweep: BatchSweep | None = None
+
+
+class ComparisonRow(Schema):
+    hardware_id: str
+    device_count: int
+    per_device_batch_size: int
+    iteration_ms: float
+    iteration_ms_p90: float
+    samples_per_s: float
+    scaling_efficiency: float
+    allreduce_exposed_ms: float
+    epoch_s: float
+    job_s: float
+    job_s_p90: float
+    cost_usd: float | None = Field(description="device-hours × price (null without a price)")
+    energy_j: float | None = Field(description="all devices, estimate (null without a TDP)")
+    co2_kg: float | None
+    peak_memory_bytes: int = Field(description="one device")
+    fits: bool
+    largest_batch_size_that_fits: int = Field(description="per device")
+    pareto: bool = Field(description="no other fitting row is at least as good in job time, cost and energy "
+                                     "and better in one (unknown cost or energy counts as worst)")
+
+
+class Unavailable(Schema):
+    hardware_id: str
+    device_count: int
+    code: str
+    reason: str
+
+
+class SweepRow(Schema):
+    batch_size: int
+    iteration_ms: float
+    time_per_sample_ms: float
+    peak_memory_bytes: int
+    fits: bool
+
+
+class ComparisonRead(Schema):
+    graph_id: str
+    predictor_version: str
+    sort_by: SortKey
+    rows: list[ComparisonRow]
+    unavailable: list[Unavailable]
+    sweep: list[SweepRow] | None
+    assumptions: dict[str, str]

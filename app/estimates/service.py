@@ -1,0 +1,386 @@
+"""Use cases of the callers' endpoints: batch predictions, job estimates and actuals, hardware comparisons.
+
+Each call gathers its scenarios, predicts all their layers in one batched predictor call
+(:mod:`app.estimates.engine`) and aggregates each with :func:`app.core.aggregate.aggregate`. A per-item
+failure (unknown graph or device, a precision the device lacks, a graph that does not import) is answered
+in that item with the code its own request would have had; it never fails the other items. Keyword-only
+arguments after the session; functions flush and never commit (STYLE.md §3).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, TypeVar
+
+from pydantic import ValidationError
+from sqlalchemy.orm import Session
+
+from app.core.aggregate import Aggregate, LayerTime
+from app.core.precision import PRECISION_SEMANTICS
+from app.core.vocab import Granularity, Pass
+from app.errors import LayercastError, PayloadTooLarge
+from app.estimates import engine
+from app.estimates.calibration import MAX_ACTUAL_RATIO, UNCALIBRATED, Calibration, calibrate
+from app.estimates.engine import GraphCache, Scenario
+from app.estimates.schemas import (
+    MAX_BATCH_ITEMS,
+    MAX_JOBS,
+    BatchItem,
+    BatchItemRead,
+    BatchPredictionCreate,
+    BatchPredictionRead,
+    BatchSummary,
+    ComparisonCreate,
+    ComparisonRead,
+    ComparisonRow,
+    ItemError,
+    JobActualRead,
+    JobActualsCreate,
+    JobActualsRead,
+    JobEstimateRead,
+    JobEstimatesCreate,
+    JobEstimatesRead,
+    JobSpec,
+    SweepRow,
+    Unavailable,
+)
+from app.graphs import service as graphs
+from app.hardware import service as hardware_service
+from app.measurements.models import Measurement
+from app.measurements.repository import MeasurementRepository
+from app.predictions.schemas import PredictionCreate
+from app.predictions.service import estimate
+from app.predictor.base import LayerTimeEstimate, LayerTimeQuery, Predictor
+
+#: ``source`` of the whole-job measurements recorded by ``POST /v1/job-estimates/actuals``.
+ACTUALS_SOURCE = "scheduler"
+
+T = TypeVar("T")
+
+
+class TooManyItems(PayloadTooLarge):
+    """More items than one call accepts."""
+
+    code = "too_many_items"
+
+
+def _limit(items: Sequence[Any], limit: int, what: str) -> None:
+    if len(items) > limit:
+        raise TooManyItems(f"{len(items)} {what} exceed the limit of {limit} per call; split them",
+                           detail={"count": len(items), "limit": limit})
+
+
+def _attempt(fn: Callable[[], T]) -> T | ItemError:
+    """``fn()``, or the :class:`ItemError` of the domain error (or request validation error) it raised."""
+    try:
+        return fn()
+    except LayercastError as exc:
+        return ItemError(code=exc.code, message=exc.message)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        return ItemError(code="validation_error", message=str(first.get("msg", exc)))
+
+
+# ------------------------------------------------------------------------------------- batch predictions
+
+
+class _Replay:
+    """A predictor answering :func:`app.predictions.service.estimate` with estimates computed beforehand
+    for exactly its queries (the supported layers in graph order, as :func:`engine.layer_queries` builds)."""
+
+    def __init__(self, version: str, estimates: list[LayerTimeEstimate]) -> None:
+        self.version = version
+        self._estimates = estimates
+
+    def estimate(self, queries: Sequence[LayerTimeQuery]) -> list[LayerTimeEstimate]:
+        if len(queries) != len(self._estimates):
+            raise AssertionError(f"replay of {len(self._estimates)} estimates asked for {len(queries)} queries")
+        return self._estimates
+
+
+def _item_request(item: BatchItem) -> PredictionCreate:
+    return PredictionCreate(
+        graph_id=item.graph_id, graph=item.graph, hardware_id=item.hardware_id, batch_size=item.batch_size,
+        mode=item.mode, optimizer=item.optimizer, precision=item.precision, software_stack=item.software_stack,
+        dims=item.dims)
+
+
+def _summary(cache: GraphCache, s: Scenario, agg: Aggregate) -> BatchSummary:
+    it = agg.iteration
+    return BatchSummary(
+        iteration_ms=it.time_ms, iteration_ms_p10=it.time_ms_p10, iteration_ms_p90=it.time_ms_p90,
+        forward_ms=it.forward_ms, backward_ms=it.backward_ms, update_ms=it.update_ms,
+        samples_per_s=it.samples_per_s, peak_memory_bytes=cache.footprint(s).total_bytes, fits=cache.fits(s),
+        layers=s.analysis.layer_count, layers_unsupported=s.analysis.unsupported_layer_count, energy_j=it.energy_j,
+    )
+
+
+def predict_batch(session: Session, predictor: Predictor, *, request: BatchPredictionCreate) -> BatchPredictionRead:
+    """Predict every item of ``request`` with one batched predictor call (module docstring).
+
+    Raises :class:`TooManyItems` (413) beyond :data:`MAX_BATCH_ITEMS`; per-item errors are in the items.
+    """
+    _limit(request.items, MAX_BATCH_ITEMS, "items")
+    cache = GraphCache(session, predictor)
+    scenarios = [_attempt(partial(cache.scenario, _item_request(item))) for item in request.items]
+    ok = [(i, s) for i, s in enumerate(scenarios) if isinstance(s, Scenario)]
+    found = engine.predict_layers(cache, [s for _, s in ok])
+    results: list[BatchItemRead] = [
+        BatchItemRead(index=i, error=s) for i, s in enumerate(scenarios) if isinstance(s, ItemError)
+    ]
+    for (i, s), estimates, times in zip(ok, found.estimates, found.times, strict=True):
+
+        def answer(i: int = i, s: Scenario = s, estimates: list[LayerTimeEstimate] = estimates,
+                   times: list[LayerTime] = times) -> BatchItemRead:
+            read = BatchItemRead(index=i, summary=_summary(cache, s, engine.scenario_aggregate(cache, s, times)))
+            if request.detail == "layers":
+                read.prediction = estimate(s.analysis, s.hardware, _Replay(predictor.version, estimates),
+                                           request=s.request, graph_id=s.request.graph_id)
+            return read
+
+        result = _attempt(answer)
+        results.append(result if isinstance(result, BatchItemRead) else BatchItemRead(index=i, error=result))
+    results.sort(key=lambda r: r.index)
+    return BatchPredictionRead(
+        predictor_version=predictor.version, count=len(results), failed=sum(r.error is not None for r in results),
+        layer_queries=found.queries, unique_layer_queries=found.unique_queries, items=results,
+    )
+
+
+# ----------------------------------------------------------------------------------------- job estimates
+
+
+def _job_request(job: JobSpec, **extra: Any) -> PredictionCreate:
+    """The single prediction a job is; raises ``ValidationError`` (a batch that does not divide over the
+    devices)."""
+    return PredictionCreate(
+        graph_id=job.graph_id, hardware_id=job.hardware_id, device_count=job.device_count, batch_size=job.batch_size,
+        dataset_size=job.dataset_size, epochs=job.epochs, precision=job.precision, optimizer=job.optimizer,
+        software_stack=job.software_stack, dims=job.dims, **extra)
+
+
+def _job_scenario(cache: GraphCache, job: JobSpec, **extra: Any) -> Scenario:
+    return cache.scenario(_job_request(job, **extra))
+
+
+@dataclass(frozen=True, slots=True)
+class _JobModel:
+    """The model's (uncalibrated) answer for one job."""
+
+    p50_s: float
+    p90_s: float
+    fits: bool
+
+
+def _model_jobs(session: Session, predictor: Predictor, jobs: Sequence[JobSpec]) -> list[_JobModel | ItemError]:
+    """Uncalibrated job time of every job, all layers predicted in one call."""
+    cache = GraphCache(session, predictor)
+    scenarios = [_attempt(partial(_job_scenario, cache, job)) for job in jobs]
+    ok = [s for s in scenarios if isinstance(s, Scenario)]
+    found = engine.predict_layers(cache, ok)
+    times = iter(found.times)
+    out: list[_JobModel | ItemError] = []
+    for s in scenarios:
+        if isinstance(s, ItemError):
+            out.append(s)
+            continue
+        layer_times = next(times)
+
+        def model(s: Scenario = s, layer_times: list[LayerTime] = layer_times) -> _JobModel:
+            job = engine.scenario_aggregate(cache, s, layer_times).job
+            assert job is not None
+            return _JobModel(p50_s=job.time_s, p90_s=job.time_s_p90, fits=cache.fits(s))
+
+        out.append(_attempt(model))
+    return out
+
+
+def _calibrations(
+    session: Session, predictor_version: str, jobs: Sequence[JobSpec]
+) -> dict[tuple[str, str], Calibration]:
+    """Calibration per (graph id, hardware id) from the stored actuals predicted by ``predictor_version``."""
+    ratios: dict[tuple[str, str], list[float]] = {}
+    rows = MeasurementRepository(session).job_actuals(hardware_ids=sorted({j.hardware_id for j in jobs}))
+    for row in rows:
+        cfg = row.config
+        if row.source != ACTUALS_SOURCE or cfg.get("predictor_version") != predictor_version:
+            continue
+        predicted_s = cfg.get("predicted_s")
+        if isinstance(predicted_s, int | float) and predicted_s > 0:
+            key = (str(cfg.get("graph_id")), row.hardware_id)
+            ratios.setdefault(key, []).append(math.log(row.time_ms_median / 1e3 / predicted_s))
+    return {key: calibrate(r) for key, r in ratios.items()}
+
+
+def estimate_jobs(session: Session, predictor: Predictor, *, request: JobEstimatesCreate) -> JobEstimatesRead:
+    """``p50_s``/``p90_s``/``fits`` of each job, calibrated by the actuals of its graph and hardware.
+
+    Raises :class:`TooManyItems` (413) beyond :data:`MAX_JOBS`; per-job errors are in the answers.
+    """
+    _limit(request.jobs, MAX_JOBS, "jobs")
+    models = _model_jobs(session, predictor, request.jobs)
+    calibrations = _calibrations(session, predictor.version, request.jobs)
+    answers = []
+    for i, (job, m) in enumerate(zip(request.jobs, models, strict=True)):
+        if isinstance(m, ItemError):
+            answers.append(JobEstimateRead(index=i, error=m))
+            continue
+        cal = calibrations.get((job.graph_id, job.hardware_id), UNCALIBRATED)
+        p50, p90 = cal.p50_p90(m.p50_s, m.p90_s)
+        answers.append(JobEstimateRead(index=i, p50_s=p50, p90_s=p90, fits=m.fits, actuals=cal.actuals,
+                                       calibration_factor=cal.factor))
+    return JobEstimatesRead(predictor_version=predictor.version, count=len(answers),
+                            failed=sum(a.error is not None for a in answers), estimates=answers)
+
+
+def record_actuals(session: Session, predictor: Predictor, *, request: JobActualsCreate) -> JobActualsRead:
+    """Store each measured job as a whole-job measurement (``granularity`` ``job``, source
+    :data:`ACTUALS_SOURCE`) with the model's uncalibrated p50 at recording time and the predictor version,
+    so later estimates of the same graph and hardware are calibrated by it. Flushes.
+
+    Raises :class:`TooManyItems` (413) beyond :data:`MAX_JOBS`; a job that cannot be predicted (unknown
+    graph or device...) is not stored and says why.
+    """
+    _limit(request.actuals, MAX_JOBS, "actuals")
+    models = _model_jobs(session, predictor, request.actuals)
+    repo = MeasurementRepository(session)
+    stored: list[tuple[int, JobActualRead]] = []
+    answers: list[JobActualRead] = []
+    for i, (actual, m) in enumerate(zip(request.actuals, models, strict=True)):
+        if isinstance(m, ItemError):
+            answers.append(JobActualRead(index=i, error=m))
+            continue
+        ratio = actual.measured_s / m.p50_s
+        if not 1 / MAX_ACTUAL_RATIO <= ratio <= MAX_ACTUAL_RATIO:
+            answers.append(JobActualRead(index=i, predicted_s=m.p50_s, ratio=ratio, error=ItemError(
+                code="implausible_actual",
+                message=f"measured_s {actual.measured_s:g} s is {ratio:.3g}x the estimate {m.p50_s:.4g} s; "
+                        f"actuals more than {MAX_ACTUAL_RATIO:g}x away from it either way are not recorded")))
+            continue
+        config = {k: v for k, v in actual.model_dump(mode="json").items() if k not in ("measured_s", "context")}
+        config.update(predicted_s=m.p50_s, predictor_version=predictor.version)
+        row = repo.add(Measurement(
+            hardware_id=actual.hardware_id, source=ACTUALS_SOURCE, op_kind="job", pass_=Pass.TRAIN_STEP.value,
+            optimizer=actual.optimizer, precision=actual.precision.value,
+            software_stack=actual.software_stack.value, granularity=Granularity.JOB.value,
+            batch_size=actual.batch_size, config=config, time_ms_median=actual.measured_s * 1e3,
+            context=dict(actual.context),
+        ))
+        read = JobActualRead(index=i, measurement_id=row.id, predicted_s=m.p50_s, ratio=ratio)
+        stored.append((i, read))
+        answers.append(read)
+    calibrations = _calibrations(session, predictor.version, request.actuals)
+    for i, read in stored:
+        cal = calibrations.get((request.actuals[i].graph_id, request.actuals[i].hardware_id), UNCALIBRATED)
+        read.actuals, read.calibration_factor = cal.actuals, cal.factor
+    return JobActualsRead(predictor_version=predictor.version, recorded=len(stored),
+                          failed=len(answers) - len(stored), actuals=answers)
+
+
+# ------------------------------------------------------------------------------------------ comparisons
+
+
+def _headline(row: ComparisonRow) -> tuple[float, float, float]:
+    inf = math.inf
+    return (row.job_s, inf if row.cost_usd is None else row.cost_usd, inf if row.energy_j is None else row.energy_j)
+
+
+def mark_pareto(rows: Sequence[ComparisonRow]) -> None:
+    """Set ``pareto`` on each fitting row no other fitting row dominates over (job time, cost, energy): at
+    least as good in all three, better in one. Unknown cost/energy counts as worst; rows that do not fit
+    are never on the front. O(n²), n ≤ a few hundred rows."""
+    fitting = [(r, _headline(r)) for r in rows if r.fits]
+    for r in rows:
+        r.pareto = False
+    for r, a in fitting:
+        r.pareto = not any(all(x <= y for x, y in zip(b, a, strict=True)) and b != a for _, b in fitting)
+
+
+def _sort_key(sort_by: str) -> Callable[[ComparisonRow], Any]:
+    if sort_by == "hardware_id":
+        return lambda r: (r.hardware_id, r.device_count)
+    return lambda r: (math.inf if getattr(r, sort_by) is None else getattr(r, sort_by), r.hardware_id)
+
+
+def compare(session: Session, predictor: Predictor, *, request: ComparisonCreate) -> ComparisonRead:
+    """One row per (device, device count) that can run the job; the others in ``unavailable`` with their
+    code; Pareto front over job time, cost and energy; optional batch-size sweep on one device.
+
+    Raises :class:`app.errors.GraphNotFound` (404) for an unknown graph and, for the sweep, the errors of
+    its device and batch sizes (404/422); unknown hardware ids of the rows are listed as unavailable.
+    """
+    cache = GraphCache(session, predictor)
+    graphs.get_graph(session, graph_id=request.graph_id)
+    hardware_ids = request.hardware_ids or [h.id for h in hardware_service.list_hardware(session).items]
+    base = JobSpec(graph_id=request.graph_id, hardware_id="", batch_size=request.batch_size,
+                   dataset_size=request.dataset_size, epochs=request.epochs, precision=request.precision,
+                   optimizer=request.optimizer, software_stack=request.software_stack, dims=request.dims)
+    extra: dict[str, Any] = {"mode": request.mode, "grid_gco2_per_kwh": request.grid_gco2_per_kwh}
+    unavailable: list[Unavailable] = []
+    scenarios: list[Scenario] = []
+    for hw_id in dict.fromkeys(hardware_ids):
+        for n in request.device_counts:
+            job = base.model_copy(update={"hardware_id": hw_id, "device_count": n})
+            s = _attempt(partial(_job_scenario, cache, job, price_usd_per_hour=request.price_usd_per_hour.get(hw_id),
+                                 **extra))
+            if isinstance(s, ItemError):
+                unavailable.append(Unavailable(hardware_id=hw_id, device_count=n, code=s.code, reason=s.message))
+            else:
+                scenarios.append(s)
+    sweep = request.sweep
+    sweep_scenarios = [] if sweep is None else [
+        _job_scenario(cache, base.model_copy(update={"hardware_id": sweep.hardware_id, "batch_size": b}), **extra)
+        for b in sweep.batch_sizes
+    ]
+    found = engine.predict_layers(cache, scenarios + sweep_scenarios)
+    rows: list[ComparisonRow] = []
+    for s, times in zip(scenarios, found.times[: len(scenarios)], strict=True):
+        row = _attempt(partial(_comparison_row, cache, s, times))
+        if isinstance(row, ItemError):
+            unavailable.append(Unavailable(hardware_id=s.hardware.id, device_count=s.request.device_count,
+                                           code=row.code, reason=row.message))
+        else:
+            rows.append(row)
+    mark_pareto(rows)
+    rows.sort(key=_sort_key(request.sort_by))
+    sweep_rows = None
+    if request.sweep is not None:
+        sweep_rows = []
+        for s, times in zip(sweep_scenarios, found.times[len(scenarios):], strict=True):
+            it = engine.scenario_aggregate(cache, s, times).iteration
+            sweep_rows.append(SweepRow(batch_size=s.request.batch_size, iteration_ms=it.time_ms,
+                                       time_per_sample_ms=it.time_ms / s.request.batch_size,
+                                       peak_memory_bytes=cache.footprint(s).total_bytes, fits=cache.fits(s)))
+    return ComparisonRead(
+        graph_id=request.graph_id, predictor_version=predictor.version, sort_by=request.sort_by, rows=rows,
+        unavailable=unavailable, sweep=sweep_rows,
+        assumptions={
+            "aggregation": "each row is the POST /v1/predictions answer for that device and device count "
+                           "(app.core.aggregate: layers + exposed ring all-reduce of the fp32 gradients in DDP "
+                           "buckets overlapped with backward; epoch = ceil(dataset / global batch) iterations; "
+                           "job = epochs x epoch)",
+            "energy": "estimate: idle + (TDP - idle) x utilisation of each layer's roofline bound, idle power "
+                      "the rest of the step, all devices; device energy only (no host, network, cooling)",
+            "cost": "device-hours x price per device-hour (the catalog's list price unless overridden); null "
+                    "without a price",
+            "pareto": "fitting rows not dominated in (job_s, cost_usd, energy_j); unknown cost or energy is worst",
+            "precision": PRECISION_SEMANTICS[request.precision],
+        },
+    )
+
+
+def _comparison_row(cache: GraphCache, s: Scenario, times: list[LayerTime]) -> ComparisonRow:
+    agg = engine.scenario_aggregate(cache, s, times)
+    assert agg.epoch is not None and agg.job is not None
+    it, job = agg.iteration, agg.job
+    return ComparisonRow(
+        hardware_id=s.hardware.id, device_count=it.device_count, per_device_batch_size=it.per_device_batch_size,
+        iteration_ms=it.time_ms, iteration_ms_p90=it.time_ms_p90, samples_per_s=it.samples_per_s,
+        scaling_efficiency=it.scaling_efficiency, allreduce_exposed_ms=it.allreduce_exposed_ms,
+        epoch_s=agg.epoch.time_s, job_s=job.time_s, job_s_p90=job.time_s_p90, cost_usd=job.cost_usd,
+        energy_j=job.energy_j, co2_kg=job.co2_kg, peak_memory_bytes=cache.footprint(s).total_bytes,
+        fits=cache.fits(s), largest_batch_size_that_fits=cache.largest_batch(s), pareto=False,
+    )

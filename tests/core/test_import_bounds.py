@@ -1,0 +1,103 @@
+"""Import bounds (:mod:`app.core.limits`) and the batch-binding rules they sit beside."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from app.config import Settings
+from app.core.analysis import analyze
+from app.core.json_import import import_json
+from app.core.limits import Limits, json_bytes_depth, json_depth, use_limits
+from app.core.onnx_import import import_onnx
+from app.errors import GraphTooLarge, LimitExceeded
+
+
+def _model(nodes, inputs, inits=()) -> bytes:  # noqa: ANN001 - onnx protos
+    graph = helper.make_graph(nodes, "m", inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              initializer=list(inits))
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+@pytest.mark.parametrize("batch_size", [1, 4])
+def test_inputs_without_a_common_batch_axis_keep_their_shapes(batch_size: int) -> None:
+    """(2,1,4,8) @ (3,8,5) broadcasts to (2,3,4,5): 2·3·4·5·8 = 960 MACs whatever batch_size says."""
+    content = _model(
+        [helper.make_node("MatMul", ["a", "b"], ["y"])],
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 1, 4, 8]),
+         helper.make_tensor_value_info("b", TensorProto.FLOAT, [3, 8, 5])],
+    )
+    graph = import_onnx(content, batch_size=batch_size)
+    assert analyze(graph).forward_macs == 960
+    assert graph.layers[0].outputs[0].shape == (2, 3, 4, 5)
+    assert any("different fixed leading dimensions [2, 3]" in w for w in graph.warnings)
+
+
+def test_inputs_sharing_a_fixed_batch_are_still_rebound() -> None:
+    content = _model(
+        [helper.make_node("MatMul", ["a", "b"], ["y"])],
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 4, 8]),
+         helper.make_tensor_value_info("b", TensorProto.FLOAT, [2, 8, 5])],
+    )
+    graph = import_onnx(content, batch_size=3)
+    assert analyze(graph).forward_macs == 3 * 4 * 8 * 5
+
+
+def test_hard_coded_batch_one_reshape_is_rewritten_with_a_warning() -> None:
+    """A symbolic-batch export with ``Reshape [1, 2048]``: at batch 4 the classifier sees 4 rows."""
+    content = _model(
+        [helper.make_node("Reshape", ["x", "s"], ["r"], name="flatten"), helper.make_node("MatMul", ["r", "w"], ["y"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2048, 1, 1])],
+        [numpy_helper.from_array(np.array([1, 2048], np.int64), "s"),
+         numpy_helper.from_array(np.ones((2048, 10), np.float32), "w")],
+    )
+    graph = import_onnx(content, batch_size=4)
+    assert analyze(graph).forward_macs == 4 * 2048 * 10
+    assert [layer.outputs[0].shape for layer in graph.layers] == [(4, 2048), (4, 10)]
+    assert any("Reshape 'flatten'" in w and "[1, 2048]" in w for w in graph.warnings)
+    assert not any("Reshape" in w for w in import_onnx(content, batch_size=1).warnings)
+
+
+def test_an_inconsistent_reshape_is_reported() -> None:
+    content = _model(
+        [helper.make_node("Reshape", ["x", "s"], ["y"], name="odd")],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6])],
+        [numpy_helper.from_array(np.array([5, 5], np.int64), "s")],
+    )
+    warnings = import_onnx(content, batch_size=2).warnings
+    assert any("Reshape 'odd' turns 12 elements" in w for w in warnings)
+
+
+def test_the_deadline_stops_an_import() -> None:
+    content = _model([helper.make_node("Relu", ["x"], ["y"])], [helper.make_tensor_value_info("x", 1, ["N", 4])])
+    with use_limits(Limits(import_timeout_s=-1.0)), pytest.raises(LimitExceeded) as err:
+        import_onnx(content)
+    assert err.value.detail["limit"] == "import_seconds"
+    with use_limits(Limits(import_timeout_s=-1.0)), pytest.raises(LimitExceeded):
+        import_json({"input_shape": [4], "layers": [{"op": "relu"}]})
+    assert import_onnx(content).layers  # the default budget is ample
+
+
+def test_limits_follow_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LAYERCAST_MAX_NODES", "10")
+    monkeypatch.setenv("LAYERCAST_MAX_DIM", "1000")
+    limits = Settings().limits()
+    assert (limits.max_nodes, limits.max_dim) == (10, 1000)
+    with use_limits(limits):
+        with pytest.raises(GraphTooLarge) as err:
+            import_json({"input_shape": [4], "layers": [{"op": "relu"}] * 11})
+        assert err.value.detail == {"limit": "layers", "value": 11, "max": 10}
+        with pytest.raises(LimitExceeded) as dim:
+            import_json({"input_shape": [1001], "layers": [{"op": "relu"}]})
+        assert dim.value.detail["limit"] == "dimension"
+
+
+def test_json_depth_measures_without_recursing() -> None:
+    assert json_depth([[[]]], 64) == 3
+    deep: list = []
+    for _ in range(100_000):
+        deep = [deep]
+    assert json_depth(deep, 64) == 65  # stops early, no RecursionError
+    assert json_bytes_depth(b'{"a": "[[[\\"[", "b": [1, {"c": []}]}') == 4
+    assert json_bytes_depth(b"[" * 100_000) == 100_000

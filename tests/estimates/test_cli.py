@@ -1,0 +1,160 @@
+"""``layercast predict | compare | gate`` offline, against a server (the test client), and the README's CI job."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app.cli import main
+from app.estimates import cli as ci
+from tests.estimates.models import mlp_onnx
+from tests.helpers import REPO, light_model
+
+A100 = "a100-sxm4-40gb"
+
+
+@pytest.fixture
+def models(tmp_path: Path) -> dict[str, Path]:
+    paths = {"small": tmp_path / "small.onnx", "wide": tmp_path / "wide.onnx", "resnet": tmp_path / "resnet50.onnx"}
+    paths["small"].write_bytes(mlp_onnx(512))
+    paths["wide"].write_bytes(mlp_onnx(8192))
+    paths["resnet"].write_bytes(light_model("resnet50"))
+    return paths
+
+
+def test_predict_json_matches_the_api_numbers(models: dict[str, Path], client: TestClient,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["predict", str(models["resnet"]), "--hardware", A100, "--batch-size", "32",
+            "--dataset-size", "10000", "--epochs", "3", "--json"]
+    assert main(args) == 0
+    offline = json.loads(capsys.readouterr().out)
+    assert offline["job"]["time_s"] == pytest.approx(3 * offline["epoch"]["time_s"])
+    gid = client.post("/v1/graphs", files={"file": ("r.onnx", light_model("resnet50"))}).json()["id"]
+    served = client.post("/v1/predictions", json={"graph_id": gid, "hardware_id": A100, "batch_size": 32,
+                                                 "dataset_size": 10000, "epochs": 3}).json()
+    # the CLI runs the API's own code: same iteration, same job, same layers
+    assert offline["iteration"]["time_ms"] == pytest.approx(served["iteration"]["time_ms"], rel=1e-9)
+    assert offline["job"]["time_s"] == pytest.approx(served["job"]["time_s"], rel=1e-9)
+    assert [r["name"] for r in offline["layers"]] == [r["name"] for r in served["layers"]]
+
+
+def test_server_backend_gives_the_offline_answer(models: dict[str, Path], client: TestClient,
+                                                 tmp_path: Path) -> None:
+    backend = ci.ServerBackend("http://testserver")
+    backend.client = client  # the TestClient is an httpx.Client on the app
+    params = ci.JobParams(batch_size=64, dataset_size=1000, epochs=2)
+    served = backend.predict(models["small"], A100, params)
+    offline = ci.OfflineBackend(REPO / "models").predict(models["small"], A100, params)
+    assert served["job"]["time_s"] == pytest.approx(offline["job"]["time_s"], rel=1e-9)
+    with pytest.raises(ci.PredictionFailed) as info:
+        backend.predict(models["small"], "no-such-device", params)
+    assert info.value.code == "hardware_not_found"
+
+
+def test_compare_lists_refusals_with_their_code(models: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["compare", str(models["small"]), "--hardware", f"{A100},k80,nope", "--batch-size", "64",
+                 "--precision", "bf16", "--json"]) == 0
+    rows = {r["hardware_id"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows[A100]["iteration_ms"] > 0 and rows[A100]["fits"] is True
+    assert rows["k80"]["error"] == "precision_not_supported"  # Kepler has no bf16: listed, not dropped
+    assert rows["nope"]["error"] == "hardware_not_found"
+
+
+def test_gate_fails_on_growth_and_names_the_layer(models: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    common = ["--hardware", A100, "--batch-size", "256", "--dataset-size", "100000", "--epochs", "5"]
+    ok = main(["gate", str(models["small"]), "--baseline", str(models["small"]), "--max-increase", "5%", *common])
+    assert ok == ci.EXIT_OK
+    assert capsys.readouterr().out.startswith("ok: job_s")
+    code = main(["gate", str(models["wide"]), "--baseline", str(models["small"]), "--max-increase", "5%",
+                 *common, "--json"])
+    assert code == ci.EXIT_BREACH
+    report = json.loads(capsys.readouterr().out)
+    assert not report["ok"] and report["checks"][0]["increase"] > 0.05
+    # the hidden width grew 16x: a Gemm grows most; the list is sorted by growth
+    assert report["layers"][0]["name"] in ("fc1", "fc2")
+    deltas = [row["delta_ms"] for row in report["layers"]]
+    assert deltas == sorted(deltas, reverse=True) and deltas[0] > 0
+
+
+def test_gate_absolute_epoch_limit(models: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["gate", str(models["small"]), "--hardware", A100, "--batch-size", "64", "--dataset-size", "50000"]
+    assert main([*base, "--max-epoch-s", "1e6"]) == ci.EXIT_OK
+    assert main([*base, "--max-epoch-s", "1e-6"]) == ci.EXIT_BREACH
+    assert "BREACH: epoch takes" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv", [
+    ["gate", "{small}", "--hardware", A100, "--batch-size", "8"],  # no limit
+    ["gate", "{small}", "--hardware", A100, "--batch-size", "8", "--max-increase", "5%"],  # no baseline
+    ["gate", "{small}", "--hardware", A100, "--batch-size", "8", "--max-epoch-s", "3"],  # no dataset size
+    ["predict", "{small}", "--hardware", "k80", "--batch-size", "8", "--precision", "bf16"],
+    ["predict", "{small}", "--hardware", A100, "--batch-size", "0"],
+    ["predict", "/no/such/file.onnx", "--hardware", A100, "--batch-size", "8"],
+])
+def test_bad_invocations_exit_2(models: dict[str, Path], argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([a.format(small=models["small"]) for a in argv]) == ci.EXIT_ERROR
+    assert capsys.readouterr().err.startswith("layercast")
+
+
+def test_parse_fraction() -> None:
+    assert ci.parse_fraction("5%") == pytest.approx(0.05)
+    assert ci.parse_fraction("0.1") == pytest.approx(0.1)
+    with pytest.raises(Exception, match="fraction"):
+        ci.parse_fraction("five")
+
+
+def _readme_ci_block() -> str:
+    text = (REPO / "README.md").read_text()
+    blocks = re.findall(r"```sh ci-gate\n(.*?)```", text, flags=re.S)
+    assert len(blocks) == 1, "README.md must carry exactly one ```sh ci-gate block"
+    return blocks[0]
+
+
+def _run_block(cwd: Path) -> subprocess.CompletedProcess[str]:
+    shim = cwd / "bin" / "layercast"  # `layercast` of this checkout, whatever is installed
+    shim.parent.mkdir(exist_ok=True)
+    shim.write_text(f"#!/bin/sh\nexec {sys.executable} -m app.cli \"$@\"\n")
+    shim.chmod(shim.stat().st_mode | stat.S_IEXEC)
+    env = {**os.environ, "PATH": f"{shim.parent}{os.pathsep}{os.environ['PATH']}",
+           "PYTHONPATH": str(REPO), "LAYERCAST_MODELS_DIR": str(REPO / "models")}
+    return subprocess.run(["bash", "-c", _readme_ci_block()], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_readme_ci_job_passes_then_fails_on_a_slower_model(tmp_path: Path) -> None:
+    (tmp_path / "baseline.onnx").write_bytes(mlp_onnx(512))
+    (tmp_path / "model.onnx").write_bytes(mlp_onnx(512))
+    passed = _run_block(tmp_path)
+    assert passed.returncode == 0, passed.stdout + passed.stderr
+    assert {r["hardware_id"] for r in json.loads((tmp_path / "compare.json").read_text())} == {
+        "v100-sxm2-16gb", A100}
+    (tmp_path / "model.onnx").write_bytes(mlp_onnx(8192))  # 16x the hidden width: about twice the job time
+    failed = _run_block(tmp_path)
+    assert failed.returncode == ci.EXIT_BREACH, failed.stdout + failed.stderr
+    assert "BREACH: job_s grew" in failed.stdout and "fc1" in failed.stdout
+
+
+def test_data_parallel_and_money_gate(models: dict[str, Path], client: TestClient,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    job = ["--hardware", A100, "--batch-size", "256", "--device-count", "8", "--dataset-size", "100000",
+           "--epochs", "4", "--price-usd-per-hour", "3.0"]
+    assert main(["predict", str(models["resnet"]), *job, "--json"]) == 0
+    offline = json.loads(capsys.readouterr().out)
+    gid = client.post("/v1/graphs", files={"file": ("r.onnx", light_model("resnet50"))}).json()["id"]
+    served = client.post("/v1/predictions", json={"graph_id": gid, "hardware_id": A100, "batch_size": 256,
+                                                 "device_count": 8, "dataset_size": 100000, "epochs": 4,
+                                                 "price_usd_per_hour": 3.0}).json()
+    assert offline["iteration"]["per_device_batch_size"] == 32
+    assert offline["job"]["cost_usd"] == pytest.approx(served["job"]["cost_usd"], rel=1e-9)
+    cost = offline["job"]["cost_usd"]
+    assert main(["gate", str(models["resnet"]), *job, "--max-usd", str(cost * 1.01)]) == ci.EXIT_OK
+    assert main(["gate", str(models["resnet"]), *job, "--max-usd", str(cost * 0.99)]) == ci.EXIT_BREACH
+    assert "BREACH: job costs" in capsys.readouterr().out

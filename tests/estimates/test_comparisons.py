@@ -1,0 +1,86 @@
+"""POST /v1/comparisons: one job on many devices, money, energy, the Pareto front and a batch sweep."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+JOB = {"batch_size": 256, "dataset_size": 100_000, "epochs": 2}
+
+
+def _compare(client: TestClient, graph_id: str, **kw: object) -> dict:
+    r = client.post("/v1/comparisons", json={"graph_id": graph_id, **JOB, **kw})
+    assert r.status_code == 200, r.text
+    return dict(r.json())
+
+
+def test_rows_money_energy_and_data_parallel(client: TestClient, resnet_id: str, node: str, lonely: str) -> None:
+    body = _compare(client, resnet_id, hardware_ids=[node, lonely, "k80", "nope"], device_counts=[1, 8],
+                    precision="fp16", grid_gco2_per_kwh=400)
+    rows = {(r["hardware_id"], r["device_count"]): r for r in body["rows"]}
+    assert set(rows) == {(node, 1), (node, 8), (lonely, 1)}
+    unavailable = {(u["hardware_id"], u["device_count"]): u["code"] for u in body["unavailable"]}
+    assert unavailable == {(lonely, 8): "no_interconnect",  # no interconnect listed: said, not dropped
+                           ("k80", 1): "precision_not_supported", ("k80", 8): "precision_not_supported",
+                           ("nope", 1): "hardware_not_found", ("nope", 8): "hardware_not_found"}
+    one, eight = rows[node, 1], rows[node, 8]
+    single = client.post("/v1/predictions", json={"graph_id": resnet_id, "hardware_id": node, "precision": "fp16",
+                                                  **JOB}).json()
+    assert one["job_s"] == pytest.approx(single["job"]["time_s"], rel=1e-9)
+    assert one["cost_usd"] == pytest.approx(one["job_s"] / 3600 * 4.1)  # device-hours x the listed price
+    assert eight["cost_usd"] == pytest.approx(8 * eight["job_s"] / 3600 * 4.1)
+    assert eight["per_device_batch_size"] == 32 and eight["allreduce_exposed_ms"] > 0
+    assert one["job_s"] / 8 < eight["job_s"] < one["job_s"] and 0 < eight["scaling_efficiency"] < 1
+    assert rows[lonely, 1]["cost_usd"] is None and rows[lonely, 1]["pareto"] is False  # dominated: no price
+    for r in (one, eight):  # between all devices idle and all at TDP for the whole job
+        tdp, idle, n = 400.0, 60.0, r["device_count"]
+        assert n * idle * r["job_s"] < r["energy_j"] < n * tdp * r["job_s"]
+        assert r["co2_kg"] == pytest.approx(r["energy_j"] / 3.6e6 * 400 / 1e3)
+    assert one["largest_batch_size_that_fits"] > 256 and one["fits"]
+
+
+def test_pareto_front_and_sorting(client: TestClient, resnet_id: str, node: str) -> None:
+    body = _compare(client, resnet_id, device_counts=[1, 8], sort_by="energy_j",
+                    price_usd_per_hour={"h100-sxm": 6.0, "a100-sxm4-80gb": 3.0, "v100-sxm2-16gb": 1.5})
+    rows = body["rows"]
+    stored = {h["id"] for h in client.get("/v1/hardware").json()["items"]}
+    assert {r["hardware_id"] for r in rows} | {u["hardware_id"] for u in body["unavailable"]} == stored
+    energies = [r["energy_j"] for r in rows if r["energy_j"] is not None]
+    assert energies == sorted(energies)
+    assert next(r for r in rows if r["hardware_id"] == "h100-sxm")["cost_usd"] == pytest.approx(
+        next(r for r in rows if r["hardware_id"] == "h100-sxm")["job_s"] / 3600 * 6.0)
+
+    def key(r: dict) -> tuple[float, float, float]:
+        inf = float("inf")
+        return (r["job_s"], inf if r["cost_usd"] is None else r["cost_usd"],
+                inf if r["energy_j"] is None else r["energy_j"])
+
+    fitting = [r for r in rows if r["fits"]]
+    for r in rows:
+        dominated = any(all(x <= y for x, y in zip(key(o), key(r), strict=True)) and key(o) != key(r)
+                        for o in fitting)
+        assert r["pareto"] == (r["fits"] and not dominated), r["hardware_id"]
+    fastest = min(fitting, key=lambda r: r["job_s"])
+    assert fastest["pareto"]
+    by_job = _compare(client, resnet_id, hardware_ids=["p100", "v100-sxm2-16gb", "a100-sxm4-40gb"])["rows"]
+    assert [r["job_s"] for r in by_job] == sorted(r["job_s"] for r in by_job)
+
+
+def test_batch_sweep(client: TestClient, resnet_id: str) -> None:
+    body = _compare(client, resnet_id, hardware_ids=["v100-sxm2-16gb"],
+                    sweep={"hardware_id": "v100-sxm2-16gb", "batch_sizes": [8, 32, 128, 512, 2048]})
+    sweep = body["sweep"]
+    assert [s["batch_size"] for s in sweep] == [8, 32, 128, 512, 2048]
+    assert sweep[0]["time_per_sample_ms"] > sweep[2]["time_per_sample_ms"]  # larger batches amortise
+    peaks = [s["peak_memory_bytes"] for s in sweep]
+    assert peaks == sorted(peaks)
+    assert sweep[0]["fits"] and not sweep[-1]["fits"]  # 2,048 ResNet-50 samples overflow 16 GB
+    largest = body["rows"][0]["largest_batch_size_that_fits"]
+    assert all(s["fits"] == (s["batch_size"] <= largest) for s in sweep)
+
+
+def test_errors(client: TestClient, resnet_id: str) -> None:
+    r = client.post("/v1/comparisons", json={"graph_id": "0" * 64, **JOB})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "graph_not_found"
+    r = client.post("/v1/comparisons", json={"graph_id": resnet_id, **JOB, "sort_by": "price"})
+    assert r.status_code == 422

@@ -1,0 +1,146 @@
+"""POST /v1/job-estimates and /actuals: compact scheduler answers, data parallel, calibration that learns."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from app.estimates.calibration import calibrate
+from app.estimates.schemas import MAX_JOBS
+
+A100 = "a100-sxm4-40gb"
+
+
+def _job(graph_id: str, **kw: object) -> dict[str, object]:
+    return {"graph_id": graph_id, "hardware_id": A100, "batch_size": 64, "dataset_size": 50_000, "epochs": 2, **kw}
+
+
+def _estimate(client: TestClient, jobs: list[dict[str, object]]) -> list[dict[str, object]]:
+    r = client.post("/v1/job-estimates", json={"jobs": jobs})
+    assert r.status_code == 200, r.text
+    return list(r.json()["estimates"])
+
+
+def test_single_device_p50_is_the_predicted_job_time(client: TestClient, resnet_id: str) -> None:
+    est = _estimate(client, [_job(resnet_id), _job(resnet_id, batch_size=4096)])
+    single = client.post("/v1/predictions", json=_job(resnet_id)).json()
+    assert est[0]["p50_s"] == pytest.approx(single["job"]["time_s"], rel=1e-9)
+    assert est[0]["p90_s"] == pytest.approx(single["job"]["time_s_p90"], rel=1e-9)
+    assert est[0]["fits"] is True and est[0]["actuals"] == 0
+    assert est[1]["fits"] is False  # ResNet-50 at 4,096 samples does not fit in 40 GB
+    assert set(est[0]) == {"index", "p50_s", "p90_s", "fits", "actuals", "calibration_factor", "error"}
+
+
+def test_data_parallel_is_faster_but_not_linear(client: TestClient, resnet_id: str, node: str) -> None:
+    one, eight = _estimate(client, [_job(resnet_id, hardware_id=node, batch_size=512),
+                                    _job(resnet_id, hardware_id=node, batch_size=512, device_count=8)])
+    assert one["p50_s"] / 8 < eight["p50_s"] < one["p50_s"]  # the all-reduce is not free
+
+
+def test_per_job_errors(client: TestClient, resnet_id: str, lonely: str) -> None:
+    est = _estimate(client, [
+        _job(resnet_id, device_count=8, hardware_id=lonely),  # no interconnect listed
+        _job(resnet_id, batch_size=63, device_count=2),  # 63 samples do not divide over 2 devices
+        _job("f" * 64), _job(resnet_id, hardware_id="k80", precision="bf16"), _job(resnet_id),
+    ])
+    codes = [(e["error"] or {}).get("code") for e in est]  # type: ignore[union-attr]
+    assert codes == ["no_interconnect", "validation_error", "graph_not_found", "precision_not_supported", None]
+
+
+def test_limit(client: TestClient) -> None:
+    r = client.post("/v1/job-estimates", json={"jobs": [_job("x")] * (MAX_JOBS + 1)})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "too_many_items"
+
+
+def test_actuals_are_stored_as_job_measurements(client: TestClient, mlp_id: str) -> None:
+    r = client.post("/v1/job-estimates/actuals", json={"actuals": [
+        {**_job(mlp_id), "measured_s": 30.0, "context": {"scheduler": "slurm", "job": "123"}},
+        {**_job("e" * 64), "measured_s": 30.0}]})
+    assert r.status_code == 201, r.text
+    body = r.json()
+    assert body["recorded"] == 1 and body["actuals"][1]["error"]["code"] == "graph_not_found"
+    first = body["actuals"][0]
+    assert first["ratio"] == pytest.approx(30.0 / first["predicted_s"])
+    rows = client.get("/v1/measurements", params={"source": "scheduler"}).json()["items"]
+    assert len(rows) == 1
+    assert rows[0]["granularity"] == "job" and rows[0]["op_kind"] == "job" and rows[0]["time_ms_median"] == 30_000
+    assert rows[0]["config"]["graph_id"] == mlp_id and rows[0]["context"]["scheduler"] == "slurm"
+
+
+def test_calibration_error_falls_with_the_number_of_actuals(client: TestClient, resnet_id: str) -> None:
+    """Synthetic clusters: on each of 8 devices every job of this graph really takes a hidden factor (1.7 on
+    all) x the model's time x log-normal run-to-run noise (sd 25 %). The error of the estimated median on
+    held-out jobs (other batch sizes, dataset sizes and epochs than the recorded ones), averaged over the
+    devices, falls as actuals are recorded."""
+    rng = np.random.default_rng(7)
+    factor, noise = 1.7, 0.25
+    devices = ["a100-sxm4-40gb", "v100-sxm2-16gb", "p100", "t4", "h100-sxm", "l4", "a10", "rtx-3090"]
+    shapes = [(b, d, e) for b in (32, 64, 128) for d in (20_000, 60_000) for e in (1, 3)]
+    held_out = [_job(resnet_id, hardware_id=hw, batch_size=b, dataset_size=d, epochs=e)
+                for hw in devices for b, d, e in shapes[::2]]
+    training = {hw: [_job(resnet_id, hardware_id=hw, batch_size=b, dataset_size=d, epochs=e)
+                     for b, d, e in shapes[1::2]] for hw in devices}
+    truth = [e["p50_s"] * factor for e in _estimate(client, held_out)]  # each held-out job's median time
+    model_training = {hw: [e["p50_s"] for e in _estimate(client, jobs)] for hw, jobs in training.items()}
+
+    def held_out_error() -> float:
+        est = _estimate(client, held_out)
+        return float(np.mean([abs(math.log(e["p50_s"] / t)) for e, t in zip(est, truth, strict=True)]))
+
+    errors = {0: held_out_error()}
+    recorded = 0
+    for n in (2, 20):
+        actuals = []
+        for k in range(recorded, n):
+            for hw in devices:
+                i = k % len(training[hw])
+                actuals.append({**training[hw][i],
+                                "measured_s": model_training[hw][i] * factor * math.exp(rng.normal(0, noise))})
+        r = client.post("/v1/job-estimates/actuals", json={"actuals": actuals})
+        assert r.status_code == 201, r.text
+        assert all(a["actuals"] == n for a in r.json()["actuals"])
+        recorded = n
+        errors[n] = held_out_error()
+    assert errors[0] == pytest.approx(math.log(factor), abs=1e-6)  # uncalibrated: the hidden factor itself
+    assert errors[0] > errors[2] > errors[20]
+    assert errors[20] < 0.1
+    est = _estimate(client, held_out[:1])[0]
+    assert est["actuals"] == 20 and est["calibration_factor"] == pytest.approx(factor, rel=0.15)
+    assert est["p90_s"] > est["p50_s"]
+    other = _estimate(client, [_job(resnet_id, hardware_id="k80")])[0]
+    assert other["actuals"] == 0  # calibration is per graph and hardware
+
+
+def test_calibrate_shrinks_one_actual_less_than_many() -> None:
+    one, many = calibrate([math.log(2.0)]), calibrate([math.log(2.0)] * 10)
+    assert 1.0 < one.factor < many.factor < 2.0 + 1e-9
+    assert many.log_sd < one.log_sd
+    assert calibrate([]).factor == 1.0 and calibrate([]).actuals == 0
+
+
+def test_implausible_actuals_are_refused_and_cannot_poison_later_estimates(client: TestClient, resnet_id: str) -> None:
+    """An actual 1e300 s (or 1e-300 s) long is a unit error or an attack: refused per item, nothing stored,
+    and the next estimate is the model's own (before: factor 1e289, then an OverflowError 500)."""
+    job = _job(resnet_id)
+    before = client.post("/v1/job-estimates", json={"jobs": [job]}).json()["estimates"][0]
+    r = client.post("/v1/job-estimates/actuals", json={"actuals": [
+        {**job, "measured_s": 1e300}, {**job, "measured_s": 1e-300}, {**job, "measured_s": before["p50_s"] * 1.2}]})
+    assert r.status_code == 201, r.text
+    body = r.json()
+    assert body["recorded"] == 1
+    assert [a["error"]["code"] for a in body["actuals"][:2]] == ["implausible_actual", "implausible_actual"]
+    after = client.post("/v1/job-estimates", json={"jobs": [job]})
+    assert after.status_code == 200
+    est = after.json()["estimates"][0]
+    assert est["actuals"] == 1 and 1.0 < est["calibration_factor"] < 1.2
+    assert math.isfinite(est["p90_s"]) and est["p90_s"] > est["p50_s"]
+
+
+def test_calibrate_clips_stored_ratios_that_bypassed_the_check() -> None:
+    cal = calibrate([700.0, -700.0, float("nan")])
+    assert cal.actuals == 2 and math.isfinite(cal.factor) and math.isfinite(cal.log_sd)
+    p50, p90 = cal.p50_p90(1e6, 2e6)
+    assert math.isfinite(p90) and p90 >= p50
