@@ -53,6 +53,7 @@ logger = logging.getLogger("layercast")
 #: Routers included by :func:`create_app`, as ``(module, attribute)``.
 ROUTERS: tuple[tuple[str, str], ...] = (
     ("app.observability", "router"),
+    ("app.web.router", "router"),
     ("app.hardware.router", "router"),
     ("app.graphs.router", "router"),
     ("app.predictions.router", "router"),
