@@ -1,7 +1,7 @@
 """FastAPI dependencies declared once as ``Annotated`` aliases (STYLE.md §4).
 
 Everything comes from ``request.app.state``, filled by the lifespan of :func:`app.main.create_app`:
-``settings``, ``sessionmaker``, ``predictor``.
+``settings``, ``sessionmaker``, ``predictors`` (the hot-swapping predictor holder).
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ def get_session(request: Request) -> Iterator[Session]:
 
 
 def get_predictor(request: Request) -> Any:
-    """The active predictor (see :mod:`app.predictor.registry`)."""
-    return request.app.state.predictor
+    """The production predictor, taken once at the start of the request so that one request never mixes
+    versions (:class:`app.predictors.service.PredictorHolder`: re-read every ``predictor_poll_s``)."""
+    return request.app.state.predictors.current()
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]

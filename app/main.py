@@ -59,6 +59,7 @@ ROUTERS: tuple[tuple[str, str], ...] = (
     ("app.predictions.router", "router"),
     ("app.measurements.router", "router"),
     ("app.estimates.router", "router"),
+    ("app.predictors.router", "router"),
 )
 
 _HTTP_CODES: dict[int, str] = {
@@ -289,11 +290,22 @@ def _seed_catalog(app: FastAPI) -> None:
         seed_builtin(session)
 
 
-def _load_predictor(settings: Settings) -> Any:
-    """The active predictor from ``settings.models_dir``; raises ``FileNotFoundError`` without one."""
-    from app.predictor.registry import load_predictor
+def _predictor_holder(app: FastAPI, settings: Settings) -> Any:
+    """Register the shipped ``models_dir/CURRENT`` artifact as production when the registry is empty, then
+    a :class:`app.predictors.service.PredictorHolder` on the production version (loaded now: raises
+    ``FileNotFoundError`` without one). A replica that loses the seeding race to another one just reads."""
+    from sqlalchemy.exc import IntegrityError
 
-    return load_predictor(settings.models_dir)
+    from app.predictors.service import PredictorHolder, seed_from_models_dir
+
+    try:
+        with app.state.sessionmaker.begin() as session:
+            seed_from_models_dir(session, settings.models_dir, settings.artifact_store_dir)
+    except IntegrityError:
+        logger.info("another process seeded the predictor registry first")
+    holder = PredictorHolder(app.state.sessionmaker, settings.artifact_store_dir, poll_s=settings.predictor_poll_s)
+    holder.current()
+    return holder
 
 
 def _make_lifespan(settings: Settings, run_migrations: bool) -> Callable[[FastAPI], Any]:
@@ -308,15 +320,15 @@ def _make_lifespan(settings: Settings, run_migrations: bool) -> Callable[[FastAP
         app.state.settings = settings
         app.state.engine = engine
         app.state.sessionmaker = make_sessionmaker(engine)
-        app.state.predictor = None
+        app.state.predictors = None
         try:
             if settings.seed_catalog:
                 _seed_catalog(app)
-            app.state.predictor = _load_predictor(settings)
+            app.state.predictors = _predictor_holder(app, settings)
             logger.info(
-                "layercast %s ready (database %s, predictor %s)",
+                "layercast %s ready (database %s, predictor %s, polled every %s s)",
                 service_version(), engine.url.render_as_string(hide_password=True),
-                getattr(app.state.predictor, "version", None),
+                app.state.predictors.loaded.version, settings.predictor_poll_s,
             )
             yield
         finally:

@@ -3,5 +3,6 @@
 from app.graphs.models import StoredGraph
 from app.hardware.models import Hardware
 from app.measurements.models import Measurement, PredictorVersion
+from app.predictors.models import LeaseLock, RetrainRun
 
-__all__ = ["Hardware", "Measurement", "PredictorVersion", "StoredGraph"]
+__all__ = ["Hardware", "LeaseLock", "Measurement", "PredictorVersion", "RetrainRun", "StoredGraph"]

@@ -244,11 +244,17 @@ EngineDep = Annotated[Engine, Depends(get_engine)]
 router = APIRouter(tags=["ops"])
 
 
+def _loaded_predictor(request: Request) -> Any:
+    """The predictor loaded now (None before the first load), without polling the registry."""
+    holder = getattr(request.app.state, "predictors", None)
+    return None if holder is None else holder.loaded
+
+
 @router.get("/healthz", summary="Liveness")
 def healthz(request: Request) -> dict[str, Any]:
     """Alive: ``status`` ``ok``, the service version and the loaded predictor's version (null if none).
     Checks nothing else; readiness is ``/readyz``."""
-    predictor = getattr(request.app.state, "predictor", None)
+    predictor = _loaded_predictor(request)
     return {"status": "ok", "version": request.app.version, "predictor_version": getattr(predictor, "version", None)}
 
 
@@ -266,7 +272,7 @@ def readyz(request: Request, engine: EngineDep) -> dict[str, Any]:
     except Exception:  # noqa: BLE001 - any failure means "not ready"
         logger.exception("readyz: database check failed")
         database = "unreachable"
-    predictor = getattr(request.app.state, "predictor", None)
+    predictor = _loaded_predictor(request)
     predictor_state = "loaded" if predictor is not None else "missing"
     if database != "ok" or predictor is None:
         raise NotReady(

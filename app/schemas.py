@@ -1,7 +1,8 @@
 """Project schema base (STYLE.md §7), the error document listed in every route's ``responses=``, and the
 validated field types every schema uses for user input:
 
-* :data:`Name` / :data:`Text`: text without lone surrogates (not encodable as UTF-8: SQLite and the JSON
+* :data:`Name` / :data:`Identifier` (≤ 64 characters: graph and hardware ids) / :data:`Text`: text
+  without lone surrogates (not encodable as UTF-8: SQLite and the JSON
   encoder fail on them), NUL (PostgreSQL ``text`` refuses it) or other control characters (``Text``
   allows tab and newlines);
 * :data:`Int32`, :data:`PositiveInt32`: strict integers (``true`` is not 1, ``2.0`` is not 2) in the
@@ -52,6 +53,9 @@ def clean_name(value: str) -> str:
 
 
 Name = Annotated[str, StringConstraints(min_length=1, max_length=200), AfterValidator(_checker(_NAME_BAD, "a name"))]
+Identifier = Annotated[
+    str, StringConstraints(max_length=64), AfterValidator(_checker(_NAME_BAD, "an id"))
+]
 Text = Annotated[str, StringConstraints(max_length=10_000), AfterValidator(check_text)]
 Int32 = Annotated[int, Field(strict=True, ge=-(2**31), le=INT32_MAX)]
 PositiveInt32 = Annotated[int, Field(strict=True, gt=0, le=INT32_MAX)]

@@ -168,7 +168,7 @@ def test_readyz_503_when_database_unreachable(client: TestClient, tmp_path: Path
 
 
 def test_readyz_503_without_predictor(client: TestClient) -> None:
-    client.app.state.predictor = None  # type: ignore[attr-defined]
+    client.app.state.predictors = None  # type: ignore[attr-defined]
     response = client.get("/readyz")
     assert response.status_code == 503
     assert response.json()["error"]["detail"] == {"database": "ok", "predictor": "missing"}

@@ -281,20 +281,15 @@ def precision_spec(hardware: HardwareSpec, precision: str) -> HardwareSpec:
 def pass_floor_ms(
     *, layer: Layer, cost: LayerCost, hardware: HardwareSpec, pass_: str, optimizer: str, precision: str
 ) -> float:
-    """Physics floor of a feature pass in ms: :func:`app.core.precision.physics_floor_ms` of the forward pass,
-    plus those of the backward pass and the optimizer update for ``"train_step"`` (the passes run one after
-    the other, so the sum of their floors is a floor of the step). An inference forward of a dropout layer
-    has floor 0: frameworks run it as the identity (``nn.Dropout`` in eval mode). Raises like
+    """Physics floor of a feature pass in ms: :func:`app.core.precision.physics_floor_ms` of the inference
+    forward (a dropout layer's is 0: the identity in eval mode), or for ``"train_step"`` the sum of the
+    training forward, backward and optimizer-update floors (the passes run one after the other). Raises like
     :func:`app.core.precision.physics_floor_ms` (``PrecisionNotSupported`` for a precision the device lacks).
     """
-    if layer.kind is OpKind.DROPOUT and pass_ == "forward":
-        return 0.0  # an inference forward runs dropout as the identity (nn.Dropout in eval mode): no work
     hardware = precision_spec(hardware, precision)
-    floor = physics_floor_ms(layer, cost, hardware, precision, "forward")
-    if pass_ == "train_step":
-        floor += physics_floor_ms(layer, cost, hardware, precision, "backward")
-        floor += physics_floor_ms(layer, cost, hardware, precision, "update", optimizer=optimizer)
-    return floor
+    if pass_ != "train_step":
+        return physics_floor_ms(layer, cost, hardware, precision, "forward")
+    return physics_floor_ms(layer, cost, hardware, precision, "train_step", optimizer=optimizer)
 
 
 def _geometry(layer: Layer) -> tuple[float, float, float, float, float, float, float]:

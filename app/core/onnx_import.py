@@ -26,6 +26,7 @@ attribute record.
 from __future__ import annotations
 
 import ast
+import math
 import operator
 from collections import Counter
 from collections.abc import Mapping
@@ -35,6 +36,7 @@ from typing import Any
 import numpy as np
 import onnx
 import onnx.inliner
+from google.protobuf.descriptor import FieldDescriptor
 from onnx import TensorProto, helper, numpy_helper, shape_inference
 
 from app.core.costs import einsum_macs, gemm_dims
@@ -174,6 +176,8 @@ def check_model_bounds(model: onnx.ModelProto, limits: Limits) -> None:
                 f"ONNX opset {imp.version} is not supported; this service reads opsets 1 to {newest}",
                 detail={"opset": int(imp.version), "max_opset": newest},
             )
+    if _has_invalid_utf8(model):
+        raise InvalidGraph("ONNX model has a string field (a name, op type, domain...) that is not valid UTF-8")
     count = 0
     stack: list[tuple[onnx.GraphProto, int]] = [(model.graph, 0)]
     while stack:
@@ -190,6 +194,37 @@ def check_model_bounds(model: onnx.ModelProto, limits: Limits) -> None:
                 stack.extend((sub, depth + 1) for sub in attr.graphs)
 
 
+def _has_invalid_utf8(model: onnx.ModelProto) -> bool:
+    """Whether any ``string`` field of ``model`` holds invalid UTF-8 (protobuf then hands it back as
+    ``bytes``, which later breaks sorting and JSON encoding of names: a 500). Walked iteratively."""
+    string, message = FieldDescriptor.TYPE_STRING, FieldDescriptor.TYPE_MESSAGE
+    stack: list[Any] = [model]
+    while stack:
+        msg = stack.pop()
+        for fd, value in msg.ListFields():
+            values = value if fd.is_repeated else (value,)
+            if fd.type == string and not all(isinstance(v, str) for v in values):
+                return True
+            if fd.type == message:
+                stack.extend(values)
+    return False
+
+
+def _inline_data_fits(t: TensorProto) -> bool:
+    """Whether a tensor's inline data holds exactly its element count (numpy would raise on reading it
+    otherwise). Shape-sized tensors are decoded to check; larger ones with ``raw_data`` are checked by
+    byte length for fixed-width types, the rest are taken as they are (never decoded: weights)."""
+    n = math.prod(t.dims)
+    if n <= MAX_VALUE_NUMEL:
+        try:
+            return int(numpy_helper.to_array(t).size) == n
+        except (ValueError, TypeError, KeyError):  # KeyError: an element type onnx does not know
+            return False
+    if t.HasField("raw_data") and t.data_type in _DTYPES and t.data_type != TensorProto.BOOL:
+        return len(t.raw_data) == n * np.dtype(helper.tensor_dtype_to_np_dtype(t.data_type)).itemsize
+    return True
+
+
 def _check_declared_dims(g: onnx.GraphProto, limits: Limits) -> None:
     """Negative declared dims are :class:`InvalidGraph`; ranks, dims and sizes over ``limits`` are
     :class:`app.errors.LimitExceeded`. Covers graph inputs, initializers and ``Constant`` values."""
@@ -201,6 +236,13 @@ def _check_declared_dims(g: onnx.GraphProto, limits: Limits) -> None:
         if node.op_type == "Constant":
             declared.extend((node.output[0] if node.output else node.name, list(a.t.dims))
                             for a in node.attribute if a.HasField("t"))
+    tensors = [*g.initializer,
+               *(a.t for n in g.node if n.op_type == "Constant" for a in n.attribute if a.HasField("t"))]
+    for t in tensors:
+        if any(d < 0 for d in t.dims) or not has_inline_data(t) or _inline_data_fits(t):
+            continue
+        raise InvalidGraph(f"tensor '{t.name}' holds data that does not match its dims {list(t.dims)}",
+                           detail={"tensor": t.name, "shape": list(t.dims)})
     for name, shape in declared:
         if any(d < 0 for d in shape):
             raise InvalidGraph(f"tensor '{name}' declares a negative dimension: {shape}",

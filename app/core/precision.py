@@ -273,7 +273,9 @@ def pass_work(
 
     ``rescaled`` may pass ``cost_at_precision(layer, cost, precision)`` when the caller already has it.
 
-    ``cost`` is ``layer_cost(layer)`` (bytes at the graph's dtypes; rescaled here to ``precision``). The
+    ``cost`` is ``layer_cost(layer)`` (bytes at the graph's dtypes; rescaled here to ``precision``). An
+    inference ``forward`` of a dropout layer is the identity (``nn.Dropout`` in eval mode): 0 FLOPs, 0 bytes,
+    floor 0 (``train_forward`` keeps the mask draw and scaling). The
     update pass is the optimizer step over the layer's parameters in fp32 (master weights) and runs at
     the fp32 vector peak; ``optimizer`` is a key of :data:`app.core.costs.OPTIMIZERS`.
     Raises :class:`PrecisionNotSupported`, ``ValueError`` for an unknown pass, ``train_step`` (several
@@ -293,6 +295,10 @@ def pass_work(
     if p in (Pass.BACKWARD_INPUT, Pass.BACKWARD_WEIGHT):
         raise ValueError(f"pass {p.value!r} has no byte split in the cost model; use 'backward'")
     op = op_precision(hw, precision, layer.kind)
+    if layer.kind is OpKind.DROPOUT and p is Pass.FORWARD:
+        # an inference forward runs dropout as the identity (nn.Dropout in eval mode returns its input,
+        # no kernel runs): no FLOPs, no bytes. ``train_forward`` draws the mask and scales, and pays.
+        return PassWork(0.0, 0.0, op.peak_flops_per_s)
     c = rescaled if rescaled is not None else cost_at_precision(layer, cost, precision)
     factor = min_algorithm_flops_factor(layer)
     if p in (Pass.FORWARD, Pass.TRAIN_FORWARD):
@@ -324,7 +330,7 @@ def physics_floor_ms(
     """
     if Pass(pass_) is Pass.TRAIN_STEP:  # the passes run one after the other: the step's floor is their sum
         return sum(physics_floor_ms(layer, cost, hw, precision, p, optimizer=optimizer)
-                   for p in (Pass.FORWARD, Pass.BACKWARD, Pass.UPDATE))
+                   for p in (Pass.TRAIN_FORWARD, Pass.BACKWARD, Pass.UPDATE))
     return _floor_ms(pass_work(layer, cost, hw, precision, pass_, optimizer=optimizer), hw)
 
 
@@ -343,7 +349,8 @@ def floors_by_pass_ms(
     optimizer: str = "none",
 ) -> tuple[float, float, float]:
     """``(forward, backward, update)`` physics floors in ms (:func:`physics_floor_ms` of each pass), the
-    bytes rescaled to the precision once; backward and update are 0 when not ``training``."""
+    bytes rescaled to the precision once; backward and update are 0 when not ``training``, whose forward is
+    the training forward (``train_forward``: dropout draws its mask; inference dropout is the identity)."""
     rescaled = cost_at_precision(layer, cost, precision)
 
     def floor(p: Pass) -> float:
@@ -351,4 +358,4 @@ def floors_by_pass_ms(
 
     if not training:
         return floor(Pass.FORWARD), 0.0, 0.0
-    return floor(Pass.FORWARD), floor(Pass.BACKWARD), floor(Pass.UPDATE)
+    return floor(Pass.TRAIN_FORWARD), floor(Pass.BACKWARD), floor(Pass.UPDATE)

@@ -3,7 +3,7 @@ actuals, hardware comparisons. Compact by default; units in every field name."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -11,12 +11,16 @@ from app.core.precision import Precision
 from app.core.vocab import SoftwareStack
 from app.graphs.schemas import JsonGraphCreate
 from app.predictions.schemas import Mode, Optimizer, PredictionRead
-from app.schemas import Schema
+from app.schemas import Identifier, JsonObject, Name, PositiveInt32, Schema
 
 #: Largest number of items of one ``POST /v1/predictions/batch`` (413 ``too_many_items`` above).
 MAX_BATCH_ITEMS = 10_000
 #: Largest number of jobs of one ``POST /v1/job-estimates`` or ``/actuals`` call (413 above).
 MAX_JOBS = 1_000
+
+_DeviceCount = Annotated[int, Field(strict=True, ge=1, le=4096)]
+_BatchSize = Annotated[int, Field(strict=True, gt=0, le=1_000_000)]
+_Price = Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)]
 
 
 class ItemError(Schema):
@@ -32,15 +36,15 @@ class ItemError(Schema):
 class BatchItem(Schema):
     """One prediction of a batch: a stored graph (``graph_id``) or an inline layer list (``graph``)."""
 
-    graph_id: str | None = None
+    graph_id: Identifier | None = None
     graph: JsonGraphCreate | None = None
-    hardware_id: str
-    batch_size: int = Field(gt=0, le=1_000_000)
+    hardware_id: Identifier
+    batch_size: int = Field(strict=True, gt=0, le=1_000_000)
     mode: Mode = "training"
     optimizer: Optimizer = "sgd"
     precision: Precision = Precision.FP32
     software_stack: SoftwareStack = SoftwareStack.PYTORCH_EAGER
-    dims: dict[str, int] = Field(default_factory=dict)
+    dims: dict[Name, PositiveInt32] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _one_graph(self) -> BatchItem:
@@ -98,16 +102,16 @@ class JobSpec(Schema):
     """A training job as a scheduler sees it. ``batch_size`` is the global batch, split evenly over
     ``device_count`` devices (data parallel)."""
 
-    graph_id: str
-    hardware_id: str
-    device_count: int = Field(default=1, ge=1, le=4096)
-    batch_size: int = Field(gt=0, le=1_000_000)
-    dataset_size: int = Field(gt=0)
-    epochs: float = Field(gt=0)
+    graph_id: Identifier
+    hardware_id: Identifier
+    device_count: int = Field(default=1, strict=True, ge=1, le=4096)
+    batch_size: int = Field(strict=True, gt=0, le=1_000_000)
+    dataset_size: int = Field(strict=True, gt=0, le=10**15)
+    epochs: float = Field(gt=0, le=1e6, allow_inf_nan=False)
     precision: Precision = Precision.FP32
     optimizer: Optimizer = "sgd"
     software_stack: SoftwareStack = SoftwareStack.PYTORCH_EAGER
-    dims: dict[str, int] = Field(default_factory=dict)
+    dims: dict[Name, PositiveInt32] = Field(default_factory=dict)
 
 
 class JobEstimatesCreate(Schema):
@@ -138,7 +142,7 @@ class JobActual(JobSpec):
     """A job that ran: its parameters and the measured wall time (s)."""
 
     measured_s: float = Field(gt=0, allow_inf_nan=False)
-    context: dict[str, Any] = Field(default_factory=dict, description="scheduler, job id, cluster, date, ...")
+    context: JsonObject = Field(default_factory=dict, description="scheduler, job id, cluster, date, ...")
 
 
 class JobActualsCreate(Schema):
@@ -170,28 +174,29 @@ SortKey = Literal["job_s", "epoch_s", "iteration_ms", "cost_usd", "energy_j", "h
 class BatchSweep(Schema):
     """Time per sample and memory fit against the batch size on one device."""
 
-    hardware_id: str
-    batch_sizes: list[int] = Field(min_length=1, max_length=64)
+    hardware_id: Identifier
+    batch_sizes: list[_BatchSize] = Field(min_length=1, max_length=64)
 
 
 class ComparisonCreate(Schema):
     """One graph and one job on many devices. ``hardware_ids`` default to every stored device;
     ``batch_size`` is the global batch of every row (split over ``device_counts``)."""
 
-    graph_id: str
-    batch_size: int = Field(gt=0, le=1_000_000)
-    dataset_size: int = Field(gt=0)
-    epochs: float = Field(gt=0)
+    graph_id: Identifier
+    batch_size: int = Field(strict=True, gt=0, le=1_000_000)
+    dataset_size: int = Field(strict=True, gt=0, le=10**15)
+    epochs: float = Field(gt=0, le=1e6, allow_inf_nan=False)
     mode: Mode = "training"
     optimizer: Optimizer = "sgd"
     precision: Precision = Precision.FP32
     software_stack: SoftwareStack = SoftwareStack.PYTORCH_EAGER
-    dims: dict[str, int] = Field(default_factory=dict)
-    hardware_ids: list[str] | None = Field(default=None, max_length=256)
-    device_counts: list[int] = Field(default_factory=lambda: [1], min_length=1, max_length=16)
-    price_usd_per_hour: dict[str, float] = Field(default_factory=dict,
+    dims: dict[Name, PositiveInt32] = Field(default_factory=dict)
+    hardware_ids: list[Identifier] | None = Field(default=None, max_length=256)
+    device_counts: list[_DeviceCount] = Field(default_factory=lambda: [1], min_length=1, max_length=16)
+    price_usd_per_hour: dict[Identifier, _Price] = Field(default_factory=dict,
                                                  description="per-device-hour price overrides by hardware id")
-    grid_gco2_per_kwh: float | None = Field(default=None, gt=0, description="grid carbon intensity for co2_kg")
+    grid_gco2_per_kwh: float | None = Field(default=None, gt=0, le=1e5, allow_inf_nan=False,
+                                            description="grid carbon intensity for co2_kg")
     sort_by: SortKey = "job_s"
     sweep: BatchSweep | None = None
 

@@ -83,11 +83,31 @@ class HardwareCreate(Schema):
             raise ValueError("idle_power_w must not exceed tdp_w")
         return self
 
+    @model_validator(mode="after")
+    def _gpu_features_complete(self) -> HardwareCreate:
+        """A GPU needs a clock and its L2 size: the learned predictor's hardware features read both
+        (:mod:`app.core.features`), and a missing one would be featurised far outside the training range
+        (a custom H100 without ``l2_cache_bytes`` came out 10x slower). Refused rather than guessed."""
+        if self.kind == "gpu":
+            missing = [name for name, value in (
+                ("boost_clock_mhz or base_clock_mhz", self.boost_clock_mhz or self.base_clock_mhz),
+                ("l2_cache_bytes", self.l2_cache_bytes),
+            ) if value is None]
+            if missing:
+                raise ValueError(f"a GPU needs {' and '.join(missing)} (datasheet values): the learned predictor "
+                                 "reads them")
+        return self
+
 
 class HardwareRead(HardwareCreate):
     """A stored device; ``builtin`` is true for the datasheet catalog and ``local``."""
 
     builtin: bool
+
+    @model_validator(mode="after")
+    def _gpu_features_complete(self) -> HardwareRead:
+        """Stored rows are read as they are (custom GPUs stored before the rule may lack a field)."""
+        return self
 
 
 class HardwareList(Schema):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, Float, ForeignKey, Integer, String
+from sqlalchemy import JSON, Float, ForeignKey, Index, Integer, String, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from app.db import Base, utcnow
@@ -42,14 +42,26 @@ class Measurement(Base):
 
 
 class PredictorVersion(Base):
-    """A trained predictor artifact. ``metadata_`` is the artifact's metadata JSON (feature list,
-    training data, held-out metrics); exactly one row may be ``active``."""
+    """A registered predictor artifact (:mod:`app.predictors`).
+
+    ``artifact_path`` is the ONNX file relative to the artifact store, ``sha256`` its checksum (verified on
+    every load); ``metadata_`` is an :class:`app.predictor.metadata.ArtifactMetadata` as JSON. ``status``
+    is ``candidate``, ``production`` or ``retired``; at most one row is ``production`` (a partial unique
+    index). ``promoted_at`` is set each time the row becomes production (rollback picks the latest other).
+    """
 
     __tablename__ = "predictor_versions"
+    __table_args__ = (
+        Index("uq_predictor_versions_production", "status", unique=True,
+              sqlite_where=text("status = 'production'"), postgresql_where=text("status = 'production'")),
+    )
 
     version: Mapped[str] = mapped_column(String(64), primary_key=True)
     artifact_path: Mapped[str] = mapped_column(String(500))
     sha256: Mapped[str] = mapped_column(String(64))
     metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", JSON)
-    active: Mapped[bool] = mapped_column(Boolean, default=False)
+    status: Mapped[str] = mapped_column(String(16), default="candidate")
+    schema_version: Mapped[int] = mapped_column(Integer, default=1)
+    watermark_measurement_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    promoted_at: Mapped[datetime | None] = mapped_column(nullable=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

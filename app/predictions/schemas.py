@@ -10,7 +10,7 @@ from app.core.precision import Precision
 from app.core.vocab import SoftwareStack
 from app.graphs.schemas import JsonGraphCreate
 from app.hardware.schemas import HardwareCreate
-from app.schemas import Name, PositiveInt32, Schema
+from app.schemas import Identifier, Name, PositiveInt32, Schema
 
 Mode = Literal["training", "inference"]
 Optimizer = Literal["none", "sgd", "momentum", "nesterov", "adagrad", "adadelta", "rmsprop", "adam", "adamw"]
@@ -19,10 +19,10 @@ Optimizer = Literal["none", "sgd", "momentum", "nesterov", "adagrad", "adadelta"
 class PredictionCreate(Schema):
     """What to predict. Give exactly one of ``graph_id``/``graph`` and one of ``hardware_id``/``hardware``."""
 
-    graph_id: Name | None = Field(default=None, max_length=64, description="id returned by POST /v1/graphs")
+    graph_id: Identifier | None = Field(default=None, description="id returned by POST /v1/graphs")
     graph: JsonGraphCreate | None = Field(default=None, description="inline JSON layer list")
-    hardware_id: Name | None = Field(
-        default=None, max_length=64, description="catalog id, e.g. 'p100', 'a100-sxm4-40gb', 'local'"
+    hardware_id: Identifier | None = Field(
+        default=None, description="catalog id, e.g. 'p100', 'a100-sxm4-40gb', 'local'"
     )
     hardware: HardwareCreate | None = Field(default=None, description="inline custom hardware spec")
     batch_size: int = Field(strict=True, gt=0, le=1_000_000)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from app.core.precision import floors_by_pass_ms
 from app.predictor.base import LayerTimeEstimate, LayerTimeQuery
+from app.predictor.metadata import ArtifactMetadata, verify_sha256
 from app.predictor.onnx_model import LearnedPredictor, read_metadata
 from app.predictor.roofline import RooflineConstants, RooflinePredictor
 
@@ -140,6 +141,21 @@ def load_predictor(models_dir: Path, *, stem: str | None = None, threads: int = 
     meta = read_metadata(models_dir / f"{stem}.json")
     learned = LearnedPredictor(models_dir / meta["onnx_file"], meta, threads=threads)
     fallback = RooflinePredictor(RooflineConstants.from_dict(meta["roofline"]), version=f"{stem}+roofline")
+    return CompositePredictor(learned, fallback)
+
+
+def load_from_store(store_dir: Path, meta: ArtifactMetadata, *, threads: int = 1) -> CompositePredictor:
+    """Load the registered version ``meta`` from the artifact store ``store_dir`` behind the composite.
+
+    The ONNX file (``store_dir / meta.onnx_file``) is checked against ``meta.sha256`` first. Raises
+    ``FileNotFoundError`` when it is missing, :class:`app.predictor.metadata.ChecksumMismatch` when it is
+    torn or altered, and ``ValueError`` when its feature list is not that of :mod:`app.core.features`.
+    """
+    onnx_path = Path(store_dir) / meta.onnx_file
+    verify_sha256(onnx_path, meta.sha256)
+    learned = LearnedPredictor(onnx_path, meta.training, threads=threads)
+    fallback = RooflinePredictor(RooflineConstants.from_dict(meta.training["roofline"]),
+                                 version=f"{meta.version}+roofline")  # fmt: skip
     return CompositePredictor(learned, fallback)
 
 

@@ -20,10 +20,11 @@ Streaming (non-MAC) ops — norms, activations, elementwise, pooling, softmax, d
 are separate, memory-bound kernels that the Justus data never measured in isolation; they use
 ``time = max(F / P, B / (W · STREAM_EFFICIENCY)) + KERNEL_FLOOR_MS`` per kernel (one forward kernel, and
 one more for backward in training). Metadata-only views (Reshape/Flatten/Squeeze: 0 FLOPs, 0 bytes)
-take no time. Applying the conv/dense efficiency and TF1 session floor to them would overstate a
-ResNet-50 step by ~2× (they are ~70 % of its layers). A fused attention layer (:mod:`app.core.fusion`) is
-costed the same way at the attention roofline: its FLOPs at :data:`ATTENTION_EFFICIENCY` of the peak it may
-use (tensor cores), Q, K, V and the output moved once, not two batched GEMMs at the conv/dense efficiency.
+take no time, and so does an inference (eval-mode) dropout, the identity. Applying the conv/dense
+efficiency and TF1 session floor to them would overstate a ResNet-50 step by ~2× (they are ~70 % of its
+layers). A fused attention layer (:mod:`app.core.fusion`) is costed the same way at the attention
+roofline: its FLOPs at :data:`ATTENTION_EFFICIENCY` of the peak it may use (tensor cores), Q, K, V
+and the output moved once, not two batched GEMMs at the conv/dense efficiency.
 
 Precision (:mod:`app.core.precision`): each op uses the peak it may use under the request's precision
 (tensor-core rates for MAC-class ops under tf32/fp16/bf16 and for cuDNN ops under fp32 on Ampere and
@@ -202,6 +203,13 @@ class RooflinePredictor:
             return roofline_time_s(flops, nbytes, peak_flops_per_s=rate, bandwidth_bytes_per_s=bw) * 1e3
 
         ood = hw.kind != "gpu"
+        if c.kind is OpKind.DROPOUT and q.mode == "inference":
+            # nn.Dropout in eval mode returns its input (a view): no kernel runs, 0 ms (physics floor 0 too)
+            return LayerTimeEstimate(
+                forward_ms=0.0, backward_ms=0.0, update_ms=0.0, total_ms_p10=0.0, total_ms_p90=0.0,
+                method="roofline", out_of_distribution=ood,
+                notes=("dropout in inference (eval) mode is the identity: returns its input as a view, 0 ms",),
+            )
         if c.kind not in _MAC_KINDS:
             return self._streaming(q, c, peak, bw, ood)
         stack = SoftwareStack(q.software_stack)

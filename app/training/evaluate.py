@@ -269,8 +269,30 @@ def fit_overhead(rows: Sequence[dict[str, Any]], key: str = "learned_sum_ms") ->
     return 1.0, float(np.median([r["measured_ms"] - r[key] for r in rows]))
 
 
+def overhead_helps(rows: Sequence[dict[str, Any]], key: str = "learned_sum_ms") -> bool:
+    """Whether adding the fitted per-iteration overhead (:func:`fit_overhead`) beats the plain layer sum,
+    judged leave-one-model-out within ``rows`` only: each architecture's error with the overhead fitted on
+    the other architectures against its error without; True when the median absolute error is lower with it.
+    False with fewer than three architectures (nothing to fit on and test against)."""
+    archs = sorted({r["arch"] for r in rows})
+    if len(archs) < 3:
+        return False
+    with_, without = [], []
+    for r in rows:
+        others = [o for o in rows if o["arch"] != r["arch"]]
+        _, beta = fit_overhead(others)
+        with_.append(abs(r[key] + beta - r["measured_ms"]) / r["measured_ms"])
+        without.append(abs(r[key] - r["measured_ms"]) / r["measured_ms"])
+    return bool(np.median(with_) < np.median(without))
+
+
 def e2e_block(rows: Sequence[dict[str, Any]], cpu_train: TrainingRows | None) -> dict[str, Any]:
-    """Leave-one-model-out overhead calibration and errors of the learned sum vs the baselines."""
+    """Leave-one-model-out overhead calibration and errors of the learned sum vs the baselines.
+
+    For each held-out architecture the overhead is fitted on the other architectures, and used only when
+    :func:`overhead_helps` on those other architectures (a decision that never sees the held-out model);
+    otherwise its calibrated prediction is the plain layer sum (``overhead_ms`` 0, ``overhead_used`` False).
+    """
     ok = [r for r in rows if "error" not in r]
     archs = sorted({r["arch"] for r in ok})
     out_rows = []
@@ -278,11 +300,14 @@ def e2e_block(rows: Sequence[dict[str, Any]], cpu_train: TrainingRows | None) ->
     for r in ok:
         others = [o for o in ok if o["arch"] != r["arch"]]
         alpha, beta = fit_overhead(others) if len(others) >= 2 else (1.0, 0.0)
+        used = overhead_helps(others)
+        if not used:
+            beta = 0.0
         r_alpha, r_beta = fit_overhead(others, "roofline_sum_ms") if len(others) >= 2 else (1.0, 0.0)
         pred = alpha * r["learned_sum_ms"] + beta
         roof = r_alpha * r["roofline_sum_ms"] + r_beta
         row = dict(r, learned_calibrated_ms=pred, roofline_calibrated_ms=roof, overhead_alpha=alpha,
-                   overhead_ms=beta)  # fmt: skip
+                   overhead_ms=beta, overhead_used=used)  # fmt: skip
         if lin_coef is not None:
             a0, b0 = next(iter(lin_coef.values()))
             row["flop_linear_ms"] = a0 * r["layers"] + b0 * r["train_flops"]
@@ -304,8 +329,13 @@ def e2e_block(rows: Sequence[dict[str, Any]], cpu_train: TrainingRows | None) ->
                   + x["overhead_ms"] for x in out_rows]  # fmt: skip
         summary["interval_coverage_pct"] = round(float(np.mean(inside) * 100), 2)
         alpha, beta = fit_overhead(ok) if len(ok) >= 2 else (1.0, 0.0)
-        summary["overhead_all_models"] = {"overhead_ms": beta,
-                                          "formula": "iteration_ms = sum(layer total_ms) + overhead_ms"}  # fmt: skip
+        helps = overhead_helps(ok)
+        summary["overhead_all_models"] = {
+            "overhead_ms": beta if helps else 0.0, "fitted_overhead_ms": beta, "used": helps,
+            "formula": "iteration_ms = sum(layer total_ms) + overhead_ms",
+            "decision": "the fitted overhead is used only where it lowers the leave-one-model-out median "
+                        "error over the training models; otherwise the plain layer sum",
+        }  # fmt: skip
     return {"summary": summary, "rows": out_rows}
 
 
@@ -429,7 +459,7 @@ def markdown(report: Mapping[str, Any]) -> str:
                   f"{s['rebuilt']} of {s['records']} records rebuilt; architectures: {', '.join(s['architectures'])}.",
                   "", "| method | median abs error | mean abs error | within ±15 % |", "|---|---|---|---|"]  # fmt: skip
         names = {
-            "learned_calibrated_ms": "**learned layer sum + calibrated overhead**",
+            "learned_calibrated_ms": "**learned layer sum + overhead where it helps (leave-one-model-out)**",
             "learned_sum_ms": "learned layer sum, no overhead",
             "roofline_calibrated_ms": "roofline layer sum + calibrated overhead",
             "roofline_sum_ms": "roofline layer sum",
@@ -440,6 +470,13 @@ def markdown(report: Mapping[str, Any]) -> str:
                 m = s[key]
                 lines.append(f"| {name} | {_fmt(m['median_abs_error_pct'])} | {_fmt(m['mean_abs_error_pct'])} | "
                              f"{_fmt(m['within_15pct'])} |")  # fmt: skip
+        used = sum(bool(x.get("overhead_used")) for x in e2e["rows"])
+        oa = s.get("overhead_all_models") or {}
+        lines += ["", f"The fitted per-iteration overhead is added only when it lowers the median error "
+                      f"leave-one-model-out over the other (training) models: used for {used} of "
+                      f"{len(e2e['rows'])} held-out records; over all models it "
+                      f"{'helps' if oa.get('used') else 'does not help, so the plain layer sum is served'} "
+                      f"(fitted {_fmt(oa.get('fitted_overhead_ms'), pct=False)} ms)."]  # fmt: skip
         lines += ["", "| model | batch | measured ms | learned Σ ms | calibrated ms | error |",
                   "|---|---|---|---|---|---|"]  # fmt: skip
         for x in e2e["rows"]:

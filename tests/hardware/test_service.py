@@ -23,6 +23,8 @@ CUSTOM: dict[str, Any] = {
     "memory_bytes": 32 * 2**30,
     "memory_bandwidth_bytes_per_s": 1.5e12,
     "compute_units": 100,
+    "boost_clock_mhz": 1800,
+    "l2_cache_bytes": 40 * 2**20,
     "sources": {"peak_flops_per_s.fp32": "Acme datasheet"},
 }
 
@@ -111,3 +113,15 @@ def test_spec_from_inline_builds_without_storing(db: Session) -> None:
     spec = service.spec_from_inline(HardwareCreate(**CUSTOM))
     assert spec.id == "my-gpu" and spec.peak_for("bf16") == 50e12
     assert _count(db) == 0
+
+
+def test_a_gpu_without_clock_or_l2_is_refused_not_guessed() -> None:
+    """The learned predictor reads the clock and the L2 size: without them a GPU would be featurised far outside
+    the training range (a custom H100 without L2 came out 10x slower), so the spec is refused with the fields named."""
+    for drop, named in (("boost_clock_mhz", "boost_clock_mhz or base_clock_mhz"), ("l2_cache_bytes", "l2_cache_bytes")):
+        body = {k: v for k, v in CUSTOM.items() if k != drop}
+        with pytest.raises(ValueError, match=named):
+            HardwareCreate(**body)
+    assert HardwareCreate(**{**CUSTOM, "boost_clock_mhz": None, "base_clock_mhz": 1200}).base_clock_mhz == 1200
+    cpu = {k: v for k, v in CUSTOM.items() if k not in ("boost_clock_mhz", "l2_cache_bytes")}
+    assert HardwareCreate(**{**cpu, "kind": "cpu"}).kind == "cpu"

@@ -146,7 +146,8 @@ def test_no_price_or_tdp_is_said_not_zeroed(client: TestClient, resnet_id: str) 
     assert body["job"]["cost_usd"] is None and body["job"]["energy_j"] is not None
     assert any("price" in w for w in body["warnings"])
     custom = {"id": "no-tdp", "name": "No TDP", "vendor": "X", "peak_flops_per_s": {"fp32": 10e12},
-              "memory_bytes": 16 * 2**30, "memory_bandwidth_bytes_per_s": 500e9, "compute_units": 40}
+              "memory_bytes": 16 * 2**30, "memory_bandwidth_bytes_per_s": 500e9, "compute_units": 40,
+              "boost_clock_mhz": 1500, "l2_cache_bytes": 6 * 2**20}
     bare = _predict(client, graph_id=resnet_id, hardware=custom, batch_size=2, dataset_size=10, epochs=1)
     assert bare["iteration"]["energy_j"] is None and bare["job"]["energy_kwh"] is None
     assert bare["job"]["cost_usd"] is None

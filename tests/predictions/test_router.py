@@ -87,7 +87,7 @@ def test_inline_custom_hardware(client: TestClient) -> None:
     graph = {"input_shape": [3, 32, 32], "layers": [{"op": "conv2d", "out_channels": 8, "kernel_size": 3}]}
     hw = {"id": "my-gpu", "name": "My GPU", "vendor": "ACME", "kind": "gpu",
           "peak_flops_per_s": {"fp32": 20e12}, "memory_bytes": 16e9, "memory_bandwidth_bytes_per_s": 1e12,
-          "compute_units": 64}
+          "compute_units": 64, "boost_clock_mhz": 1500, "l2_cache_bytes": 6 * 2**20}
     r = _predict(client, graph=graph, hardware=hw, batch_size=4)
     assert r.status_code == 200, r.text
     assert r.json()["hardware_id"] == "my-gpu"

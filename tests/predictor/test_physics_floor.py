@@ -81,7 +81,7 @@ def test_every_served_pass_is_at_least_its_floor_on_every_device_and_precision()
                 queries = [LayerTimeQuery(x, layer_cost(x), hw, mode, opt, precision) for x in layers]
                 for query, est in zip(queries, predictor.estimate(queries), strict=True):
                     args = (query.layer, query.cost, hw, precision)
-                    f_floor = physics_floor_ms(*args, Pass.FORWARD)
+                    f_floor = physics_floor_ms(*args, Pass.TRAIN_FORWARD if mode == "training" else Pass.FORWARD)
                     assert est.forward_ms >= f_floor, (hw.id, precision, query.layer.name)
                     if mode == "training":
                         assert est.backward_ms >= physics_floor_ms(*args, Pass.BACKWARD)
@@ -111,3 +111,21 @@ def test_clamp_raises_each_pass_and_moves_the_interval() -> None:
     slow = LayerTimeEstimate(1e3, 2e3, 1.0, 2e3, 4e3, "roofline", False)
     kept = clamp_to_physics_floor(q, slow)
     assert (kept.forward_ms, kept.backward_ms, kept.update_ms) == (1e3, 2e3, 1.0) and not kept.floor_clamped
+
+
+def test_inference_dropout_is_the_identity_floor_and_served_time_zero() -> None:
+    """Eval-mode dropout returns its input: floor 0 and a served 0 ms; the training forward still pays."""
+    hw = load_catalog()["t4"]
+    layer = import_json({"input_shape": [4096], "layers": [{"op": "dropout"}]}, batch_size=1 << 18).layers[0]
+    cost = layer_cost(layer)
+    assert physics_floor_ms(layer, cost, hw, "fp32", Pass.FORWARD) == 0.0
+    train_fwd = physics_floor_ms(layer, cost, hw, "fp32", Pass.TRAIN_FORWARD)
+    assert train_fwd > 1.0  # 2^30 fp32 elements read, written and masked: > 1 ms at 320 GB/s
+    step = physics_floor_ms(layer, cost, hw, "fp32", Pass.TRAIN_STEP)
+    assert step == pytest.approx(train_fwd + physics_floor_ms(layer, cost, hw, "fp32", Pass.BACKWARD))
+    predictor = load_predictor(MODELS_DIR)
+    inf, train = predictor.estimate([LayerTimeQuery(layer, cost, hw, "inference", "none", Precision.FP32),
+                                     LayerTimeQuery(layer, cost, hw, "training", "sgd", Precision.FP32)])
+    assert inf.total_ms == 0.0 and inf.physics_floor_ms == 0.0 and not inf.floor_clamped
+    assert any("identity" in n for n in inf.notes)
+    assert train.forward_ms >= train_fwd and train.total_ms >= step

@@ -87,6 +87,7 @@ def test_16_concurrent_api_writers_see_no_error(settings: Settings, writers: int
                 r = client.post("/v1/hardware", json={
                     "id": f"gpu-{i}", "name": f"GPU {i}", "vendor": "Acme", "peak_flops_per_s": {"fp32": 1e13},
                     "memory_bytes": 16e9, "memory_bandwidth_bytes_per_s": 5e11, "compute_units": 40,
+                    "boost_clock_mhz": 1500, "l2_cache_bytes": 6 * 2**20,
                 })
             else:
                 r = client.post("/v1/measurements", json={**MEASUREMENT, "batch_size": i + 1})

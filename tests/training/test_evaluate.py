@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("torch")
 
 from app.training.dataset import load_from_database  # noqa: E402
-from app.training.evaluate import fit_overhead  # noqa: E402
+from app.training.evaluate import e2e_block, fit_overhead, overhead_helps  # noqa: E402
 from app.training.evaluate import main as evaluate_main  # noqa: E402
 from app.training.metrics import metrics, nearest_neighbour_predict, spearman  # noqa: E402
 from app.training.train import main as train_main  # noqa: E402
@@ -32,6 +32,29 @@ def test_metrics_on_known_values() -> None:
 def test_overhead_is_the_median_per_iteration_residual() -> None:
     rows = [{"measured_ms": s + c, "learned_sum_ms": s, "layers": 10} for s, c in ((10, 2), (40, 3), (5, 2.5))]
     assert fit_overhead(rows) == (1.0, pytest.approx(2.5))
+
+
+def _e2e_rows(offsets: dict[str, float]) -> list[dict[str, float | str]]:
+    return [{"arch": a, "batch_size": 8, "measured_ms": s + c, "learned_sum_ms": s, "learned_sum_p10_ms": s / 2,
+             "learned_sum_p90_ms": s * 2, "roofline_sum_ms": s / 3, "layers": 10, "train_flops": 1e9}
+            for a, c in offsets.items() for s in (20.0, 50.0)]  # fmt: skip
+
+
+def test_overhead_is_used_only_where_it_helps_leave_one_model_out() -> None:
+    # a shared 5 ms per-iteration overhead: adding it (fitted on the other models) removes the error
+    shared = _e2e_rows({"a": 5.0, "b": 5.0, "c": 5.0, "d": 5.0})
+    assert overhead_helps(shared)
+    block = e2e_block(shared, None)
+    assert all(r["overhead_used"] for r in block["rows"])
+    assert block["summary"]["learned_calibrated_ms"]["median_abs_error_pct"] < 1e-9
+    # offsets of either sign: the median offset fitted on the others makes most models worse -> plain sum
+    mixed = _e2e_rows({"a": 6.0, "b": -6.0, "c": 6.0, "d": -6.0, "e": 0.0})
+    assert not overhead_helps(mixed)
+    block = e2e_block(mixed, None)
+    assert not any(r["overhead_used"] for r in block["rows"])
+    s = block["summary"]
+    assert s["learned_calibrated_ms"] == s["learned_sum_ms"] and s["overhead_all_models"]["overhead_ms"] == 0.0
+    assert not overhead_helps(shared[:4])  # two architectures: nothing to fit on and test against
 
 
 @needs_data

@@ -1,0 +1,1 @@
+"""Predictor registry domain: versions (candidate / production / retired), promotion, rollback, retrain runs."""

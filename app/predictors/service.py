@@ -1,0 +1,249 @@
+"""Predictor versions in the database: register, list, promote, roll back, seed, and the hot-swapping
+holder a running API serves from.
+
+Lifecycle: a version is registered as ``candidate`` (by :mod:`app.training.retrain`); promoting it makes
+it ``production`` and the former production ``retired`` in one transaction (the partial unique index of
+``predictor_versions`` rejects a second production row, so two concurrent promotions cannot both win).
+Rolling back the production version retires it and restores the version promoted before it. Running
+APIs pick the change up through :class:`PredictorHolder` within ``predictor_poll_s``.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.db import utcnow
+from app.errors import Conflict, LayercastError, NotFoundError
+from app.measurements.models import PredictorVersion
+from app.predictor.metadata import ArtifactMetadata, sha256_file, write_atomic
+from app.predictor.onnx_model import read_metadata
+from app.predictor.registry import CompositePredictor, current_stem, load_from_store
+
+logger = logging.getLogger("layercast.predictors")
+
+CANDIDATE, PRODUCTION, RETIRED = "candidate", "production", "retired"
+STATUSES = (CANDIDATE, PRODUCTION, RETIRED)
+
+
+class PredictorVersionNotFound(NotFoundError):
+    code = "predictor_version_not_found"
+
+
+class NotProduction(Conflict):
+    code = "not_production"
+
+
+class NoPreviousVersion(Conflict):
+    code = "no_previous_version"
+
+
+class AdminKeyNotConfigured(LayercastError):
+    status_code = 403
+    code = "admin_key_not_configured"
+
+
+class AdminKeyInvalid(LayercastError):
+    status_code = 401
+    code = "admin_key_invalid"
+
+
+def check_admin_key(configured: str | None, given: str | None) -> None:
+    """Raise :class:`AdminKeyNotConfigured` (403) when no admin key is configured and
+    :class:`AdminKeyInvalid` (401) when ``given`` differs from it (constant-time ``hmac.compare_digest``)."""
+    if not configured:
+        raise AdminKeyNotConfigured("admin routes are disabled: set LAYERCAST_ADMIN_KEY")
+    if given is None or not hmac.compare_digest(given.encode(), configured.encode()):
+        raise AdminKeyInvalid("missing or wrong admin key (Authorization: Bearer <LAYERCAST_ADMIN_KEY>)")
+
+
+# ------------------------------------------------------------------------------------------- queries
+
+
+def list_versions(session: Session, *, status: str | None = None) -> list[PredictorVersion]:
+    """Registered versions, newest first, optionally of one ``status``."""
+    stmt = select(PredictorVersion).order_by(PredictorVersion.created_at.desc(), PredictorVersion.version.desc())
+    if status is not None:
+        stmt = stmt.where(PredictorVersion.status == status)
+    return list(session.scalars(stmt))
+
+
+def get_version(session: Session, version: str) -> PredictorVersion:
+    """The row of ``version``; raises :class:`PredictorVersionNotFound` (404)."""
+    row = session.get(PredictorVersion, version)
+    if row is None:
+        raise PredictorVersionNotFound(f"predictor version {version!r} is not registered", detail={"version": version})
+    return row
+
+
+def production(session: Session) -> PredictorVersion | None:
+    """The production version, or None when none is registered."""
+    return session.scalars(select(PredictorVersion).where(PredictorVersion.status == PRODUCTION)).first()
+
+
+def metadata_of(row: PredictorVersion) -> ArtifactMetadata:
+    """The typed metadata of a row (raises ``pydantic.ValidationError`` on a malformed row)."""
+    return ArtifactMetadata.model_validate(row.metadata_)
+
+
+# ------------------------------------------------------------------------------------------- changes
+
+
+def register(session: Session, meta: ArtifactMetadata, *, status: str = CANDIDATE) -> PredictorVersion:
+    """Add ``meta`` as a new version with ``status`` (flushed, not committed). Raises
+    :class:`app.errors.Conflict` (409) when the version is already registered."""
+    if session.get(PredictorVersion, meta.version) is not None:
+        raise Conflict(f"predictor version {meta.version!r} is already registered", detail={"version": meta.version})
+    row = PredictorVersion(
+        version=meta.version, artifact_path=meta.onnx_file, sha256=meta.sha256,
+        metadata_=meta.model_dump(mode="json"), status=status, schema_version=meta.schema_version,
+        watermark_measurement_id=meta.watermark.max_measurement_id,
+        promoted_at=utcnow() if status == PRODUCTION else None,
+    )  # fmt: skip
+    session.add(row)
+    session.flush()
+    return row
+
+
+def _make_production(session: Session, row: PredictorVersion, *, stamp: bool) -> None:
+    current = production(session)
+    if current is not None and current.version != row.version:
+        current.status = RETIRED
+        session.flush()  # the old row leaves the one-production index before the new one enters it
+    row.status = PRODUCTION
+    if stamp:
+        row.promoted_at = utcnow()
+    try:
+        session.flush()
+    except IntegrityError as exc:  # a concurrent promotion won the race
+        raise Conflict("another promotion committed first; retry", detail={"version": row.version}) from exc
+
+
+def promote(session: Session, version: str) -> PredictorVersion:
+    """Make ``version`` production, retiring the former one (no-op when it already is). Raises
+    :class:`PredictorVersionNotFound` (404) or :class:`app.errors.Conflict` (409, a concurrent promotion)."""
+    row = get_version(session, version)
+    if row.status != PRODUCTION:
+        _make_production(session, row, stamp=True)
+        logger.info("promoted predictor %s", version)
+    return row
+
+
+def rollback(session: Session, version: str) -> PredictorVersion:
+    """Retire the production ``version`` and restore the version promoted last before it; returns the
+    restored row. Raises :class:`PredictorVersionNotFound` (404), :class:`NotProduction` (409) when
+    ``version`` is not production and :class:`NoPreviousVersion` (409) when none was promoted before it."""
+    row = get_version(session, version)
+    if row.status != PRODUCTION:
+        raise NotProduction(f"{version!r} is {row.status}, not production", detail={"version": version})
+    stmt = select(PredictorVersion).where(
+        PredictorVersion.version != version, PredictorVersion.promoted_at.is_not(None))
+    if row.promoted_at is not None:
+        stmt = stmt.where(PredictorVersion.promoted_at < row.promoted_at)
+    previous = session.scalars(stmt.order_by(PredictorVersion.promoted_at.desc())).first()
+    if previous is None:
+        raise NoPreviousVersion(f"no version was promoted before {version!r}", detail={"version": version})
+    # promoted_at of the restored row is kept, so a second rollback goes further back, not forth
+    _make_production(session, previous, stamp=False)
+    logger.info("rolled back predictor %s to %s", version, previous.version)
+    return previous
+
+
+def seed_from_models_dir(session: Session, models_dir: Path, store_dir: Path) -> PredictorVersion | None:
+    """When no version is registered: register the artifact named by ``models_dir/CURRENT`` as production
+    (its ONNX file copied atomically into ``store_dir`` when that is another directory). Returns the new
+    row, or None when versions exist already. Raises ``FileNotFoundError`` without ``CURRENT`` or its files."""
+    if session.scalars(select(PredictorVersion.version).limit(1)).first() is not None:
+        return None
+    stem = current_stem(models_dir)
+    training = read_metadata(Path(models_dir) / f"{stem}.json")
+    source = Path(models_dir) / training["onnx_file"]
+    target = Path(store_dir) / training["onnx_file"]
+    if source.resolve() != target.resolve():
+        write_atomic(target, source.read_bytes())
+    meta = ArtifactMetadata.from_training(training, sha256=sha256_file(target))
+    row = register(session, meta, status=PRODUCTION)
+    logger.info("registered the shipped predictor %s as production", meta.version)
+    return row
+
+
+# ------------------------------------------------------------------------------------------- serving
+
+
+class PredictorHolder:
+    """The production predictor of a running API, re-read from the database at most every ``poll_s``.
+
+    :meth:`current` is called once at the start of each request (:func:`app.deps.get_predictor`), so a
+    request keeps the one reference it got even if a swap happens meanwhile: versions never mix within a
+    request. A new production version is loaded from the store (checksum verified) before it replaces
+    the old one; if it cannot be loaded (missing or torn file, database down) the old one keeps serving
+    and the failure is logged, retried at the next poll. ``clock`` is injectable for tests.
+    """
+
+    def __init__(self, factory: sessionmaker[Session], store_dir: Path, *, poll_s: float, threads: int = 1,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+        self._factory = factory
+        self._store = Path(store_dir)
+        self._poll_s = poll_s
+        self._threads = threads
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._predictor: CompositePredictor | None = None
+        self._checked_at = float("-inf")
+
+    @property
+    def loaded(self) -> CompositePredictor | None:
+        """The predictor loaded now (None before the first successful load); does not poll."""
+        return self._predictor
+
+    def current(self) -> CompositePredictor:
+        """The production predictor, refreshed when the last check is ``poll_s`` old. Raises
+        ``FileNotFoundError`` only when nothing was ever loaded and no production version can be."""
+        if self._predictor is None or self._clock() - self._checked_at >= self._poll_s:
+            with self._lock:
+                if self._predictor is None or self._clock() - self._checked_at >= self._poll_s:
+                    self.refresh()
+        assert self._predictor is not None
+        return self._predictor
+
+    def refresh(self) -> None:
+        """Compare the production row with the loaded version and swap when they differ (see class doc)."""
+        self._checked_at = self._clock()
+        try:
+            with self._factory() as session:
+                row = production(session)
+                meta = None if row is None else metadata_of(row)
+            if meta is None:
+                raise FileNotFoundError("no production predictor version is registered")
+            if self._predictor is not None and self._predictor.version == meta.version:
+                return
+            new = load_from_store(self._store, meta, threads=self._threads)
+        except Exception:
+            if self._predictor is None:
+                raise
+            logger.exception("predictor refresh failed; still serving %s", self._predictor.version)
+            return
+        old = None if self._predictor is None else self._predictor.version
+        self._predictor = new
+        logger.info("serving predictor %s (was %s)", new.version, old)
+
+
+def version_summary(row: PredictorVersion) -> dict[str, Any]:
+    """The API view of a row (see :class:`app.predictors.schemas.PredictorVersionRead`)."""
+    meta = row.metadata_ or {}
+    return {
+        "version": row.version, "status": row.status, "sha256": row.sha256, "artifact_path": row.artifact_path,
+        "schema_version": row.schema_version, "watermark_measurement_id": row.watermark_measurement_id,
+        "created_at": row.created_at, "promoted_at": row.promoted_at,
+        "feature_names": meta.get("feature_names", []), "hyperparameters": meta.get("hyperparameters", {}),
+        "metrics": meta.get("metrics", {}), "watermark": meta.get("watermark", {}),
+    }  # fmt: skip
