@@ -25,6 +25,8 @@ RUN pip install --index-url https://download.pytorch.org/whl/cpu "torch==2.13.0"
     && pip install ".[postgres,train]"
 
 # ------------------------------------------------------------------- worker: retraining, own process
+# Both images own /app/models the same way: compose shares it as the `models` volume (the artifact
+# store the worker writes and the API reads), initialised from whichever image mounts it first.
 FROM python:3.11.11-slim-bookworm AS worker
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -66,7 +68,7 @@ COPY models/ ./models/
 RUN groupadd --system layercast \
     && useradd --system --gid layercast --home-dir /app --no-create-home layercast \
     && mkdir -p /app/var \
-    && chown layercast:layercast /app/var
+    && chown -R layercast:layercast /app/var /app/models
 USER layercast
 
 EXPOSE 8000

@@ -19,6 +19,7 @@ from app.errors import LayercastError
 from app.graphs import router as graphs_router
 from app.graphs import service as graphs
 from app.hardware import service as hardware_service
+from app.observability import record_prediction
 from app.predictions import service as predictions
 from app.predictions.schemas import PredictionCreate, PredictionRead
 from app.web import render
@@ -37,7 +38,9 @@ def _query(
 def _predict(session: Any, predictor: Any, query: dict[str, Any]) -> PredictionRead:
     """Raises :class:`LayercastError` or ``ValidationError`` for a bad request."""
     fields = {k: v for k, v in query.items() if v is not None}
-    return predictions.predict(session, predictor, request=PredictionCreate.model_validate(fields))
+    prediction = predictions.predict(session, predictor, request=PredictionCreate.model_validate(fields))
+    record_prediction(predictor_version=prediction.predictor_version, methods=prediction.methods)
+    return prediction
 
 
 def _problem(exc: Exception) -> tuple[int, str, str]:
