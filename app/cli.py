@@ -86,6 +86,8 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
 DELEGATED: dict[str, tuple[str, str]] = {
     "train": ("app.training.train", "train a predictor from scratch (needs the train extra)"),
     "evaluate": ("app.training.evaluate", "evaluate the shipped predictor against baselines; writes a report"),
+    "retrain": ("app.training.retrain", "train a candidate on all measurements, promote it only if not worse"),
+    "worker": ("app.training.worker", "run retrains when requested, on new measurements or a schedule"),
     "finetune": ("app.training.finetune", "fine-tune the predictor to a new device from a few measurements"),
     "profile": ("app.profiler.run", "measure per-layer times on this machine with torch (train extra)"),
     "import": ("app.measurements.cli", "import public measurements (justus, deepbench, neusight, vidur)"),

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header
+from fastapi import APIRouter, Depends, Header, status
 
 from app.deps import SessionDep, SettingsDep
 from app.predictors import service
-from app.predictors.schemas import PredictorVersionList, PredictorVersionRead
+from app.predictors.schemas import PredictorVersionList, PredictorVersionRead, RetrainRequestRead
 from app.schemas import ErrorResponse
 
 router = APIRouter(prefix="/v1/predictors", tags=["predictors"])
@@ -41,6 +41,14 @@ def list_predictors(session: SessionDep, status: str | None = None) -> Predictor
     prod = service.production(session)
     return PredictorVersionList(items=[PredictorVersionRead(**service.version_summary(r)) for r in rows],
                                 production=None if prod is None else prod.version)  # fmt: skip
+
+
+@router.post("/retrain", response_model=RetrainRequestRead, status_code=status.HTTP_202_ACCEPTED,
+             responses={k: _ADMIN_ERRORS[k] for k in (401, 403)}, summary="Ask for a retrain run (admin)")  # fmt: skip
+def request_retrain(session: SessionDep, _admin: AdminDep) -> RetrainRequestRead:
+    """Record a retrain request; a ``layercast worker`` runs it (one run at a time across processes)."""
+    run = service.request_retrain(session)
+    return RetrainRequestRead(id=run.id, status=run.status, trigger=run.trigger, requested_at=run.requested_at)
 
 
 @router.get("/{version}", response_model=PredictorVersionRead,

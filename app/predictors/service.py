@@ -28,6 +28,7 @@ from app.measurements.models import PredictorVersion
 from app.predictor.metadata import ArtifactMetadata, sha256_file, write_atomic
 from app.predictor.onnx_model import read_metadata
 from app.predictor.registry import CompositePredictor, current_stem, load_from_store
+from app.predictors.models import RetrainRun
 
 logger = logging.getLogger("layercast.predictors")
 
@@ -156,6 +157,14 @@ def rollback(session: Session, version: str) -> PredictorVersion:
     _make_production(session, previous, stamp=False)
     logger.info("rolled back predictor %s to %s", version, previous.version)
     return previous
+
+
+def request_retrain(session: Session) -> RetrainRun:
+    """Record a ``requested`` retrain run for a worker (``layercast worker``) to take (flushed)."""
+    run = RetrainRun(status="requested", trigger="api", metrics={}, gate={})
+    session.add(run)
+    session.flush()
+    return run
 
 
 def seed_from_models_dir(session: Session, models_dir: Path, store_dir: Path) -> PredictorVersion | None:

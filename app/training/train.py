@@ -775,13 +775,19 @@ def run(
     write_current: bool = True,
     argv: Sequence[str] = (),
     log: Callable[[str], None] = print,
+    keep_rows: Callable[[TrainingRows], np.ndarray] | None = None,
 ) -> dict[str, Any]:
-    """Load, split, fit, run leave-one-GPU-out (conformal GPU interval), export; returns the metadata."""
+    """Load, split, fit, run leave-one-GPU-out (conformal GPU interval), export; returns the metadata.
+    ``keep_rows`` (a boolean mask per loaded row set) leaves rows out before the split (retraining: the
+    frozen benchmark, :mod:`app.training.retrain`)."""
     t0 = time.time()
     torch.set_num_threads(threads)
     torch.use_deterministic_algorithms(True)
     gpu, cpu_rows, cpu_spec = load_training_data(database_url=database_url, sources=sources, cpu=cpu,
                                                  sample=sample, seed=seed, log=log)  # fmt: skip
+    if keep_rows is not None:
+        gpu = gpu.subset(keep_rows(gpu))
+        cpu_rows = None if cpu_rows is None else cpu_rows.subset(keep_rows(cpu_rows))
     tr, va, te = splits(gpu, cpu_rows, seed=seed)
     recipe = {**DEFAULTS, "epochs": epochs, "hidden": hidden, "depth": depth, "ensemble": ensemble,
               "cpu_head": CPU_HEAD}  # fmt: skip

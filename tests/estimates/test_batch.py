@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
+from app.deps import get_predictor
 from app.estimates.schemas import MAX_BATCH_ITEMS
 
 CNN = {"name": "small-cnn", "input_shape": [3, 32, 32],
@@ -29,10 +30,12 @@ class CountingPredictor:
 
 
 @pytest.fixture
-def counting(client: TestClient) -> CountingPredictor:
-    wrapper = CountingPredictor(client.app.state.predictor)  # type: ignore[attr-defined]
-    client.app.state.predictor = wrapper  # type: ignore[attr-defined]
-    return wrapper
+def counting(client: TestClient) -> Iterator[CountingPredictor]:
+    """The production predictor wrapped for counting, swapped in through ``dependency_overrides``."""
+    wrapper = CountingPredictor(client.app.state.predictors.current())  # type: ignore[attr-defined]
+    client.app.dependency_overrides[get_predictor] = lambda: wrapper  # type: ignore[attr-defined]
+    yield wrapper
+    client.app.dependency_overrides.pop(get_predictor, None)  # type: ignore[attr-defined]
 
 
 def test_summaries_match_single_predictions_and_use_one_predictor_call(

@@ -1,6 +1,5 @@
 """HTTP routes of measurements on the full app (``create_app``: its routers, error handlers and catalog
-seeding) on a migrated SQLite file. The predictor is not loaded: these routes do not use it, and this
-keeps them testable whatever state the shipped predictor artifact is in."""
+seeding, predictor registry) on a migrated SQLite file."""
 
 from __future__ import annotations
 
@@ -16,8 +15,7 @@ from app.migrate import upgrade
 
 
 @pytest.fixture
-def client(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
-    monkeypatch.setattr(app.main, "_load_predictor", lambda _settings: None)
+def client(settings: Settings) -> Iterator[TestClient]:
     upgrade(settings.database_url)
     with TestClient(app.main.create_app(settings)) as test_client:
         yield test_client

@@ -1,0 +1,279 @@
+"""``layercast retrain``: train a candidate on every stored measurement, gate it against production, promote
+it or not, and record the decision (issue 10 item 3).
+
+Stages of :func:`run_retrain`:
+
+1. **watermark**: the newest measurement id (and its ``created_at``) at the start; later rows are left out
+   of the evaluation (a row that lands during training may still be trained on: the loader reads once).
+2. **train** (:func:`app.training.train.run`, nothing re-implemented) into a temporary folder inside the
+   artifact store, every **frozen benchmark** row left out: a row is in the benchmark when the SHA-256 of
+   ``BENCHMARK_SALT + its configuration key`` (:func:`app.training.dataset.config_key`: the shape without
+   device, pass, optimizer and precision) falls below ``benchmark_fraction``. Membership depends on the
+   key alone, so it stays frozen as data grows, and no version trained here ever sees it. (The shipped
+   seed version predates the benchmark and did train on some of it: that favours production, the safe side.)
+3. **evaluate** candidate and production on the same rows: the candidate's **fresh held-out** test split
+   (:func:`app.training.train.splits` of the non-benchmark rows, the split the candidate was scored on)
+   and the benchmark. Metrics (:func:`app.training.metrics.metrics` of the p50) overall, per source,
+   per hardware id and per precision.
+4. **gate** (:func:`gate`): on each of the two splits the candidate's MAPE must be at most production's
+   times ``1 + overall_tolerance`` overall and ``1 + group_tolerance`` on every hardware id and every
+   precision with at least ``min_group_rows`` rows in the split.
+5. **register and decide** in one transaction: the ONNX file moved into the store atomically
+   (:func:`app.predictor.metadata.write_atomic`), the version registered as a candidate with its typed
+   metadata, promoted when the gate passed, the :class:`app.predictors.models.RetrainRun` row finished
+   with both sets of metrics, every gate check and the reason.
+
+A failure anywhere (training, export, writing the artifact) marks the run ``failed`` and leaves the
+production row untouched; the temporary folder is always removed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import shutil
+import sys
+import tempfile
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app.db import make_engine, make_sessionmaker, utcnow
+from app.measurements.models import Measurement
+from app.predictor.metadata import ArtifactMetadata, Watermark, sha256_file, write_atomic
+from app.predictor.onnx_model import LearnedPredictor
+from app.predictor.registry import load_from_store
+from app.predictors import service
+from app.predictors.models import RetrainRun
+from app.training.dataset import TrainingRows
+from app.training.metrics import metrics
+from app.training.train import DEFAULT_SAMPLE, DEFAULTS, V3_SOURCES, load_training_data, splits
+from app.training.train import run as train_run
+
+#: Salt of the benchmark membership hash; changing it defines a new benchmark (never do it silently).
+BENCHMARK_SALT = "layercast-frozen-benchmark-v1:"
+
+#: Splits every candidate is gated on.
+SPLITS = ("held_out", "benchmark")
+
+
+@dataclass(frozen=True, slots=True)
+class RetrainConfig:
+    """Settings of one retrain run. Model settings as :mod:`app.training.train` (``sample``: rows per
+    imported file of every GPU source, None = :data:`app.training.train.DEFAULT_SAMPLE`); tolerances are
+    relative (0.10 = a MAPE up to 10 % higher than production's passes)."""
+
+    epochs: int = int(DEFAULTS["epochs"])
+    hidden: int = int(DEFAULTS["hidden"])
+    depth: int = int(DEFAULTS["depth"])
+    ensemble: int = int(DEFAULTS["ensemble"])
+    sample: int | None = None
+    seed: int = 0
+    sources: tuple[str, ...] = V3_SOURCES
+    cpu: bool = True
+    logo: bool = False
+    threads: int = 1
+    benchmark_fraction: float = 0.1
+    overall_tolerance: float = 0.0
+    group_tolerance: float = 0.10
+    min_group_rows: int = 20
+
+    def sample_per_source(self) -> dict[str, int | None]:
+        """Rows per imported file of each GPU source."""
+        return dict(DEFAULT_SAMPLE) if self.sample is None else {k: self.sample for k in DEFAULT_SAMPLE}
+
+
+def in_benchmark(config_keys: np.ndarray, fraction: float) -> np.ndarray:
+    """Boolean ``[N]``: rows whose configuration key hashes below ``fraction`` (see module docstring)."""
+    keys, inverse = np.unique(np.asarray(config_keys).astype(str), return_inverse=True)
+    u = np.array([int(hashlib.sha256((BENCHMARK_SALT + k).encode()).hexdigest()[:12], 16) / 16**12 for k in keys])
+    return (u < fraction)[inverse] if len(keys) else np.zeros(0, dtype=bool)
+
+
+def evaluate_on(predictor: LearnedPredictor, data: TrainingRows) -> dict[str, Any]:
+    """Metrics of ``predictor``'s p50 (and 80 % interval) on ``data``: ``overall`` and ``by_source``,
+    ``by_hardware``, ``by_precision`` (each :func:`app.training.metrics.metrics`)."""
+    pred = np.exp(predictor.run_features(data.features).astype(np.float64))
+    out: dict[str, Any] = {"overall": metrics(data.time_ms, pred[:, 1], pred[:, 0], pred[:, 2])}
+    for name, column in (("by_source", data.source), ("by_hardware", data.gpu), ("by_precision", data.precision)):
+        out[name] = {str(v): metrics(data.time_ms[column == v], pred[column == v, 1], pred[column == v, 0],
+                                     pred[column == v, 2]) for v in np.unique(column)}  # fmt: skip
+    return out
+
+
+def gate(
+    candidate: Mapping[str, Any], production: Mapping[str, Any], cfg: RetrainConfig
+) -> tuple[bool, list[dict[str, Any]]]:
+    """Compare per split (:data:`SPLITS`) overall and per hardware / precision MAPE (module docstring).
+
+    Returns ``(passed, checks)``; each check names ``split``, ``group`` (``overall``, ``hardware:<id>``,
+    ``precision:<p>``), both MAPEs (%), the allowed maximum and ``passed``.
+    """
+    checks: list[dict[str, Any]] = []
+    for split in SPLITS:
+        c, p = candidate[split], production[split]
+        pairs = [("overall", c["overall"], p["overall"], cfg.overall_tolerance)]
+        for by, label in (("by_hardware", "hardware"), ("by_precision", "precision")):
+            for key in sorted(set(c[by]) & set(p[by])):
+                if c[by][key].get("n", 0) >= cfg.min_group_rows:
+                    pairs.append((f"{label}:{key}", c[by][key], p[by][key], cfg.group_tolerance))
+        for group, cm, pm, tol in pairs:
+            if cm.get("n", 0) == 0:
+                continue
+            allowed = pm["mape_pct"] * (1 + tol)
+            checks.append({"split": split, "group": group, "n": cm["n"], "candidate_mape_pct": cm["mape_pct"],
+                           "production_mape_pct": pm["mape_pct"], "max_mape_pct": round(allowed, 4),
+                           "passed": bool(cm["mape_pct"] <= allowed)})  # fmt: skip
+    return bool(checks) and all(ch["passed"] for ch in checks), checks
+
+
+def _watermark(session: Session) -> Watermark:
+    max_id, max_at = session.execute(select(func.max(Measurement.id), func.max(Measurement.created_at))).one()
+    return Watermark(max_measurement_id=max_id, max_created_at=max_at)
+
+
+def evaluation_rows(database_url: str, cfg: RetrainConfig, max_measurement_id: int | None) -> dict[str, TrainingRows]:
+    """``{"held_out": the candidate's test split, "benchmark": the frozen benchmark}``, the same rows and
+    sampling the trainer loaded (deterministic for the seed), measurement ids up to the watermark."""
+    gpu, cpu, _ = load_training_data(database_url=database_url, sources=cfg.sources, cpu=cfg.cpu,
+                                     sample=cfg.sample_per_source(), seed=cfg.seed, log=lambda s: None)  # fmt: skip
+    parts = [d for d in (gpu, cpu) if d is not None and len(d)]
+    if max_measurement_id is not None:
+        parts = [d.subset(d.measurement_id <= max_measurement_id) for d in parts]
+    bench = [d.subset(in_benchmark(d.config, cfg.benchmark_fraction)) for d in parts]
+    rest = [d.subset(~in_benchmark(d.config, cfg.benchmark_fraction)) for d in parts]
+    _, _, held_out = splits(rest[0], rest[1] if len(rest) > 1 else None, seed=cfg.seed)
+    return {"held_out": held_out, "benchmark": TrainingRows.concat([b for b in bench if len(b)] or bench[:1])}
+
+
+def run_retrain(*, database_url: str, store_dir: Path, cfg: RetrainConfig, trigger: str = "cli",
+                run_id: int | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:  # fmt: skip
+    """One retrain run (module docstring); returns the finished run as a dict (``status`` ``promoted`` or
+    ``rejected``). ``run_id`` continues a ``requested`` run (the worker). Raises ``ValueError`` without a
+    production version or measurements, and re-raises any training failure after recording it."""
+    store_dir = Path(store_dir)
+    engine = make_engine(database_url)
+    factory = make_sessionmaker(engine)
+    tmp: Path | None = None
+    try:
+        with factory.begin() as session:
+            prod_row = service.production(session)
+            if prod_row is None:
+                raise ValueError("no production predictor is registered: start the API once (it seeds one)")
+            prod_meta = service.metadata_of(prod_row)
+            mark = _watermark(session)
+            run = session.get(RetrainRun, run_id) if run_id is not None else None
+            if run is None:
+                run = RetrainRun(status="running", trigger=trigger, metrics={}, gate={})
+                session.add(run)
+            run.status, run.started_at = "running", utcnow()
+            run.production_version, run.watermark_measurement_id = prod_meta.version, mark.max_measurement_id
+            session.flush()
+            run_id = run.id
+        log(f"retrain run {run_id}: production {prod_meta.version}, watermark measurement {mark.max_measurement_id}")
+        try:
+            production = load_from_store(store_dir, prod_meta).learned
+            store_dir.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=".retrain-", dir=store_dir))
+            suffix = f"r{run_id}-{utcnow():%Y%m%d%H%M%S}"
+            frac = cfg.benchmark_fraction
+            training = train_run(
+                database_url=database_url, out_dir=tmp, epochs=cfg.epochs, sample=cfg.sample_per_source(),
+                seed=cfg.seed, version=suffix, sources=cfg.sources, cpu=cfg.cpu, logo=cfg.logo, hidden=cfg.hidden,
+                depth=cfg.depth, ensemble=cfg.ensemble, threads=cfg.threads, write_current=False,
+                argv=("retrain", f"run {run_id}"), log=log, keep_rows=lambda rows: ~in_benchmark(rows.config, frac),
+            )  # fmt: skip
+            candidate = LearnedPredictor(tmp / training["onnx_file"], training, threads=cfg.threads)
+            rows = evaluation_rows(database_url, cfg, mark.max_measurement_id)
+            cand_m = {s: evaluate_on(candidate, rows[s]) for s in SPLITS}
+            prod_m = {s: evaluate_on(production, rows[s]) for s in SPLITS}
+            passed, checks = gate(cand_m, prod_m, cfg)
+            failed = [f"{c['split']} {c['group']}: {c['candidate_mape_pct']:.2f} % > {c['max_mape_pct']:.2f} %"
+                      for c in checks if not c["passed"]]  # fmt: skip
+            reason = ("not worse than production overall nor on any hardware or precision" if passed
+                      else "worse than production: " + "; ".join(failed))  # fmt: skip
+            write_atomic(store_dir / training["onnx_file"], (tmp / training["onnx_file"]).read_bytes())
+            mark = mark.model_copy(update={"rows": int(training["training_data"]["rows"]["train"])})
+            meta = ArtifactMetadata.from_training(training, sha256=sha256_file(store_dir / training["onnx_file"]),
+                                                  watermark=mark, metrics=cand_m)  # fmt: skip
+            with factory.begin() as session:
+                service.register(session, meta)
+                if passed:
+                    service.promote(session, meta.version)
+                run = session.get(RetrainRun, run_id)
+                assert run is not None
+                run.status = "promoted" if passed else "rejected"
+                run.candidate_version, run.reason, run.finished_at = meta.version, reason, utcnow()
+                run.metrics = {"candidate": cand_m, "production": prod_m, "config": asdict(cfg)}
+                run.gate = {"passed": passed, "checks": checks}
+                result = _run_dict(run)
+            log(f"retrain run {run_id}: {meta.version} {result['status']} ({reason})")
+            return result
+        except BaseException as exc:
+            with factory.begin() as session:
+                run = session.get(RetrainRun, run_id)
+                if run is not None:
+                    run.status, run.finished_at = "failed", utcnow()
+                    run.error = "".join(traceback.format_exception_only(type(exc), exc)).strip()[:4000]
+            raise
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        engine.dispose()
+
+
+def _run_dict(run: RetrainRun) -> dict[str, Any]:
+    return {"id": run.id, "status": run.status, "trigger": run.trigger, "candidate_version": run.candidate_version,
+            "production_version": run.production_version, "reason": run.reason, "metrics": run.metrics,
+            "gate": run.gate, "watermark_measurement_id": run.watermark_measurement_id}  # fmt: skip
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Arguments of ``layercast retrain``."""
+    d = RetrainConfig()
+    p = argparse.ArgumentParser(prog="layercast retrain", description=(__doc__ or "").splitlines()[0])
+    p.add_argument("--database-url", default=None, help="default $LAYERCAST_DATABASE_URL")
+    p.add_argument("--store", type=Path, default=None, help="artifact store (default $LAYERCAST_ARTIFACT_STORE)")
+    p.add_argument("--sources", nargs="+", default=list(d.sources))
+    p.add_argument("--no-cpu", action="store_true")
+    p.add_argument("--epochs", type=int, default=d.epochs)
+    p.add_argument("--hidden", type=int, default=d.hidden)
+    p.add_argument("--depth", type=int, default=d.depth)
+    p.add_argument("--ensemble", type=int, default=d.ensemble)
+    p.add_argument("--sample", type=int, default=None, help="rows per imported file of every GPU source")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--logo", action="store_true", help="leave-one-GPU-out interval calibration (slow)")
+    p.add_argument("--benchmark-fraction", type=float, default=d.benchmark_fraction)
+    p.add_argument("--overall-tolerance", type=float, default=d.overall_tolerance)
+    p.add_argument("--group-tolerance", type=float, default=d.group_tolerance)
+    p.add_argument("--min-group-rows", type=int, default=d.min_group_rows)
+    return p
+
+
+def config_from_args(a: argparse.Namespace) -> RetrainConfig:
+    """The :class:`RetrainConfig` of parsed ``layercast retrain`` arguments."""
+    return RetrainConfig(epochs=a.epochs, hidden=a.hidden, depth=a.depth, ensemble=a.ensemble, sample=a.sample,
+                         seed=a.seed, sources=tuple(a.sources), cpu=not a.no_cpu, logo=a.logo,
+                         benchmark_fraction=a.benchmark_fraction, overall_tolerance=a.overall_tolerance,
+                         group_tolerance=a.group_tolerance, min_group_rows=a.min_group_rows)  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``layercast retrain``: exit 0 promoted, 3 rejected (production unchanged), 1 failed."""
+    from app.config import Settings
+
+    a = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    settings = Settings()
+    result = run_retrain(database_url=a.database_url or settings.database_url,
+                         store_dir=a.store or settings.artifact_store_dir, cfg=config_from_args(a))  # fmt: skip
+    return 0 if result["status"] == "promoted" else 3
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

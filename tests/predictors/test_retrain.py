@@ -1,0 +1,165 @@
+"""``layercast retrain`` end to end on a tiny SQLite database of Justus rows: a candidate trained on
+corrupted timings is rejected and production keeps serving; a better candidate is promoted and served by a
+running app without restart; a crash in training leaves production; the benchmark stays frozen."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import select, update
+
+pytest.importorskip("torch")
+
+from app.config import REPO_ROOT, Settings  # noqa: E402
+from app.db import make_engine, make_sessionmaker  # noqa: E402
+from app.main import create_app  # noqa: E402
+from app.measurements.models import Measurement  # noqa: E402
+from app.migrate import upgrade  # noqa: E402
+from app.predictors import service  # noqa: E402
+from app.predictors.models import RetrainRun  # noqa: E402
+from app.training import retrain  # noqa: E402
+from app.training.dataset import load_from_database  # noqa: E402
+from app.training.retrain import RetrainConfig, in_benchmark, run_retrain  # noqa: E402
+
+TINY = RetrainConfig(epochs=120, hidden=32, depth=2, ensemble=1, sample=None, sources=("justus2018",), cpu=False,
+                     benchmark_fraction=0.2)  # fmt: skip
+
+
+@pytest.fixture
+def db(tmp_path: Path, justus_db: str) -> str:
+    """A private copy of the shared Justus database, migrated, with the shipped version seeded."""
+    src = Path(justus_db.removeprefix("sqlite:///"))
+    dst = tmp_path / "m.db"
+    shutil.copy(src, dst)
+    url = f"sqlite:///{dst}"
+    upgrade(url)
+    engine = make_engine(url)
+    try:
+        with make_sessionmaker(engine).begin() as session:
+            service.seed_from_models_dir(session, REPO_ROOT / "models", tmp_path / "store")
+    finally:
+        engine.dispose()
+    return url
+
+
+def _scale_non_benchmark_times(url: str, factor: float, hardware_id: str = "p100") -> int:
+    """Multiply the time of every non-benchmark row of ``hardware_id`` by ``factor`` (a broken profiler on
+    one machine: the median loss shrugs off scattered outliers, not a whole device's rows)."""
+    rows = load_from_database(url, sources=("justus2018",), hardware_ids=(hardware_id,))
+    chosen = rows.measurement_id[~in_benchmark(rows.config, TINY.benchmark_fraction)]
+    engine = make_engine(url)
+    try:
+        with make_sessionmaker(engine).begin() as session:
+            session.execute(update(Measurement).where(Measurement.id.in_([int(i) for i in chosen]))
+                            .values(time_ms_median=Measurement.time_ms_median * factor))  # fmt: skip
+    finally:
+        engine.dispose()
+    return len(chosen)
+
+
+def _production(url: str) -> str:
+    engine = make_engine(url)
+    try:
+        with make_sessionmaker(engine)() as session:
+            row = service.production(session)
+            assert row is not None
+            return row.version
+    finally:
+        engine.dispose()
+
+
+def _promote(url: str, version: str) -> None:
+    engine = make_engine(url)
+    try:
+        with make_sessionmaker(engine).begin() as session:
+            service.promote(session, version)
+    finally:
+        engine.dispose()
+
+
+def test_benchmark_membership_depends_on_the_key_only() -> None:
+    keys = np.array([f"conv|{b}|32|3|1|16|32|same|True|relu" for b in range(400)])
+    alone = in_benchmark(keys, 0.2)
+    grown = in_benchmark(np.concatenate([keys, np.array([f"dense|{i}|8|8|none" for i in range(300)])]), 0.2)
+    assert (grown[: len(keys)] == alone).all()
+    assert 0.1 < alone.mean() < 0.3
+
+
+def test_corrupted_candidate_is_rejected_and_production_kept(db: str, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    first = run_retrain(database_url=db, store_dir=store, cfg=TINY, log=lambda s: None)
+    _promote(db, first["candidate_version"])  # an operator accepts a clean tiny model as production
+    good = first["candidate_version"]
+
+    assert _scale_non_benchmark_times(db, 100.0) > 300
+    result = run_retrain(database_url=db, store_dir=store, cfg=TINY, log=lambda s: None)
+    assert result["status"] == "rejected"
+    assert result["production_version"] == good and _production(db) == good
+    bench = {who: result["metrics"][who]["benchmark"]["by_hardware"]["p100"]["mape_pct"]
+             for who in ("candidate", "production")}  # fmt: skip
+    assert bench["candidate"] > 10 * bench["production"]  # the frozen benchmark is clean: corruption shows
+    failed = [c for c in result["gate"]["checks"] if not c["passed"]]
+    assert any(c["split"] == "benchmark" and c["group"] == "hardware:p100" for c in failed)
+    assert "worse than production" in result["reason"]
+    engine = make_engine(db)
+    try:
+        with make_sessionmaker(engine)() as session:
+            row = service.get_version(session, result["candidate_version"])
+            assert row.status == "candidate"  # registered, never served
+            assert service.metadata_of(row).watermark.max_measurement_id == result["watermark_measurement_id"]
+            runs = session.scalars(select(RetrainRun).order_by(RetrainRun.id)).all()
+            assert runs[-1].status == "rejected" and runs[-1].candidate_version == result["candidate_version"]
+            assert runs[-1].metrics["production"]["held_out"]["overall"]["n"] > 0
+    finally:
+        engine.dispose()
+
+
+def test_better_candidate_is_promoted_and_served_without_restart(db: str, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    _scale_non_benchmark_times(db, 100.0)
+    bad = run_retrain(database_url=db, store_dir=store, cfg=TINY, log=lambda s: None)
+    _promote(db, bad["candidate_version"])  # production is now a model trained on corrupted timings
+    settings = Settings(database_url=db, models_dir=REPO_ROOT / "models", artifact_store=store, predictor_poll_s=0)
+    with TestClient(create_app(settings)) as client:
+        assert client.get("/healthz").json()["predictor_version"] == bad["candidate_version"]
+        _scale_non_benchmark_times(db, 0.01)  # the corruption is repaired (same seeded rows)
+        result = run_retrain(database_url=db, store_dir=store, cfg=TINY, log=lambda s: None)
+        assert result["status"] == "promoted", result["reason"]
+        assert all(c["passed"] for c in result["gate"]["checks"])
+        listed = client.get("/v1/predictors").json()
+        assert listed["production"] == result["candidate_version"]
+        r = client.post("/v1/predictions", json={"graph_id": _graph(client), "hardware_id": "p100",
+                                                 "batch_size": 8, "mode": "inference"})  # fmt: skip
+        assert r.status_code == 200, r.text
+        assert r.json()["predictor_version"] == result["candidate_version"]
+
+
+def _graph(client: TestClient) -> str:
+    from tests.helpers import light_model
+
+    upload = ("resnet50.onnx", light_model("resnet50"), "application/octet-stream")
+    return str(client.post("/v1/graphs", files={"file": upload}).json()["id"])
+
+
+def test_a_crash_during_training_leaves_production(db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    before = _production(db)
+
+    def crash(**_kwargs: object) -> dict[str, object]:
+        raise RuntimeError("killed mid-training")
+
+    monkeypatch.setattr(retrain, "train_run", crash)
+    with pytest.raises(RuntimeError, match="mid-training"):
+        run_retrain(database_url=db, store_dir=tmp_path / "store", cfg=TINY, log=lambda s: None)
+    assert _production(db) == before
+    assert not [p for p in (tmp_path / "store").iterdir() if p.name.startswith(".retrain-")]
+    engine = make_engine(db)
+    try:
+        with make_sessionmaker(engine)() as session:
+            [run] = session.scalars(select(RetrainRun)).all()
+            assert run.status == "failed" and "mid-training" in (run.error or "")
+    finally:
+        engine.dispose()
