@@ -60,12 +60,11 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
-    import logging
-
     import uvicorn
 
-    logging.basicConfig(level=settings.log_level.upper(), format="%(levelname)s:     %(name)s: %(message)s")
-    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)
+    from app.observability import configure_logging
+
+    configure_logging(settings.log_level, settings.log_format)
 
     from app.migrate import upgrade
 
@@ -77,6 +76,8 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         port=args.port or settings.port,
         reload=args.reload,
         log_level=settings.log_level,
+        log_config=None,  # keep configure_logging's handlers (JSON lines by default)
+        access_log=False,  # app.observability.RequestContext writes the access line, with the request id
     )
     return 0
 

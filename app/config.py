@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -24,6 +25,7 @@ class Settings(BaseSettings):
     bound on how long a promotion takes to be served.
     ``max_upload_bytes``: largest accepted request body, 2 GiB by default (GPT-2 XL-sized ONNX files
     with their weights; uploads are streamed to disk, and weights are not stored).
+    ``log_format``: ``json`` (one object per line, with the request id) or ``text``, for ``layercast serve``.
     ``max_json_bytes``: largest JSON request body (32 MiB: a 100k-layer JSON graph is ~1.5 MB).
     ``max_nodes``, ``max_rank``, ``max_dim``, ``max_tensor_elements``, ``max_subgraph_depth``,
     ``max_json_depth``, ``import_timeout_s``: import bounds (:class:`app.core.limits.Limits`, where the
@@ -43,6 +45,7 @@ class Settings(BaseSettings):
     port: int = 8000
     seed_catalog: bool = True
     log_level: str = "info"
+    log_format: Literal["json", "text"] = "json"
     max_json_bytes: int = 32 * 1024**2
     max_nodes: int = DEFAULT_LIMITS.max_nodes
     max_rank: int = DEFAULT_LIMITS.max_rank

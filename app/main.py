@@ -36,7 +36,6 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy import text
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -46,12 +45,15 @@ from app.core.limits import Limits, json_bytes_depth, use_limits
 from app.db import make_engine, make_sessionmaker, write_intent
 from app.errors import LayercastError, LimitExceeded, PayloadTooLarge
 from app.migrate import ensure_sqlite_dir
+from app.observability import RequestContext
 from app.schemas import ErrorResponse
 
 logger = logging.getLogger("layercast")
 
 #: Routers included by :func:`create_app`, as ``(module, attribute)``.
 ROUTERS: tuple[tuple[str, str], ...] = (
+    ("app.observability", "router"),
+    ("app.web.router", "router"),
     ("app.hardware.router", "router"),
     ("app.graphs.router", "router"),
     ("app.predictions.router", "router"),
@@ -356,33 +358,12 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = False
         raw_paths=frozenset({"/v1/graphs"}),
     )
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_upload_bytes)
+    app.add_middleware(RequestContext)  # added last = outermost: ids and timing cover the size guard too
 
     app.add_exception_handler(LayercastError, _handle_layercast_error)
     app.add_exception_handler(RequestValidationError, _handle_validation_error)
     app.add_exception_handler(StarletteHTTPException, _handle_http_exception)
     app.add_exception_handler(Exception, _handle_unexpected)
-
-    @app.get("/healthz", tags=["ops"], summary="Liveness and readiness",
-             responses={503: {"description": "degraded: the database is unreachable"}})
-    def healthz(request: Request) -> JSONResponse:
-        """``status`` ``ok`` (200) or ``degraded`` (503, database unreachable), with the service version,
-        the database state and the version of the loaded predictor (null when none is loaded)."""
-        database = "ok"
-        try:
-            with request.app.state.engine.connect() as conn:
-                conn.execute(text("SELECT 1"))
-        except Exception:  # noqa: BLE001 - any failure means "not ready"
-            logger.exception("healthz: database check failed")
-            database = "error"
-        holder = getattr(request.app.state, "predictors", None)
-        predictor = None if holder is None else holder.loaded
-        body = {
-            "status": "ok" if database == "ok" else "degraded",
-            "version": service_version(),
-            "database": database,
-            "predictor_version": getattr(predictor, "version", None),
-        }
-        return JSONResponse(body, status_code=200 if database == "ok" else 503)
 
     for module_name, attribute in ROUTERS:
         app.include_router(getattr(importlib.import_module(module_name), attribute))

@@ -92,3 +92,8 @@ class MeasurementRepository:
             select(func.count()).select_from(Measurement), hardware_id=hardware_id, source=source, op_kind=op_kind
         )
         return int(self.session.scalar(stmt) or 0)
+
+    def count_by_source(self) -> dict[str, int]:
+        """Stored rows per ``source`` (``justus2018``, ``reported``...), for the ``/metrics`` gauge."""
+        stmt = select(Measurement.source, func.count()).group_by(Measurement.source)
+        return {str(source): int(n) for source, n in self.session.execute(stmt).all()}

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query, status
 from app.deps import SessionDep
 from app.measurements import service
 from app.measurements.schemas import MeasurementCreate, MeasurementList, MeasurementRead
+from app.observability import record_measurement
 from app.schemas import ErrorResponse, OffsetQuery
 
 router = APIRouter(prefix="/v1/measurements", tags=["measurements"])
@@ -31,7 +32,9 @@ _LIST_ERRORS: dict[int | str, dict[str, Any]] = {
 )
 def create_measurement(data: MeasurementCreate, session: SessionDep) -> MeasurementRead:
     """Store one measured time (ms) on a stored device, with what ran (``config``) and how (``context``)."""
-    return service.create_measurement(session, data=data)
+    measurement = service.create_measurement(session, data=data)
+    record_measurement(source=data.source)
+    return measurement
 
 
 @router.get("", response_model=MeasurementList, responses=_LIST_ERRORS, summary="List measurements")

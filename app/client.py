@@ -1,0 +1,436 @@
+"""Python client of the layercast REST API (``from app.client import Client``), sync and async.
+
+The package is ``app`` (the distribution is ``layercast``), so the client is ``app.client``. It is typed
+with the API's own pydantic schemas (the ``schemas`` modules import neither FastAPI routes, a database nor
+torch): requests accept the ``...Create`` model or a plain ``dict`` of its fields, responses are the
+``...Read`` models. Any non-2xx answer raises :class:`LayercastAPIError` carrying the problem document's
+``code`` (``graph_not_found``, ``validation_error``...). The response models forbid unknown fields, so
+use a client of the same version as the server.
+
+A training script asks for its own cost in two lines::
+
+    from app.client import Client
+    cost = Client("http://127.0.0.1:8000").predict_module(model, (x,), hardware_id="a100-sxm4-40gb", batch_size=64)
+
+:func:`describe_module` (torch imported inside it only) exports the module to ONNX in memory; the rest
+of this module never imports torch.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from os import PathLike
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+import httpx
+from pydantic import BaseModel
+
+from app.estimates.schemas import (
+    BatchPredictionCreate,
+    BatchPredictionRead,
+    ComparisonCreate,
+    ComparisonRead,
+    JobActualsCreate,
+    JobActualsRead,
+    JobEstimatesCreate,
+    JobEstimatesRead,
+)
+from app.graphs.schemas import GraphLayers, GraphList, GraphRead, JsonGraphCreate
+from app.hardware.schemas import HardwareCreate, HardwareList, HardwareRead
+from app.measurements.schemas import MeasurementCreate, MeasurementList, MeasurementRead
+from app.predictions.schemas import PredictionCreate, PredictionRead
+
+T = TypeVar("T", bound=BaseModel)
+M = TypeVar("M", bound=BaseModel)
+
+#: Export settings of :func:`describe_module`, the ones the profiler uses (``app.profiler.e2e``): the
+#: TorchScript exporter at opset 17, no constant folding (batch norm stays a layer), batch axis symbolic.
+ONNX_EXPORT_KWARGS: dict[str, Any] = {"dynamo": False, "opset_version": 17, "do_constant_folding": False}
+
+
+class LayercastAPIError(Exception):
+    """A non-2xx answer: ``status_code``, the problem document's ``code``, ``message`` and ``detail``.
+
+    A body that is not a problem document (a proxy's HTML page) gets ``code`` ``http_<status>``.
+    """
+
+    def __init__(self, status_code: int, code: str, message: str, detail: dict[str, Any] | None = None) -> None:
+        super().__init__(f"{status_code} {code}: {message}")
+        self.status_code = status_code
+        self.code = code
+        self.message = message
+        self.detail = detail or {}
+
+    @classmethod
+    def from_response(cls, response: httpx.Response) -> LayercastAPIError:
+        """Build the error from a failed response (reads the problem document when there is one)."""
+        try:
+            error = response.json()["error"]
+            return cls(response.status_code, str(error["code"]), str(error.get("message", "")),
+                       dict(error.get("detail") or {}))
+        except (ValueError, KeyError, TypeError):
+            return cls(response.status_code, f"http_{response.status_code}", response.text[:500])
+
+
+@dataclass(frozen=True)
+class _Call(Generic[T]):
+    """One HTTP call, built once and sent by either client: parsed into ``model`` (None: no body)."""
+
+    method: str
+    path: str
+    model: type[T] | None
+    params: dict[str, Any] = field(default_factory=dict)
+    json: Any = None
+    content: bytes | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def parse(self, response: httpx.Response) -> T | None:
+        if response.status_code >= 400:
+            raise LayercastAPIError.from_response(response)
+        return None if self.model is None else self.model.model_validate(response.json())
+
+
+def _body(model: type[M], data: M | Mapping[str, Any]) -> Any:
+    """``data`` validated as ``model`` (locally: a bad field fails before any request) and dumped as JSON,
+    by alias (``pass``), leaving out the fields not given so that the server's defaults apply."""
+    obj = data if isinstance(data, model) else model.model_validate(dict(data))
+    return obj.model_dump(mode="json", by_alias=True, exclude_unset=True)
+
+
+def _params(**params: Any) -> dict[str, Any]:
+    return {k: v for k, v in params.items() if v is not None}
+
+
+def _dims(dims: Mapping[str, int] | None) -> str | None:
+    """``{"seq": 128}`` as the API's ``dims`` query (``seq=128``)."""
+    return ",".join(f"{k}={v}" for k, v in dims.items()) if dims else None
+
+
+def _onnx_bytes(model: bytes | str | PathLike[str]) -> tuple[bytes, str | None]:
+    """Bytes of an ONNX model given as bytes or a path, and the file name (None for bytes)."""
+    if isinstance(model, bytes | bytearray):
+        return bytes(model), None
+    path = Path(model)
+    return path.read_bytes(), path.name
+
+
+class _Calls:
+    """The calls of every endpoint (shared by :class:`Client` and :class:`AsyncClient`)."""
+
+    @staticmethod
+    def upload_onnx(model: bytes | str | PathLike[str], *, name: str | None, batch_size: int | None,
+                    dims: Mapping[str, int] | None) -> _Call[GraphRead]:
+        content, filename = _onnx_bytes(model)
+        return _Call("POST", "/v1/graphs", GraphRead, content=content,
+                     headers={"content-type": "application/octet-stream"},
+                     params=_params(name=name or filename, batch_size=batch_size, dims=_dims(dims)))
+
+    @staticmethod
+    def upload_json(graph: JsonGraphCreate | Mapping[str, Any], *, batch_size: int | None) -> _Call[GraphRead]:
+        return _Call("POST", "/v1/graphs", GraphRead, json=_body(JsonGraphCreate, graph),
+                     params=_params(batch_size=batch_size))
+
+    @staticmethod
+    def list_graphs(limit: int, offset: int) -> _Call[GraphList]:
+        return _Call("GET", "/v1/graphs", GraphList, params={"limit": limit, "offset": offset})
+
+    @staticmethod
+    def get_graph(graph_id: str) -> _Call[GraphRead]:
+        return _Call("GET", f"/v1/graphs/{graph_id}", GraphRead)
+
+    @staticmethod
+    def graph_layers(graph_id: str, batch_size: int, dims: Mapping[str, int] | None) -> _Call[GraphLayers]:
+        return _Call("GET", f"/v1/graphs/{graph_id}/layers", GraphLayers,
+                     params=_params(batch_size=batch_size, dims=_dims(dims)))
+
+    @staticmethod
+    def delete_graph(graph_id: str) -> _Call[BaseModel]:
+        return _Call("DELETE", f"/v1/graphs/{graph_id}", None)
+
+    @staticmethod
+    def list_hardware(kind: str | None) -> _Call[HardwareList]:
+        return _Call("GET", "/v1/hardware", HardwareList, params=_params(kind=kind))
+
+    @staticmethod
+    def get_hardware(hardware_id: str) -> _Call[HardwareRead]:
+        return _Call("GET", f"/v1/hardware/{hardware_id}", HardwareRead)
+
+    @staticmethod
+    def create_hardware(data: HardwareCreate | Mapping[str, Any]) -> _Call[HardwareRead]:
+        return _Call("POST", "/v1/hardware", HardwareRead, json=_body(HardwareCreate, data))
+
+    @staticmethod
+    def predict(data: PredictionCreate | Mapping[str, Any]) -> _Call[PredictionRead]:
+        return _Call("POST", "/v1/predictions", PredictionRead, json=_body(PredictionCreate, data))
+
+    @staticmethod
+    def predict_batch(data: BatchPredictionCreate | Mapping[str, Any]) -> _Call[BatchPredictionRead]:
+        return _Call("POST", "/v1/predictions/batch", BatchPredictionRead, json=_body(BatchPredictionCreate, data))
+
+    @staticmethod
+    def estimate_jobs(data: JobEstimatesCreate | Mapping[str, Any]) -> _Call[JobEstimatesRead]:
+        return _Call("POST", "/v1/job-estimates", JobEstimatesRead, json=_body(JobEstimatesCreate, data))
+
+    @staticmethod
+    def report_job_actuals(data: JobActualsCreate | Mapping[str, Any]) -> _Call[JobActualsRead]:
+        return _Call("POST", "/v1/job-estimates/actuals", JobActualsRead, json=_body(JobActualsCreate, data))
+
+    @staticmethod
+    def compare(data: ComparisonCreate | Mapping[str, Any]) -> _Call[ComparisonRead]:
+        return _Call("POST", "/v1/comparisons", ComparisonRead, json=_body(ComparisonCreate, data))
+
+    @staticmethod
+    def report_measurement(data: MeasurementCreate | Mapping[str, Any]) -> _Call[MeasurementRead]:
+        return _Call("POST", "/v1/measurements", MeasurementRead, json=_body(MeasurementCreate, data))
+
+    @staticmethod
+    def list_measurements(*, hardware_id: str | None, source: str | None, op_kind: str | None, limit: int,
+                          offset: int) -> _Call[MeasurementList]:
+        return _Call("GET", "/v1/measurements", MeasurementList,
+                     params=_params(hardware_id=hardware_id, source=source, op_kind=op_kind, limit=limit,
+                                    offset=offset))
+
+
+def _merged(data: PredictionCreate | Mapping[str, Any] | None, fields: Mapping[str, Any]) -> dict[str, Any]:
+    """A prediction request from a model or dict, overridden by keyword ``fields``."""
+    if isinstance(data, PredictionCreate):
+        data = data.model_dump(mode="json", by_alias=True, exclude_unset=True)
+    return {**dict(data or {}), **fields}
+
+
+def _must(value: T | None) -> T:
+    assert value is not None  # only delete_graph has no body
+    return value
+
+
+class Client:
+    """Synchronous client. ``Client(base_url)`` or ``Client(http=httpx.Client(...))`` (any transport: an
+    ``httpx.ASGITransport`` or ``WSGITransport`` for tests). Use as a context manager or call :meth:`close`.
+
+    Every method raises :class:`LayercastAPIError` on a non-2xx answer, ``pydantic.ValidationError``
+    for a request body that fails the schema (before sending), and ``httpx.HTTPError`` for transport
+    failures. ``timeout_s``: per request (uploads and large predictions can take tens of seconds).
+    """
+
+    def __init__(self, base_url: str = "http://127.0.0.1:8000", *, timeout_s: float = 120.0,
+                 http: httpx.Client | None = None) -> None:
+        self.http = http or httpx.Client(base_url=base_url, timeout=timeout_s)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the underlying HTTP connections."""
+        self.http.close()
+
+    def _send(self, call: _Call[T]) -> T | None:
+        response = self.http.request(call.method, call.path, params=call.params, json=call.json,
+                                     content=call.content, headers=call.headers)
+        return call.parse(response)
+
+    # graphs
+    def upload_onnx(self, model: bytes | str | PathLike[str], *, name: str | None = None,
+                    batch_size: int | None = None, dims: Mapping[str, int] | None = None) -> GraphRead:
+        """Upload an ONNX model (bytes or a file path); returns the stored graph (new or already stored)."""
+        return _must(self._send(_Calls.upload_onnx(model, name=name, batch_size=batch_size, dims=dims)))
+
+    def upload_json(self, graph: JsonGraphCreate | Mapping[str, Any], *, batch_size: int | None = None) -> GraphRead:
+        """Upload a JSON layer list."""
+        return _must(self._send(_Calls.upload_json(graph, batch_size=batch_size)))
+
+    def list_graphs(self, *, limit: int = 100, offset: int = 0) -> GraphList:
+        """Stored graphs, newest first."""
+        return _must(self._send(_Calls.list_graphs(limit, offset)))
+
+    def get_graph(self, graph_id: str) -> GraphRead:
+        """One stored graph (``graph_not_found``)."""
+        return _must(self._send(_Calls.get_graph(graph_id)))
+
+    def graph_layers(self, graph_id: str, *, batch_size: int = 1, dims: Mapping[str, int] | None = None) -> GraphLayers:
+        """Per-layer analytical costs at ``batch_size``."""
+        return _must(self._send(_Calls.graph_layers(graph_id, batch_size, dims)))
+
+    def delete_graph(self, graph_id: str) -> None:
+        """Delete a stored graph (``graph_not_found``)."""
+        self._send(_Calls.delete_graph(graph_id))
+
+    # hardware
+    def list_hardware(self, *, kind: str | None = None) -> HardwareList:
+        """The hardware catalog (``kind``: ``gpu`` or ``cpu``)."""
+        return _must(self._send(_Calls.list_hardware(kind)))
+
+    def get_hardware(self, hardware_id: str) -> HardwareRead:
+        """One device (``hardware_not_found``)."""
+        return _must(self._send(_Calls.get_hardware(hardware_id)))
+
+    def create_hardware(self, data: HardwareCreate | Mapping[str, Any]) -> HardwareRead:
+        """Add a custom device from its datasheet (``hardware_exists``)."""
+        return _must(self._send(_Calls.create_hardware(data)))
+
+    # predictions and estimates
+    def predict(self, data: PredictionCreate | Mapping[str, Any] | None = None, **fields: Any) -> PredictionRead:
+        """``POST /v1/predictions`` from a :class:`PredictionCreate`, a dict, or its fields as keywords."""
+        return _must(self._send(_Calls.predict(_merged(data, fields))))
+
+    def predict_module(self, module: Any, example_inputs: Any, **fields: Any) -> PredictionRead:
+        """Cost of a ``torch.nn.Module``: exported by :func:`describe_module`, uploaded, predicted with
+        ``fields`` (``hardware_id``, ``batch_size``, ``mode``...)."""
+        graph = self.upload_onnx(describe_module(module, example_inputs), name=type(module).__name__)
+        return self.predict(graph_id=graph.id, **fields)
+
+    def predict_batch(self, data: BatchPredictionCreate | Mapping[str, Any]) -> BatchPredictionRead:
+        """Many predictions in one call."""
+        return _must(self._send(_Calls.predict_batch(data)))
+
+    def estimate_jobs(self, data: JobEstimatesCreate | Mapping[str, Any]) -> JobEstimatesRead:
+        """Job durations for a scheduler."""
+        return _must(self._send(_Calls.estimate_jobs(data)))
+
+    def report_job_actuals(self, data: JobActualsCreate | Mapping[str, Any]) -> JobActualsRead:
+        """Report measured job durations."""
+        return _must(self._send(_Calls.report_job_actuals(data)))
+
+    def compare(self, data: ComparisonCreate | Mapping[str, Any]) -> ComparisonRead:
+        """One job on many devices."""
+        return _must(self._send(_Calls.compare(data)))
+
+    # measurements
+    def report_measurement(self, data: MeasurementCreate | Mapping[str, Any]) -> MeasurementRead:
+        """Store one measured time."""
+        return _must(self._send(_Calls.report_measurement(data)))
+
+    def list_measurements(self, *, hardware_id: str | None = None, source: str | None = None,
+                          op_kind: str | None = None, limit: int = 100, offset: int = 0) -> MeasurementList:
+        """Stored measurements by ascending id, filtered."""
+        return _must(self._send(_Calls.list_measurements(hardware_id=hardware_id, source=source, op_kind=op_kind,
+                                                         limit=limit, offset=offset)))
+
+
+class AsyncClient:
+    """Asynchronous twin of :class:`Client` (same methods, awaited; ``http``: an ``httpx.AsyncClient``)."""
+
+    def __init__(self, base_url: str = "http://127.0.0.1:8000", *, timeout_s: float = 120.0,
+                 http: httpx.AsyncClient | None = None) -> None:
+        self.http = http or httpx.AsyncClient(base_url=base_url, timeout=timeout_s)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the underlying HTTP connections."""
+        await self.http.aclose()
+
+    async def _send(self, call: _Call[T]) -> T | None:
+        response = await self.http.request(call.method, call.path, params=call.params, json=call.json,
+                                           content=call.content, headers=call.headers)
+        return call.parse(response)
+
+    async def upload_onnx(self, model: bytes | str | PathLike[str], *, name: str | None = None,
+                          batch_size: int | None = None, dims: Mapping[str, int] | None = None) -> GraphRead:
+        """See :meth:`Client.upload_onnx`."""
+        return _must(await self._send(_Calls.upload_onnx(model, name=name, batch_size=batch_size, dims=dims)))
+
+    async def upload_json(self, graph: JsonGraphCreate | Mapping[str, Any], *,
+                          batch_size: int | None = None) -> GraphRead:
+        """See :meth:`Client.upload_json`."""
+        return _must(await self._send(_Calls.upload_json(graph, batch_size=batch_size)))
+
+    async def list_graphs(self, *, limit: int = 100, offset: int = 0) -> GraphList:
+        """See :meth:`Client.list_graphs`."""
+        return _must(await self._send(_Calls.list_graphs(limit, offset)))
+
+    async def get_graph(self, graph_id: str) -> GraphRead:
+        """See :meth:`Client.get_graph`."""
+        return _must(await self._send(_Calls.get_graph(graph_id)))
+
+    async def graph_layers(self, graph_id: str, *, batch_size: int = 1,
+                           dims: Mapping[str, int] | None = None) -> GraphLayers:
+        """See :meth:`Client.graph_layers`."""
+        return _must(await self._send(_Calls.graph_layers(graph_id, batch_size, dims)))
+
+    async def delete_graph(self, graph_id: str) -> None:
+        """See :meth:`Client.delete_graph`."""
+        await self._send(_Calls.delete_graph(graph_id))
+
+    async def list_hardware(self, *, kind: str | None = None) -> HardwareList:
+        """See :meth:`Client.list_hardware`."""
+        return _must(await self._send(_Calls.list_hardware(kind)))
+
+    async def get_hardware(self, hardware_id: str) -> HardwareRead:
+        """See :meth:`Client.get_hardware`."""
+        return _must(await self._send(_Calls.get_hardware(hardware_id)))
+
+    async def create_hardware(self, data: HardwareCreate | Mapping[str, Any]) -> HardwareRead:
+        """See :meth:`Client.create_hardware`."""
+        return _must(await self._send(_Calls.create_hardware(data)))
+
+    async def predict(self, data: PredictionCreate | Mapping[str, Any] | None = None,
+                      **fields: Any) -> PredictionRead:
+        """See :meth:`Client.predict`."""
+        return _must(await self._send(_Calls.predict(_merged(data, fields))))
+
+    async def predict_module(self, module: Any, example_inputs: Any, **fields: Any) -> PredictionRead:
+        """See :meth:`Client.predict_module` (the export runs in this thread: it is CPU work)."""
+        graph = await self.upload_onnx(describe_module(module, example_inputs), name=type(module).__name__)
+        return await self.predict(graph_id=graph.id, **fields)
+
+    async def predict_batch(self, data: BatchPredictionCreate | Mapping[str, Any]) -> BatchPredictionRead:
+        """See :meth:`Client.predict_batch`."""
+        return _must(await self._send(_Calls.predict_batch(data)))
+
+    async def estimate_jobs(self, data: JobEstimatesCreate | Mapping[str, Any]) -> JobEstimatesRead:
+        """See :meth:`Client.estimate_jobs`."""
+        return _must(await self._send(_Calls.estimate_jobs(data)))
+
+    async def report_job_actuals(self, data: JobActualsCreate | Mapping[str, Any]) -> JobActualsRead:
+        """See :meth:`Client.report_job_actuals`."""
+        return _must(await self._send(_Calls.report_job_actuals(data)))
+
+    async def compare(self, data: ComparisonCreate | Mapping[str, Any]) -> ComparisonRead:
+        """See :meth:`Client.compare`."""
+        return _must(await self._send(_Calls.compare(data)))
+
+    async def report_measurement(self, data: MeasurementCreate | Mapping[str, Any]) -> MeasurementRead:
+        """See :meth:`Client.report_measurement`."""
+        return _must(await self._send(_Calls.report_measurement(data)))
+
+    async def list_measurements(self, *, hardware_id: str | None = None, source: str | None = None,
+                                op_kind: str | None = None, limit: int = 100, offset: int = 0) -> MeasurementList:
+        """See :meth:`Client.list_measurements`."""
+        return _must(await self._send(_Calls.list_measurements(
+            hardware_id=hardware_id, source=source, op_kind=op_kind, limit=limit, offset=offset)))
+
+
+def describe_module(module: Any, example_inputs: Any, *, input_names: list[str] | None = None) -> bytes:
+    """ONNX bytes of a ``torch.nn.Module`` run on ``example_inputs`` (a tensor or a tuple of tensors).
+
+    Exported in memory with :data:`ONNX_EXPORT_KWARGS`, in eval mode (the module's mode is restored after),
+    with the weights (the service reads their shapes and drops their data) and axis 0 of every input
+    symbolic (``batch``), so the prediction's ``batch_size`` applies. torch is imported here only.
+    Raises whatever ``torch.onnx.export`` raises for a module it cannot export.
+    """
+    import torch
+
+    inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+    names = input_names or [f"input_{i}" for i in range(len(inputs))]
+    was_training = module.training
+    module.eval()
+    buf = io.BytesIO()
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # the TorchScript exporter's notice
+            torch.onnx.export(module, inputs, buf, input_names=names,  # type: ignore[arg-type]
+                              dynamic_axes={n: {0: "batch"} for n in names}, **ONNX_EXPORT_KWARGS)
+    finally:
+        module.train(was_training)
+    return buf.getvalue()

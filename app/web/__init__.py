@@ -1,0 +1,1 @@
+"""Server-rendered web page of the service."""

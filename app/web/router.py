@@ -1,0 +1,111 @@
+"""The web page: ``GET /`` (form, totals, per-layer chart, roofline, memory), ``GET /ui/layers.csv`` and
+``POST /ui/graphs`` (upload from the page). Server-rendered HTML with inline SVG (:mod:`app.web.render`):
+no script, no request to any outside host.
+
+The page takes the parameters of ``POST /v1/predictions`` as query parameters; a bad one is shown on the
+page with its problem code (and the response carries the matching 4xx status).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request, Response
+from fastapi.responses import HTMLResponse, RedirectResponse
+from pydantic import ValidationError
+
+from app.deps import PredictorDep, SessionDep, SettingsDep
+from app.errors import LayercastError
+from app.graphs import router as graphs_router
+from app.graphs import service as graphs
+from app.hardware import service as hardware_service
+from app.observability import record_prediction
+from app.predictions import service as predictions
+from app.predictions.schemas import PredictionCreate, PredictionRead
+from app.web import render
+
+router = APIRouter(tags=["web"], include_in_schema=False)
+
+
+def _query(
+    graph_id: str | None, hardware_id: str | None, batch_size: int, mode: str, precision: str, device_count: int,
+    dataset_size: int | None, epochs: float | None,
+) -> dict[str, Any]:
+    return {"graph_id": graph_id or None, "hardware_id": hardware_id or None, "batch_size": batch_size, "mode": mode,
+            "precision": precision, "device_count": device_count, "dataset_size": dataset_size, "epochs": epochs}
+
+
+def _predict(session: Any, predictor: Any, query: dict[str, Any]) -> PredictionRead:
+    """Raises :class:`LayercastError` or ``ValidationError`` for a bad request."""
+    fields = {k: v for k, v in query.items() if v is not None}
+    prediction = predictions.predict(session, predictor, request=PredictionCreate.model_validate(fields))
+    record_prediction(predictor_version=prediction.predictor_version, methods=prediction.methods)
+    return prediction
+
+
+def _problem(exc: Exception) -> tuple[int, str, str]:
+    if isinstance(exc, LayercastError):
+        return exc.status_code, exc.code, exc.message
+    assert isinstance(exc, ValidationError)
+    first = exc.errors()[0]
+    return 422, "validation_error", f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
+
+
+Int = Annotated[int, Query(ge=1, le=1_000_000)]
+
+
+@router.get("/", response_class=HTMLResponse)
+def index(
+    session: SessionDep, predictor: PredictorDep, graph_id: str | None = None, hardware_id: str | None = None,
+    batch_size: Int = 32, mode: str = "training", precision: str = "fp32", device_count: Int = 1,
+    dataset_size: Annotated[int | None, Query(ge=1)] = None, epochs: Annotated[float | None, Query(gt=0)] = None,
+) -> HTMLResponse:
+    """The page; with ``graph_id`` and ``hardware_id`` it also shows the prediction."""
+    query = _query(graph_id, hardware_id, batch_size, mode, precision, device_count, dataset_size, epochs)
+    rows, _count = graphs.list_graphs(session, limit=200)
+    catalog = hardware_service.list_hardware(session).items
+    query["hardware_id"] = query["hardware_id"] or (catalog[0].id if catalog else None)
+    body = render.form([(r.id, f"{r.name} ({r.id[:8]})") for r in rows], catalog, query)
+    status = 200
+    if query["graph_id"] and query["hardware_id"]:
+        try:
+            prediction = _predict(session, predictor, query)
+        except (LayercastError, ValidationError) as exc:
+            status, code, message = _problem(exc)
+            body += render.error(code, message)
+        else:
+            device = next(h for h in catalog if h.id == prediction.hardware_id)
+            params = "&".join(f"{k}={v}" for k, v in query.items() if v is not None)
+            body += (render.totals(prediction) + f'<p><a id="csv" href="/ui/layers.csv?{params}">layers as CSV</a></p>'
+                     + render.layer_bars(prediction.layers)
+                     + render.roofline(prediction.layers, device, prediction.precision.value,
+                                       training=prediction.mode == "training")
+                     + render.memory(prediction))
+    return HTMLResponse(render.page(body), status_code=status)
+
+
+@router.get("/ui/layers.csv")
+def layers_csv(
+    session: SessionDep, predictor: PredictorDep, graph_id: str, hardware_id: str, batch_size: Int = 32,
+    mode: str = "training", precision: str = "fp32", device_count: Int = 1,
+    dataset_size: Annotated[int | None, Query(ge=1)] = None, epochs: Annotated[float | None, Query(gt=0)] = None,
+) -> Response:
+    """The per-layer table of the page's prediction as CSV (errors: the API's problem documents)."""
+    query = _query(graph_id, hardware_id, batch_size, mode, precision, device_count, dataset_size, epochs)
+    try:
+        prediction = _predict(session, predictor, query)
+    except ValidationError as exc:
+        status, code, message = _problem(exc)
+        return Response(f"{code}: {message}\n", status_code=status, media_type="text/plain")
+    return Response(render.layers_csv(prediction), media_type="text/csv",
+                    headers={"content-disposition": 'attachment; filename="layers.csv"'})
+
+
+@router.post("/ui/graphs", response_class=HTMLResponse)
+async def upload(request: Request, session: SessionDep, settings: SettingsDep) -> Response:
+    """Upload from the page (multipart ``file``) through ``POST /v1/graphs``, then show the graph (303)."""
+    try:
+        graph = await graphs_router.create_graph(request, Response(), session, settings)
+    except LayercastError as exc:
+        return HTMLResponse(render.page(render.error(exc.code, exc.message)), status_code=exc.status_code)
+    return RedirectResponse(f"/?graph_id={graph.id}", status_code=303)

@@ -1,0 +1,157 @@
+"""The Python client (``app.client``) against the real app, no network: the sync client over the started
+app's ``TestClient`` (an ``httpx.Client``), the async one over ``httpx.ASGITransport``."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from pydantic import ValidationError
+
+from app.client import AsyncClient, Client, LayercastAPIError, describe_module
+from app.graphs.schemas import GraphRead
+from app.hardware.schemas import HardwareCreate
+from app.predictions.schemas import PredictionCreate, PredictionRead
+from tests.hardware.test_service import CUSTOM
+from tests.helpers import light_model
+
+SMALL_CNN = {
+    "name": "small-cnn", "input_shape": [3, 32, 32],
+    "layers": [{"op": "conv2d", "out_channels": 8, "kernel_size": 3, "padding": 1}, {"op": "relu"},
+               {"op": "flatten"}, {"op": "linear", "out_features": 10}],
+}
+MEASUREMENT = {
+    "hardware_id": "p100", "source": "client-test", "op_kind": "iteration", "pass": "train_step",
+    "optimizer": "sgd", "precision": "fp32", "software_stack": "pytorch-eager", "granularity": "iteration",
+    "batch_size": 8, "config": {"model": "small-cnn"}, "time_ms_median": 12.5, "repetitions": 5,
+    "context": {}, "measured_at": "2026-11-20T10:00:00+00:00",
+}
+
+
+@pytest.fixture
+def api(client: TestClient) -> Client:
+    return Client(http=client)
+
+
+def test_graphs_roundtrip(api: Client, tmp_path: Path) -> None:
+    onnx_path = tmp_path / "resnet50.onnx"
+    onnx_path.write_bytes(light_model("resnet50"))
+    from_path = api.upload_onnx(onnx_path)
+    assert isinstance(from_path, GraphRead)
+    assert from_path.name == "resnet50.onnx" and from_path.source_format == "onnx"
+    assert from_path.summary.op_counts["Conv"] == 53
+    again = api.upload_onnx(onnx_path.read_bytes(), name="again")
+    assert again.id == from_path.id  # same content hash
+    js = api.upload_json(SMALL_CNN, batch_size=4)
+    assert js.source_format == "json" and js.summary.batch_size == 4
+    assert api.get_graph(js.id).id == js.id
+    assert {g.id for g in api.list_graphs().items} >= {js.id, from_path.id}
+    layers = api.graph_layers(js.id, batch_size=2)
+    assert len(layers.layers) == js.summary.layer_count
+    api.delete_graph(js.id)
+    with pytest.raises(LayercastAPIError) as err:
+        api.get_graph(js.id)
+    assert err.value.status_code == 404 and err.value.code == "graph_not_found"
+    assert err.value.detail
+
+
+def test_hardware(api: Client) -> None:
+    assert "p100" in {h.id for h in api.list_hardware(kind="gpu").items}
+    assert api.get_hardware("p100").kind == "gpu"
+    created = api.create_hardware(HardwareCreate.model_validate(CUSTOM))
+    assert created.id == CUSTOM["id"] and created.builtin is False
+    with pytest.raises(LayercastAPIError) as err:
+        api.create_hardware(CUSTOM)
+    assert err.value.status_code == 409 and err.value.code == "hardware_exists"
+    with pytest.raises(LayercastAPIError) as missing:
+        api.get_hardware("no-such-gpu")
+    assert missing.value.code == "hardware_not_found"
+
+
+def test_predictions_and_server_errors(api: Client) -> None:
+    graph = api.upload_json(SMALL_CNN)
+    prediction = api.predict(graph_id=graph.id, hardware_id="p100", batch_size=8)
+    assert isinstance(prediction, PredictionRead)
+    assert prediction.iteration.time_ms > 0 and len(prediction.layers) == graph.summary.layer_count
+    same = api.predict(PredictionCreate(graph_id=graph.id, hardware_id="p100", batch_size=8))
+    assert same.iteration.time_ms == prediction.iteration.time_ms
+    with pytest.raises(LayercastAPIError) as err:
+        api.predict(graph_id="0" * 64, hardware_id="p100", batch_size=8)
+    assert err.value.code == "graph_not_found" and err.value.status_code == 404
+
+
+def test_caller_endpoints(api: Client) -> None:
+    graph = api.upload_json(SMALL_CNN)
+    batch = api.predict_batch({"items": [{"graph_id": graph.id, "hardware_id": "p100", "batch_size": 8},
+                                         {"graph_id": "0" * 64, "hardware_id": "p100", "batch_size": 8}]})
+    assert batch.count == 2 and batch.failed == 1
+    assert batch.items[0].summary is not None and batch.items[0].summary.iteration_ms > 0
+    assert batch.items[1].error is not None and batch.items[1].error.code == "graph_not_found"
+    jobs = api.estimate_jobs({"jobs": [{"graph_id": graph.id, "hardware_id": "p100", "batch_size": 8,
+                                        "dataset_size": 800, "epochs": 2}]})
+    assert jobs.estimates[0].p50_s is not None and jobs.estimates[0].p50_s > 0
+    compared = api.compare({"graph_id": graph.id, "batch_size": 8, "dataset_size": 800, "epochs": 1,
+                            "hardware_ids": ["p100", "v100-sxm2-16gb"]})
+    assert {row.hardware_id for row in compared.rows} == {"p100", "v100-sxm2-16gb"}
+
+
+def test_invalid_request_fails_before_sending(api: Client) -> None:
+    with pytest.raises(ValidationError):
+        api.predict(graph_id="x", hardware_id="p100", batch_size=0)
+
+
+def test_measurements(api: Client) -> None:
+    stored = api.report_measurement(MEASUREMENT)
+    assert stored.source == "client-test" and stored.pass_ == "train_step"
+    listed = api.list_measurements(source="client-test")
+    assert listed.total == 1 and listed.items[0].id == stored.id
+    with pytest.raises(LayercastAPIError) as err:
+        api.report_measurement({**MEASUREMENT, "source": "justus2018"})
+    assert err.value.status_code == 422 and err.value.code == "invalid_request"
+
+
+def test_async_client_over_asgi_transport(client: TestClient) -> None:
+    async def run() -> tuple[str, float, str]:
+        transport = httpx.ASGITransport(app=client.app)
+        async with AsyncClient(http=httpx.AsyncClient(transport=transport, base_url="http://test")) as api:
+            graph = await api.upload_json(SMALL_CNN)
+            prediction = await api.predict(graph_id=graph.id, hardware_id="p100", batch_size=8)
+            hardware = await api.get_hardware("p100")
+            try:
+                await api.get_graph("f" * 64)
+            except LayercastAPIError as exc:
+                code = exc.code
+            return hardware.id, prediction.iteration.time_ms, code
+
+    hardware_id, time_ms, code = asyncio.run(run())
+    assert hardware_id == "p100" and time_ms > 0 and code == "graph_not_found"
+
+
+def test_non_problem_error_body() -> None:
+    error = LayercastAPIError.from_response(httpx.Response(502, text="<html>bad gateway</html>"))
+    assert error.status_code == 502 and error.code == "http_502" and "bad gateway" in error.message
+
+
+def test_describe_module_two_lines(api: Client) -> None:
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    model.train()
+    onnx_bytes = describe_module(model, torch.randn(2, 16))
+    assert model.training  # mode restored
+    graph = api.upload_onnx(onnx_bytes)
+    assert graph.summary.op_counts.get("Gemm", 0) + graph.summary.op_counts.get("MatMul", 0) == 2
+    assert graph.summary.params == 16 * 32 + 32 + 32 * 4 + 4
+    cost = api.predict_module(model, (torch.randn(2, 16),), hardware_id="p100", batch_size=64)
+    assert cost.batch_size == 64 and cost.iteration.time_ms > 0
+    assert cost.graph_id == graph.id  # the same export, stored once
+
+
+def test_client_import_does_not_import_torch() -> None:
+    code = "import sys, app.client; assert 'torch' not in sys.modules"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr[-2000:]
