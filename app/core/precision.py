@@ -113,13 +113,16 @@ class PrecisionNotSupported(ValueError):
 
     code = "precision_not_supported"
 
-    def __init__(self, *, hardware_id: str, precision: Precision, missing_peak: str) -> None:
+    def __init__(self, *, hardware_id: str, precision: Precision, missing_peak: str,
+                 supported: tuple[Precision, ...] = (Precision.FP32, Precision.FP32_STRICT)) -> None:
         self.hardware_id = hardware_id
         self.precision = precision
         self.missing_peak = missing_peak
+        self.supported = supported
+        alternatives = ", ".join(repr(s.value) for s in supported)
         super().__init__(
             f"hardware {hardware_id!r} has no {missing_peak} arithmetic (no '{missing_peak}' peak in its spec), "
-            f"so precision {precision.value!r} cannot run on it; ask for 'fp32' or 'fp32-strict' instead"
+            f"so precision {precision.value!r} cannot run on it; it supports {alternatives}"
         )
 
 
@@ -151,7 +154,8 @@ def check_precision(hw: HardwareSpec, precision: Precision | str) -> Precision:
     p = Precision(precision)
     need = _REQUIRED_PEAK[p]
     if need is not None and need not in hw.peak_flops_per_s:
-        raise PrecisionNotSupported(hardware_id=hw.id, precision=p, missing_peak=need)
+        supported = tuple(q for q in Precision if _REQUIRED_PEAK[q] is None or _REQUIRED_PEAK[q] in hw.peak_flops_per_s)
+        raise PrecisionNotSupported(hardware_id=hw.id, precision=p, missing_peak=need, supported=supported)
     return p
 
 

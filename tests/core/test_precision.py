@@ -147,3 +147,12 @@ def test_floors_by_pass_equal_the_floor_of_each_pass() -> None:
                      for p in ("forward", "backward", "update"))
         assert got == pytest.approx(want)
         assert floors_by_pass_ms(conv, cost, a10, precision, training=False)[1:] == (0.0, 0.0)
+
+
+def test_a_refused_precision_names_the_precisions_the_device_supports() -> None:
+    """bf16 on a V100 is refused, and the message offers fp16 (which it has), not only fp32."""
+    v100 = load_catalog()["v100-sxm2-16gb"]
+    with pytest.raises(PrecisionNotSupported) as exc:
+        check_precision(v100, "bf16")
+    assert Precision.FP16 in exc.value.supported and Precision.BF16 not in exc.value.supported
+    assert "'fp16'" in str(exc.value)
