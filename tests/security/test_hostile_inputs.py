@@ -289,14 +289,15 @@ CASES = [
 @pytest.fixture(scope="module")
 def hostile_settings(tmp_path_factory: pytest.TempPathFactory) -> Settings:
     db = tmp_path_factory.mktemp("hostile") / "hostile.db"
-    return Settings(
+    settings = Settings(
         database_url=f"sqlite:///{db}", max_json_bytes=2 * MiB, max_upload_bytes=8 * MiB, max_nodes=2000,
     )
+    upgrade(settings.database_url)  # migrated here, so every test using these settings runs alone too
+    return settings
 
 
 @pytest.fixture(scope="module")
 def hostile_client(hostile_settings: Settings) -> Iterator[TestClient]:
-    upgrade(hostile_settings.database_url)
     with TestClient(app.main.create_app(hostile_settings), raise_server_exceptions=False) as client:
         yield client
 
