@@ -46,7 +46,7 @@ import math
 import re
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -195,6 +195,18 @@ class RecordStream(Iterator[MeasurementRecord]):
     def skip(self, device: str, reason: str, n: int = 1) -> None:
         """Count ``n`` measurements of ``device`` not imported for ``reason``."""
         self.skipped[(device, reason)] += n
+
+    def in_catalog(self, device: str, hardware_id: str | None, catalog: Container[str], n: int = 1) -> str | None:
+        """``hardware_id`` (the catalog id a source's device name maps to) if the catalog has it; otherwise
+        ``None`` after counting ``n`` measurements of ``device`` as skipped (:data:`SKIP_UNKNOWN_DEVICE` when
+        the name maps to no id, :data:`SKIP_NOT_IN_CATALOG` when the id is not in ``catalog``)."""
+        if hardware_id is None:
+            self.skip(device, SKIP_UNKNOWN_DEVICE, n)
+            return None
+        if hardware_id not in catalog:
+            self.skip(device, SKIP_NOT_IN_CATALOG, n)
+            return None
+        return hardware_id
 
     def __iter__(self) -> RecordStream:
         return self
@@ -411,12 +423,8 @@ def iter_justus(path: str | Path, *, limit: int | None = None) -> RecordStream:
             if (optimizer == "none") != (pass_ == "forward"):
                 raise ImportFormatError(f"{name}: line {line}: pass {pass_!r} contradicts optimizer {optimizer!r}")
             gpu = row["gpu"].strip()
-            hardware_id = JUSTUS_GPU_IDS.get(gpu)
+            hardware_id = stream.in_catalog(gpu, JUSTUS_GPU_IDS.get(gpu), catalog)
             if hardware_id is None:
-                stream.skip(gpu, SKIP_UNKNOWN_DEVICE)
-                continue
-            if hardware_id not in catalog:
-                stream.skip(gpu, SKIP_NOT_IN_CATALOG)
                 continue
             precision = _JUSTUS_PRECISION.get(row["precision_bits"].strip())
             if precision is None:

@@ -49,8 +49,6 @@ from typing import Any
 from app.core.vocab import Granularity, Pass, SoftwareStack
 from app.hardware.catalog import load_catalog
 from app.measurements.importers import (
-    SKIP_NOT_IN_CATALOG,
-    SKIP_UNKNOWN_DEVICE,
     SOURCE_NEUSIGHT,
     ImportFormatError,
     MeasurementRecord,
@@ -216,12 +214,8 @@ def iter_neusight(path: str | Path, *, limit: int | None = None) -> RecordStream
                 raise ImportFormatError(f"{name}: line {line}: OPName {op!r} is not in family {family!r}")
             op_kind, batch, config = build(op, row, name, line)
             device = row["Device"].strip()
-            hardware_id = NEUSIGHT_HARDWARE_IDS.get(device)
+            hardware_id = stream.in_catalog(device, NEUSIGHT_HARDWARE_IDS.get(device), catalog)
             if hardware_id is None:
-                stream.skip(device, SKIP_UNKNOWN_DEVICE)
-                continue
-            if hardware_id not in catalog:
-                stream.skip(device, SKIP_NOT_IN_CATALOG)
                 continue
             time = _time(row, "Latency", name, line)
             if isinstance(time, str):

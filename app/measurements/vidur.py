@@ -53,8 +53,6 @@ from typing import Any
 from app.core.vocab import Granularity, Pass, SoftwareStack
 from app.hardware.catalog import load_catalog
 from app.measurements.importers import (
-    SKIP_NOT_IN_CATALOG,
-    SKIP_UNKNOWN_DEVICE,
     SOURCE_VIDUR,
     ImportFormatError,
     MeasurementRecord,
@@ -186,9 +184,8 @@ def iter_vidur_compute(path: str | Path, *, limit: int | None = None) -> RecordS
             dims = _dims(row, name, line)
             sku, model = row["device_sku"].strip(), row["model"].strip()
             ops = [op for op in VIDUR_COMPUTE_OPS if not (op == "post_attention_layernorm" and model in _NO_POST_NORM)]
-            hardware_id = VIDUR_COMPUTE_HARDWARE_IDS.get(sku)
-            if hardware_id is None or hardware_id not in catalog:
-                stream.skip(sku, SKIP_UNKNOWN_DEVICE if hardware_id is None else SKIP_NOT_IN_CATALOG, len(ops))
+            hardware_id = stream.in_catalog(sku, VIDUR_COMPUTE_HARDWARE_IDS.get(sku), catalog, len(ops))
+            if hardware_id is None:
                 continue
             shared = {"model": model, "tensor_parallel": dims["tensor_parallel"], "num_tokens": dims["tokens"],
                       **{k: dims[k] for k in ("n_embd", "n_expanded_embd", "n_head", "n_kv_head", "vocab_size")},
@@ -266,8 +263,7 @@ def iter_vidur_network(path: str | Path, *, limit: int | None = None) -> RecordS
             per_node = _int(row, "devices_per_node", name, line)
             size = _int(row, "size", name, line)
             known = VIDUR_NETWORK_DEVICES.get(device)
-            if known is None or known[0] not in catalog:
-                stream.skip(device, SKIP_UNKNOWN_DEVICE if known is None else SKIP_NOT_IN_CATALOG)
+            if stream.in_catalog(device, known[0] if known else None, catalog) is None or known is None:
                 continue
             time = _time(row, f"{prefix}.median", name, line)
             if isinstance(time, str):
