@@ -44,6 +44,8 @@ from typing import Any
 
 import numpy as np
 
+from app.core.aggregate import AggregationInput, IterationEstimate, LayerTime, aggregate
+from app.predictor.base import LayerTimeEstimate, LayerTimeQuery
 from app.predictor.onnx_model import LearnedPredictor, _spec_from_snapshot, read_metadata
 from app.predictor.registry import current_stem, load_predictor
 from app.training.dataset import TrainingRows, iterations_from_database
@@ -213,7 +215,6 @@ def e2e_predictions(
     from app.core.analysis import analyze
     from app.core.onnx_import import import_onnx
     from app.core.precision import Precision
-    from app.predictor.base import LayerTimeQuery
     from app.predictor.roofline import RooflineConstants, RooflinePredictor
     from app.profiler.e2e import export_onnx
 
@@ -241,7 +242,8 @@ def e2e_predictions(
             if cost.supported
         ]  # fmt: skip
         est = predictor.estimate(queries)
-        est_roof = roof.estimate(queries)
+        learned = _iteration(est, int(r["batch_size"]))
+        roofline = _iteration(roof.estimate(queries), int(r["batch_size"]))
         methods: dict[str, int] = {}
         for e in est:
             methods[e.method] = methods.get(e.method, 0) + 1
@@ -250,16 +252,24 @@ def e2e_predictions(
             "arch": arch,
             "batch_size": int(r["batch_size"]),
             "measured_ms": float(r["train_step_ms"]),
-            "learned_sum_ms": float(sum(e.total_ms for e in est)),
-            "learned_sum_p10_ms": float(sum(e.total_ms_p10 for e in est)),
-            "learned_sum_p90_ms": float(sum(e.total_ms_p90 for e in est)),
-            "roofline_sum_ms": float(sum(e.total_ms for e in est_roof)),
+            "learned_sum_ms": learned.time_ms,
+            "learned_sum_p10_ms": learned.time_ms_p10,
+            "learned_sum_p90_ms": learned.time_ms_p90,
+            "roofline_sum_ms": roofline.time_ms,
             "layers": len(queries),
             "unsupported_layers": a.unsupported_layer_count,
             "train_flops": float(flops),
             "methods": methods,
         })  # fmt: skip
     return out
+
+
+def _iteration(estimates: Sequence[LayerTimeEstimate], batch_size: int) -> IterationEstimate:
+    """One training step on one device without overhead: the layer sum, through the same core aggregation
+    (:func:`app.core.aggregate.aggregate`) the API and the CLI use."""
+    layers = [LayerTime(forward_ms=e.forward_ms, backward_ms=e.backward_ms, update_ms=e.update_ms,
+                        total_ms_p10=e.total_ms_p10, total_ms_p90=e.total_ms_p90) for e in estimates]
+    return aggregate(AggregationInput(layers=layers, global_batch_size=batch_size)).iteration
 
 
 def fit_overhead(rows: Sequence[dict[str, Any]], key: str = "learned_sum_ms") -> tuple[float, float]:
