@@ -55,7 +55,7 @@ from app.core.features import (
     raw_matrix,
     select_features,
 )
-from app.core.hardware import HardwareSpec
+from app.core.hardware import HardwareSpec, hardware_from_dict
 from app.core.ir import ConvAttrs, OpKind
 from app.core.roofline import roofline_time_s
 from app.predictor.base import LayerTimeEstimate, LayerTimeQuery, split_training_step
@@ -93,9 +93,9 @@ class LearnedPredictor:
         self._train_hw = frozenset(train_hw)
         # stored CPU specs, by identity (name, cores, vector width): serving on the training CPU reuses them
         self._cpu_specs: dict[tuple[str, int, int | None], HardwareSpec] = {}
-        for hw_id, d in train_hw.items():
+        for d in train_hw.values():
             if isinstance(d, Mapping) and d.get("kind") == "cpu":
-                spec = _spec_from_snapshot(hw_id, d)
+                spec = hardware_from_dict(dict(d))
                 self._cpu_specs[_cpu_identity(spec)] = spec
         self._scope = _applies_to(metadata.get("applies_to", {}))
 
@@ -244,26 +244,6 @@ class LearnedPredictor:
 
 def _cpu_identity(hw: HardwareSpec) -> tuple[str, int, int | None]:
     return (hw.name, int(hw.compute_units), hw.vector_width_bits)
-
-
-def _spec_from_snapshot(hw_id: str, d: Mapping[str, Any]) -> HardwareSpec:
-    """A :class:`HardwareSpec` from a ``training_hardware`` snapshot (``app.training.snapshot.hardware_to_dict``)."""
-    return HardwareSpec(
-        id=str(d.get("id", hw_id)),
-        name=str(d.get("name", hw_id)),
-        vendor=str(d.get("vendor", "")),
-        kind=d.get("kind", "gpu"),
-        peak_flops_per_s={str(k): float(v) for k, v in d.get("peak_flops_per_s", {}).items()},
-        memory_bytes=float(d.get("memory_bytes", 0.0)),
-        memory_bandwidth_bytes_per_s=float(d.get("memory_bandwidth_bytes_per_s", 0.0)),
-        compute_units=int(d.get("compute_units", 1)),
-        base_clock_mhz=d.get("base_clock_mhz"),
-        boost_clock_mhz=d.get("boost_clock_mhz"),
-        tdp_w=d.get("tdp_w"),
-        l2_cache_bytes=d.get("l2_cache_bytes"),
-        vector_width_bits=d.get("vector_width_bits"),
-        architecture=d.get("architecture"),
-    )
 
 
 def _applies_to(applies: Mapping[str, Any]) -> dict[str, dict[str, Any]]:

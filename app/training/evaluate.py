@@ -45,8 +45,9 @@ from typing import Any
 import numpy as np
 
 from app.core.aggregate import AggregationInput, IterationEstimate, LayerTime, aggregate
+from app.core.hardware import hardware_from_dict
 from app.predictor.base import LayerTimeEstimate, LayerTimeQuery
-from app.predictor.onnx_model import LearnedPredictor, _spec_from_snapshot, read_metadata
+from app.predictor.onnx_model import LearnedPredictor, read_metadata
 from app.predictor.registry import current_stem, load_predictor
 from app.training.dataset import TrainingRows, iterations_from_database
 from app.training.metrics import (
@@ -544,7 +545,7 @@ def run(
     if sample is not None:
         rows_per_file = {k: sample for k in rows_per_file}
     cpu_snapshot = {k: v for k, v in meta.get("training_hardware", {}).items() if v.get("kind") == "cpu"}
-    cpu_hw = _spec_from_snapshot(*next(iter(cpu_snapshot.items()))) if cpu_snapshot else None
+    cpu_hw = hardware_from_dict(next(iter(cpu_snapshot.values()))) if cpu_snapshot else None
     sources = tuple(tdata.get("sources") or V3_SOURCES)
     # CPU rows featurised against the artifact's snapshot of the CPU, as it was trained
     gpu, cpu, _ = load_training_data(database_url=database_url, sources=sources, cpu=cpu_hw is not None,

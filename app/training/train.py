@@ -719,7 +719,7 @@ def load_weights(path: Path, *, feature_names: Sequence[str], hidden: int, depth
 
 def hardware_snapshot(hw: HardwareSpec) -> dict[str, Any]:
     """Spec fields stored in ``training_hardware`` (everything the features read, plus identity)."""
-    from app.training.snapshot import hardware_to_dict
+    from app.core.hardware import hardware_to_dict
 
     return hardware_to_dict(hw)
 

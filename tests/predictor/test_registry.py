@@ -100,11 +100,11 @@ def test_other_op_kinds_on_gpu_fall_back_to_roofline(predictor, layer: Layer) ->
 
 
 def _training_cpu(predictor) -> HardwareSpec:
-    from app.predictor.onnx_model import _spec_from_snapshot
+    from app.core.hardware import hardware_from_dict
 
-    (hw_id, snap), = [(k, v) for k, v in predictor.learned.metadata["training_hardware"].items()
+    (_, snap), = [(k, v) for k, v in predictor.learned.metadata["training_hardware"].items()
                       if v.get("kind") == "cpu"]  # fmt: skip
-    return _spec_from_snapshot(hw_id, snap)
+    return hardware_from_dict(snap)
 
 
 def test_training_cpu_is_learned_and_in_distribution(predictor) -> None:

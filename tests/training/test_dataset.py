@@ -11,7 +11,7 @@ import pytest
 
 from app.core.costs import layer_cost
 from app.core.features import FEATURE_NAMES, layer_features
-from app.core.hardware import HardwareSpec
+from app.core.hardware import HardwareSpec, hardware_from_dict, hardware_to_dict
 from app.core.ir import GemmAttrs, OpKind
 from app.profiler import iter_rows
 from app.profiler.sampler import LayerConfig
@@ -23,7 +23,6 @@ from app.training.dataset import (
     record_layer,
     split_by_hash,
 )
-from app.training.snapshot import hardware_from_dict, hardware_to_dict
 from tests.helpers import import_measurements
 
 CPU = HardwareSpec(id="local", name="test CPU", vendor="x", kind="cpu", peak_flops_per_s={"fp32": 3e11},
