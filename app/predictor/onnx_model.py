@@ -37,28 +37,27 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 
-from app.core.costs import optimizer_update_cost
+from app.core.costs import LayerCost
 from app.core.features import (
     ACTIVATIONS,
     DEFAULT_STACK,
     FEATURE_NAMES,
-    FeatureInput,
     features_from_raw,
     floor_ms_from_raw,
-    raw_matrix,
     select_features,
 )
 from app.core.hardware import HardwareSpec, hardware_from_dict
-from app.core.ir import ConvAttrs, OpKind
-from app.core.roofline import roofline_time_s
+from app.core.ir import ConvAttrs, Layer, OpKind
 from app.predictor.base import LayerTimeEstimate, LayerTimeQuery, split_training_step
+from app.predictor.table import Estimates, LayerTable, Setting, raw_for, update_cost
 
 RANGE_MARGIN = 0.05
 
@@ -101,14 +100,17 @@ class LearnedPredictor:
 
     def applies(self, query: LayerTimeQuery) -> str | None:
         """``None`` when this predictor can serve ``query``, else the reason it cannot."""
-        layer, cost = query.layer, query.cost
+        return self.applies_layer(query.layer, query.cost, query.hardware.kind)
+
+    def applies_layer(self, layer: Layer, cost: LayerCost, hardware_kind: str) -> str | None:
+        """``None`` when this predictor can serve ``layer`` on a device of ``hardware_kind``, else why not."""
         if not cost.supported:
             return "unsupported op"
-        scope = self._scope.get(query.hardware.kind)
+        scope = self._scope.get(hardware_kind)
         if scope is None:
-            return f"learned model has no measurements on {query.hardware.kind} devices"
+            return f"learned model has no measurements on {hardware_kind} devices"
         if layer.kind.value not in scope["op_kinds"]:
-            return f"no measurements for op kind {layer.kind.value} on {query.hardware.kind}"
+            return f"no measurements for op kind {layer.kind.value} on {hardware_kind}"
         if not layer.inputs or not layer.outputs:
             return "layer without shapes"
         if layer.kind is OpKind.CONV:
@@ -143,103 +145,193 @@ class LearnedPredictor:
             return np.zeros((0, 3), dtype=np.float32)
         return self._session.run(None, {self._input: x})[0]
 
-    def _ood_notes(self, q: LayerTimeQuery, feats: np.ndarray, seen: bool) -> list[str]:
-        notes: list[str] = []
-        if not seen:
-            notes.append(f"hardware {q.hardware.id!r} ({q.hardware.name}) was not in the training data")
-        x = select_features(feats[None, :], self.feature_names)[0]
-        rng = self._ranges.get((q.hardware.kind, q.layer.kind.value)) or self._ranges.get((q.hardware.kind, "*"))
-        if rng is None:
-            notes.append(f"no {q.hardware.kind} training rows of op kind {q.layer.kind.value}")
-        else:
-            out = np.nonzero((x < rng[0]) | (x > rng[1]))[0]
-            if len(out):
-                notes.append("features outside the training range: " + ", ".join(self.feature_names[i] for i in out))
-        scope = self._scope.get(q.hardware.kind, {})
-        if q.software_stack.value not in scope.get("stacks", (DEFAULT_STACK,)):
-            notes.append(f"software stack {q.software_stack.value!r} was not measured")
-        if q.mode == "training" and q.optimizer not in scope.get("optimizers", ()) and q.cost.params:
-            notes.append(f"optimizer {q.optimizer!r} was not measured")
-        if str(q.precision) not in scope.get("measured_precision", scope.get("precision", ("fp32",))):
-            notes.append(f"precision {str(q.precision)!r} was not measured")
-        act = q.layer.activation
-        if act not in ACTIVATIONS and act != "none":
-            notes.append(f"fused activation {act!r} was not measured")
-        if isinstance(q.layer.attrs, ConvAttrs) and any(d != 1 for d in q.layer.attrs.dilations):
-            notes.append("dilated convolutions were not measured")
+    def _range_notes(self, hw_kind: str, table: LayerTable, idx: np.ndarray, feats: np.ndarray) -> list[str | None]:
+        """Per row ``idx`` of ``table`` (features ``feats`` ``[len(idx), len(FEATURE_NAMES)]``): the note on
+        features outside the widened training range of its (hardware kind, op kind), or on missing training
+        rows of that op kind; ``None`` when inside."""
+        x = select_features(feats, self.feature_names)
+        notes: list[str | None] = [None] * len(idx)
+        kinds = [table.kinds[i] for i in idx.tolist()]
+        for kind in set(kinds):
+            rows = np.asarray([j for j, k in enumerate(kinds) if k is kind], dtype=np.intp)
+            rng = self._ranges.get((hw_kind, kind.value)) or self._ranges.get((hw_kind, "*"))
+            if rng is None:
+                for j in rows.tolist():
+                    notes[j] = f"no {hw_kind} training rows of op kind {kind.value}"
+                continue
+            out = (x[rows] < rng[0]) | (x[rows] > rng[1])
+            hits = np.nonzero(out.any(axis=1))[0]
+            for h in hits.tolist():
+                notes[int(rows[h])] = "features outside the training range: " + ", ".join(
+                    self.feature_names[c] for c in np.nonzero(out[h])[0].tolist())
         return notes
 
+    def _setting_notes(self, s: Setting, seen: bool) -> tuple[list[str], list[str]]:
+        """Notes that hold for every row of a setting: (before the range note, after it; the optimizer note
+        is added per row with parameters)."""
+        hw = s.hardware
+        before = [] if seen else [f"hardware {hw.id!r} ({hw.name}) was not in the training data"]
+        scope = self._scope.get(hw.kind, {})
+        after: list[str] = []
+        if s.software_stack.value not in scope.get("stacks", (DEFAULT_STACK,)):
+            after.append(f"software stack {s.software_stack.value!r} was not measured")
+        return before, after
+
+    def _layer_notes(self, layer: Layer) -> tuple[str, ...]:
+        notes: list[str] = []
+        act = layer.activation
+        if act not in ACTIVATIONS and act != "none":
+            notes.append(f"fused activation {act!r} was not measured")
+        if isinstance(layer.attrs, ConvAttrs) and any(d != 1 for d in layer.attrs.dilations):
+            notes.append("dilated convolutions were not measured")
+        return tuple(notes)
+
+    def prepare(self, table: LayerTable, idx: np.ndarray, setting: Setting) -> _Prepared:
+        """Feature rows of rows ``idx`` of ``table`` in ``setting``: a forward row per layer and, in training, a
+        train-step row (interleaved: forward, train-step). Raises ``ValueError`` for a row :meth:`applies`
+        rejects or an unknown mode."""
+        s = setting
+        if s.mode not in ("training", "inference"):
+            raise ValueError(f"mode must be 'training' or 'inference', got {s.mode!r}")
+        for i in idx.tolist():
+            reason = self.applies_layer(table.layers[i], table.costs[i], s.hardware.kind)
+            if reason is not None:
+                raise ValueError(f"LearnedPredictor cannot estimate {table.layers[i].name!r}: {reason}")
+        hw, seen = self._canonical(s.hardware)
+        prec, stack = str(s.precision), s.software_stack.value
+        raw_f = raw_for(table, hw, pass_="forward", optimizer="none", precision=prec, stack=stack)[idx]
+        if s.mode == "training":
+            raw_t = raw_for(table, hw, pass_="train_step", optimizer=s.optimizer, precision=prec, stack=stack,
+                            optimizer_per_params=True)[idx]
+            raw = np.empty((2 * len(idx), raw_f.shape[1]))
+            raw[0::2], raw[1::2] = raw_f, raw_t
+        else:
+            raw = raw_f
+        return _Prepared(table=table, idx=idx, setting=s, seen=seen, raw=raw, features=features_from_raw(raw))
+
+    def finish(self, prep: _Prepared, out_ln: np.ndarray) -> Estimates:
+        """Estimates of a :meth:`prepare` from the model's ln-ms quantiles ``out_ln`` ``[rows, 3]`` of its features."""
+        s, table, idx = prep.setting, prep.table, prep.idx
+        # never below the physics floor (the graph guarantees it up to float32 rounding; this in float64)
+        out_ms = np.maximum(np.exp(out_ln.astype(np.float64)), floor_ms_from_raw(prep.raw)[:, None])
+        training = s.mode == "training"
+        f_rows = out_ms[0::2] if training else out_ms
+        fwd = f_rows[:, 1]
+        before, after = self._setting_notes(s, prep.seen)
+        scope = self._scope.get(s.hardware.kind, {})
+        precision_note = ([f"precision {str(s.precision)!r} was not measured"]
+                          if str(s.precision) not in scope.get("measured_precision", scope.get("precision", ("fp32",)))
+                          else [])
+        opt_note = (f"optimizer {s.optimizer!r} was not measured"
+                    if training and s.optimizer not in scope.get("optimizers", ()) else None)
+        layer_notes = table.memo(("learned-layer-notes", self.version), lambda: [
+            self._layer_notes(layer) for layer in table.layers])
+        assert isinstance(layer_notes, list)
+        f_range = self._range_notes(s.hardware.kind, table, idx, prep.features[0::2] if training else prep.features)
+        if training:
+            t_rows = out_ms[1::2]
+            t_range = self._range_notes(s.hardware.kind, table, idx, prep.features[1::2])
+            total = t_rows[:, 1]
+            p10, p90 = t_rows[:, 0], t_rows[:, 2]
+            fwd_out, bwd_out, upd_out = self._split(table, idx, s, total=total, forward=fwd)
+        else:
+            t_range = f_range
+            p10, p90 = f_rows[:, 0], f_rows[:, 2]
+            fwd_out, bwd_out, upd_out = fwd, np.zeros_like(fwd), np.zeros_like(fwd)
+        params = table.params[idx]
+        notes: list[tuple[str, ...]] = []
+        for j, i in enumerate(idx.tolist()):
+            row = list(before)
+            if t_range[j] is not None:
+                row.append(t_range[j])  # type: ignore[arg-type]
+            row += after
+            if opt_note is not None and params[j] > 0:
+                row.append(opt_note)
+            row += precision_note
+            row += layer_notes[i]
+            if training and f_range[j] is not None and f_range[j] not in row:
+                row.append(f_range[j])  # type: ignore[arg-type]
+            notes.append(tuple(row))
+        parts_sum = fwd_out + bwd_out + upd_out
+        return Estimates(
+            forward_ms=fwd_out, backward_ms=bwd_out, update_ms=upd_out,
+            total_ms_p10=np.minimum(p10, parts_sum), total_ms_p90=np.maximum(p90, parts_sum),
+            method=["learned"] * len(idx), out_of_distribution=np.asarray([bool(n) for n in notes], dtype=bool),
+            notes=notes,
+        )
+
+    def estimate_tables(self, items: Sequence[tuple[LayerTable, np.ndarray, Setting]]) -> list[Estimates]:
+        """Estimates of rows ``idx`` of each ``(table, idx, setting)``, every item's feature rows through one
+        ``session.run``. Raises ``ValueError`` for a row :meth:`applies` rejects or an unknown mode."""
+        preps = [self.prepare(t, idx, s) for t, idx, s in items]
+        if not preps:
+            return []
+        feats = np.concatenate([p.features for p in preps]) if len(preps) > 1 else preps[0].features
+        out = self.run_features(feats)
+        results, start = [], 0
+        for p in preps:
+            stop = start + len(p.features)
+            results.append(self.finish(p, out[start:stop]))
+            start = stop
+        return results
+
     def estimate(self, queries: Sequence[LayerTimeQuery]) -> list[LayerTimeEstimate]:
-        """One estimate per query, all in one ``session.run``.
+        """One estimate per query (:meth:`estimate_tables` over the queries grouped by setting).
 
         Raises ``ValueError`` for a query :meth:`applies` rejects or with an unknown mode.
         """
-        rows: list[FeatureInput] = []
-        seen_l: list[bool] = []
-        for q in queries:
-            reason = self.applies(q)
-            if reason is not None:
-                raise ValueError(f"LearnedPredictor cannot estimate {q.layer.name!r}: {reason}")
-            if q.mode not in ("training", "inference"):
-                raise ValueError(f"mode must be 'training' or 'inference', got {q.mode!r}")
-            hw, seen = self._canonical(q.hardware)
-            seen_l.append(seen)
-            prec, stack = str(q.precision), q.software_stack.value
-            rows.append(FeatureInput(q.layer, q.cost, hw, "forward", "none", prec, stack))
-            if q.mode == "training":
-                opt = q.optimizer if q.cost.params else "none"
-                rows.append(FeatureInput(q.layer, q.cost, hw, "train_step", opt, prec, stack))
-        raw = raw_matrix(rows)
-        feats = features_from_raw(raw)
-        out_ln = self.run_features(feats).astype(np.float64)
-        # never below the physics floor (the graph guarantees it up to float32 rounding; this in float64)
-        out_ms = np.maximum(np.exp(out_ln), floor_ms_from_raw(raw)[:, None])
-        results: list[LayerTimeEstimate] = []
-        i = 0
-        for q, seen in zip(queries, seen_l, strict=True):
-            f_row = i
-            fwd = float(out_ms[f_row, 1])
-            if q.mode == "inference":
-                i += 1
-                p10, p90 = float(out_ms[f_row, 0]), float(out_ms[f_row, 2])
-                notes = self._ood_notes(q, feats[f_row], seen)
-                parts = (fwd, 0.0, 0.0)
-            else:
-                t_row = i + 1
-                i += 2
-                total = float(out_ms[t_row, 1])
-                p10, p90 = float(out_ms[t_row, 0]), float(out_ms[t_row, 2])
-                notes = self._ood_notes(q, feats[t_row], seen)
-                notes += [n for n in self._ood_notes(q, feats[f_row], seen) if n not in notes]
-                parts = self._split(q, total=total, forward=fwd)
-            p10 = min(p10, sum(parts))
-            p90 = max(p90, sum(parts))
-            results.append(
-                LayerTimeEstimate(
-                    forward_ms=parts[0],
-                    backward_ms=parts[1],
-                    update_ms=parts[2],
-                    total_ms_p10=p10,
-                    total_ms_p90=p90,
-                    method="learned",
-                    out_of_distribution=bool(notes),
-                    notes=tuple(notes),
-                )
-            )
-        return results
+        return estimate_queries(queries, self.estimate_tables)
 
-    @staticmethod
-    def _split(q: LayerTimeQuery, *, total: float, forward: float) -> tuple[float, float, float]:
-        hw = q.hardware
-        peak = float(hw.peak_for(q.precision))
+    def _split(self, table: LayerTable, idx: np.ndarray, s: Setting, *, total: np.ndarray,
+               forward: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(forward, backward, update) of each train-step row: :func:`split_training_step` with the update's and
+        the backward's roofline times at the device's peak for the precision."""
+        hw = s.hardware
+        peak = float(hw.peak_for(s.precision))
         bw = float(hw.memory_bandwidth_bytes_per_s)
-        c = q.cost
-        upd_flops, upd_bytes = optimizer_update_cost(c.params, q.optimizer)
-        update = roofline_time_s(upd_flops, upd_bytes, peak_flops_per_s=peak, bandwidth_bytes_per_s=bw) * 1e3
-        bwd_min = (
-            roofline_time_s(c.backward_flops, c.backward_bytes, peak_flops_per_s=peak, bandwidth_bytes_per_s=bw) * 1e3
-        )
-        return split_training_step(total_ms=total, forward_ms=forward, update_ms=update, backward_min_ms=bwd_min)
+        upd_flops, upd_bytes = update_cost(table.params[idx], s.optimizer)
+        update = np.maximum(upd_flops / peak, upd_bytes / bw) * 1e3
+        bwd_min = np.maximum(table.backward_flops[idx] / peak, table.backward_bytes[idx] / bw) * 1e3
+        parts = [split_training_step(total_ms=t, forward_ms=f, update_ms=u, backward_min_ms=b)
+                 for t, f, u, b in zip(total.tolist(), forward.tolist(), update.tolist(), bwd_min.tolist(),
+                                       strict=True)]
+        arr = np.asarray(parts, dtype=np.float64).reshape(len(parts), 3)
+        return arr[:, 0], arr[:, 1], arr[:, 2]
+
+
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    """Feature rows of one table item (:meth:`LearnedPredictor.prepare`)."""
+
+    table: LayerTable
+    idx: np.ndarray
+    setting: Setting
+    seen: bool
+    raw: np.ndarray
+    features: np.ndarray
+
+
+def estimate_queries(
+    queries: Sequence[LayerTimeQuery],
+    estimate_tables: Callable[[Sequence[tuple[LayerTable, np.ndarray, Setting]]], list[Estimates]],
+) -> list[LayerTimeEstimate]:
+    """Scalar queries through a table estimator (one path for every caller): grouped by setting (device
+    object, mode, optimizer, precision, stack) into one table each, all groups in one ``estimate_tables`` call,
+    answered in query order."""
+    groups: dict[tuple[int, str, str, str, str], list[int]] = {}
+    for i, q in enumerate(queries):
+        groups.setdefault((id(q.hardware), q.mode, q.optimizer, str(q.precision), str(q.software_stack)), []).append(i)
+    items = []
+    for rows in groups.values():
+        q0 = queries[rows[0]]
+        table = LayerTable([queries[i].layer for i in rows], [queries[i].cost for i in rows], reference=q0.hardware)
+        items.append((table, np.arange(len(rows)), Setting(q0.hardware, q0.mode, q0.optimizer, q0.precision,
+                                                           q0.software_stack)))
+    out: list[LayerTimeEstimate | None] = [None] * len(queries)
+    for rows, est in zip(groups.values(), estimate_tables(items), strict=True):
+        for i, e in zip(rows, est.to_list(), strict=True):
+            out[i] = e
+    return [e for e in out if e is not None]
 
 
 def _cpu_identity(hw: HardwareSpec) -> tuple[str, int, int | None]:
