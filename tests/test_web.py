@@ -10,19 +10,16 @@ import json
 import os
 import re
 import shutil
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
-import uvicorn
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from tests.helpers import light_model
+from tests.helpers import light_model, serve
 
 CHROMEDRIVER = "/usr/bin/chromedriver"
 CHROMIUM = "/usr/bin/chromium"
@@ -110,22 +107,9 @@ def test_comparison_on_the_page_and_its_csv(client: TestClient) -> None:
 
 @pytest.fixture
 def live_url(app: FastAPI) -> Iterator[str]:
-    """The app served by uvicorn on a free local port (its lifespan run), in a thread of this process."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
+    """The app served by uvicorn on a free local port."""
+    with serve(app) as url:
+        yield url
 
 
 def _browser(download_dir: Path) -> object:
