@@ -80,7 +80,7 @@ def _comparison_row(pred: dict[str, Any]) -> Any:
 
     it, job, memory = pred["iteration"], pred["job"], pred["memory"]
     return ComparisonRow(
-        hardware_id=pred["hardware_id"], device_count=it["device_count"],
+        hardware_id=pred["hardware_id"], device_count=it["device_count"], nodes=it["nodes"],
         per_device_batch_size=it["per_device_batch_size"], iteration_ms=it["time_ms"],
         iteration_ms_p90=it["time_ms_p90"], samples_per_s=it["samples_per_s"],
         scaling_efficiency=it["scaling_efficiency"], allreduce_exposed_ms=it["allreduce_exposed_ms"],
