@@ -55,6 +55,9 @@ class ArtifactMetadata(BaseModel):
     version: str = Field(description="registry key, `<name>-<version>` of the trainer")
     onnx_file: str
     sha256: str = Field(min_length=64, max_length=64)
+    weights_file: str | None = Field(default=None, description="torch weights (.weights.npz) in the store, the "
+                                     "base of a fine-tune; None for a version registered without them")
+    weights_sha256: str | None = Field(default=None, min_length=64, max_length=64)
     feature_names: list[str]
     watermark: Watermark = Field(default_factory=Watermark)
     hyperparameters: dict[str, Any] = Field(default_factory=dict)
@@ -67,12 +70,14 @@ class ArtifactMetadata(BaseModel):
         training: Mapping[str, Any],
         *,
         sha256: str,
+        weights_sha256: str | None = None,
         watermark: Watermark | None = None,
         metrics: Mapping[str, Any] | None = None,
     ) -> ArtifactMetadata:
         """Wrap the trainer's JSON metadata. ``metrics`` default to its per-source test metrics
-        (``metrics_test_summary``) as the ``train_test`` split. Raises ``KeyError`` when ``training``
-        lacks ``name``, ``version``, ``onnx_file`` or ``feature_names``."""
+        (``metrics_test_summary``) as the ``train_test`` split; ``weights_file`` is the trainer's, recorded
+        only with its ``weights_sha256``. Raises ``KeyError`` when ``training`` lacks ``name``, ``version``,
+        ``onnx_file`` or ``feature_names``."""
         recipe = dict((training.get("model") or {}).get("recipe") or {})
         default_metrics = {"train_test": {"by_source": dict(training.get("metrics_test_summary") or {})}}
         return cls(
@@ -80,6 +85,8 @@ class ArtifactMetadata(BaseModel):
             version=f"{training['name']}-{training['version']}",
             onnx_file=str(training["onnx_file"]),
             sha256=sha256,
+            weights_file=str(training["weights_file"]) if weights_sha256 and training.get("weights_file") else None,
+            weights_sha256=weights_sha256 if training.get("weights_file") else None,
             feature_names=[str(n) for n in training["feature_names"]],
             watermark=watermark or Watermark(),
             hyperparameters=recipe,

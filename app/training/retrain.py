@@ -18,8 +18,9 @@ Stages of :func:`run_retrain`:
 4. **gate** (:func:`gate`): on each of the two splits the candidate's MAPE must be at most production's
    times ``1 + overall_tolerance`` overall and ``1 + group_tolerance`` on every hardware id and every
    precision with at least ``min_group_rows`` rows in the split.
-5. **register and decide** in one transaction: the ONNX file moved into the store atomically
-   (:func:`app.predictor.metadata.write_atomic`), the version registered as a candidate with its typed
+5. **register and decide** in one transaction: the ONNX file and the torch weights (``.weights.npz``, the
+   base of a later fine-tune) copied into the store atomically (:func:`app.predictor.metadata.write_atomic`,
+   the weights' SHA-256 in the metadata), the version registered as a candidate with its typed
    metadata, promoted when the gate passed, the :class:`app.predictors.models.RetrainRun` row finished
    with both sets of metrics, every gate check and the reason.
 
@@ -199,10 +200,12 @@ def run_retrain(*, database_url: str, store_dir: Path, cfg: RetrainConfig, trigg
                       for c in checks if not c["passed"]]  # fmt: skip
             reason = ("not worse than production overall nor on any hardware or precision" if passed
                       else "worse than production: " + "; ".join(failed))  # fmt: skip
-            write_atomic(store_dir / training["onnx_file"], (tmp / training["onnx_file"]).read_bytes())
+            for name in (training["onnx_file"], training["weights_file"]):  # weights: the next fine-tune's base
+                write_atomic(store_dir / name, (tmp / name).read_bytes())
             mark = mark.model_copy(update={"rows": int(training["training_data"]["rows"]["train"])})
-            meta = ArtifactMetadata.from_training(training, sha256=sha256_file(store_dir / training["onnx_file"]),
-                                                  watermark=mark, metrics=cand_m)  # fmt: skip
+            meta = ArtifactMetadata.from_training(
+                training, sha256=sha256_file(store_dir / training["onnx_file"]), watermark=mark, metrics=cand_m,
+                weights_sha256=sha256_file(store_dir / training["weights_file"]))  # fmt: skip
             with factory.begin() as session:
                 service.register(session, meta)
                 if passed:
