@@ -72,11 +72,19 @@ class MeasurementRepository:
         """Whether a hardware row with this id is stored."""
         return self.session.get(Hardware, hardware_id) is not None
 
-    def job_actuals(self, *, hardware_ids: Sequence[str]) -> Sequence[Measurement]:
-        """Recorded whole-job measurements (``granularity`` ``job``) on the given devices, by ascending id."""
-        stmt = select(Measurement).where(
-            Measurement.granularity == Granularity.JOB.value, Measurement.hardware_id.in_(list(hardware_ids))
-        )
+    def job_actuals(self, *, hardware_ids: Sequence[str] | None = None, source: str | None = None,
+                    after_id: int | None = None, up_to_id: int | None = None) -> Sequence[Measurement]:  # fmt: skip
+        """Recorded whole-job measurements (``granularity`` ``job``), by ascending id: on the given devices, of
+        ``source``, with ids in (``after_id``, ``up_to_id``] (None: no bound)."""
+        stmt = select(Measurement).where(Measurement.granularity == Granularity.JOB.value)
+        if hardware_ids is not None:
+            stmt = stmt.where(Measurement.hardware_id.in_(list(hardware_ids)))
+        if source is not None:
+            stmt = stmt.where(Measurement.source == source)
+        if after_id is not None:
+            stmt = stmt.where(Measurement.id > after_id)
+        if up_to_id is not None:
+            stmt = stmt.where(Measurement.id <= up_to_id)
         return self.session.scalars(stmt.order_by(Measurement.id)).all()
 
     def add_all(self, rows: Sequence[Measurement]) -> list[int]:

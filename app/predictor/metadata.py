@@ -40,6 +40,30 @@ class Watermark(BaseModel):
     rows: int | None = None
 
 
+class RatioStatsModel(BaseModel):
+    """Stored :class:`app.estimates.calibration.RatioStats` of one (graph, hardware): ``n`` clipped
+    ln(actual / predicted) ratios, their sum and sum of squares."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    n: int = Field(ge=0)
+    total: float
+    total_sq: float = Field(ge=0)
+
+
+class JobCalibrationFit(BaseModel):
+    """The whole-job calibration refit by a retrain (:func:`app.estimates.service.refit_job_calibration`): for
+    every recorded job actual with id up to ``watermark_measurement_id``, the version's own prediction of the
+    job, summarised per ``"<graph_id>|<hardware_id>"``. Serving adds the actuals recorded after the watermark
+    against the same version. ``evaluation``: leave-one-out whole-job errors with and without it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    watermark_measurement_id: int | None = None
+    groups: dict[str, RatioStatsModel] = Field(default_factory=dict)
+    evaluation: dict[str, Any] = Field(default_factory=dict)
+
+
 class ArtifactMetadata(BaseModel):
     """Metadata of one predictor version (see the module docstring).
 
@@ -62,6 +86,7 @@ class ArtifactMetadata(BaseModel):
     watermark: Watermark = Field(default_factory=Watermark)
     hyperparameters: dict[str, Any] = Field(default_factory=dict)
     metrics: dict[str, Any] = Field(default_factory=dict)
+    job_calibration: JobCalibrationFit = Field(default_factory=JobCalibrationFit)
     training: dict[str, Any] = Field(description="the trainer's JSON metadata (read by LearnedPredictor)")
 
     @classmethod

@@ -31,6 +31,12 @@ Stages of :func:`run_retrain`:
    held-out rows (Syed & Srinivasan 2021's learning curve), recorded under ``metrics["new_hardware"]`` and
    logged as a table. The candidate itself is trained on every row, the new device's training split included.
 
+7. **job calibration** (:func:`app.estimates.service.refit_job_calibration`): every scheduler actual
+   (``POST /v1/job-estimates/actuals``, whole-job rows of the measurement table) up to the watermark is
+   re-predicted by the candidate and summarised per (graph, hardware) into its metadata, so a new version
+   starts calibrated by every actual ever recorded, not only by those recorded against it; its
+   leave-one-out whole-job error with and without calibration is in ``metrics["job_calibration"]``.
+
 A failure anywhere (training, export, writing the artifact) marks the run ``failed`` and leaves the
 production row untouched; the temporary folder is always removed.
 """
@@ -53,6 +59,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.db import make_engine, make_sessionmaker, utcnow
+from app.estimates.service import refit_job_calibration
 from app.measurements.importers import IMPORT_SOURCES
 from app.measurements.models import Measurement
 from app.predictor.metadata import ArtifactMetadata, Watermark, sha256_file, write_atomic
@@ -237,6 +244,10 @@ def run_retrain(*, database_url: str, store_dir: Path, cfg: RetrainConfig, trigg
             meta = ArtifactMetadata.from_training(
                 training, sha256=sha256_file(store_dir / training["onnx_file"]), watermark=mark, metrics=cand_m,
                 weights_sha256=sha256_file(store_dir / training["weights_file"]))  # fmt: skip
+            with factory() as session:  # the whole-job calibration, refit on every recorded actual
+                fit = refit_job_calibration(session, load_from_store(store_dir, meta, threads=cfg.threads),
+                                            up_to_id=mark.max_measurement_id)  # fmt: skip
+            meta = meta.model_copy(update={"job_calibration": fit})
             with factory.begin() as session:
                 service.register(session, meta)
                 if passed:
@@ -246,7 +257,7 @@ def run_retrain(*, database_url: str, store_dir: Path, cfg: RetrainConfig, trigg
                 run.status = "promoted" if passed else "rejected"
                 run.candidate_version, run.reason, run.finished_at = meta.version, reason, utcnow()
                 run.metrics = {"candidate": cand_m, "production": prod_m, "new_hardware": new_hw,
-                               "config": asdict(cfg)}
+                               "job_calibration": fit.evaluation, "config": asdict(cfg)}
                 run.gate = {"passed": passed, "checks": checks}
                 result = _run_dict(run)
             log(f"retrain run {run_id}: {meta.version} {result['status']} ({reason})")
