@@ -321,6 +321,9 @@ def _make_lifespan(settings: Settings, run_migrations: bool) -> Callable[[FastAP
         app.state.engine = engine
         app.state.sessionmaker = make_sessionmaker(engine)
         app.state.predictors = None
+        from app.graphs.service import analysis_cache
+
+        analysis_cache.budget_bytes = settings.analysis_cache_bytes
         try:
             if settings.seed_catalog:
                 _seed_catalog(app)

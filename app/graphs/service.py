@@ -90,7 +90,7 @@ def _import(content: bytes, source_format: str, batch_size: int, dims: dict[str,
     raise InvalidGraph(f"unknown source format {source_format!r}")
 
 
-#: Default byte budget of the process-wide analysis cache (``Settings.analysis_cache_bytes`` overrides it).
+#: Default byte budget of the process-wide analysis cache (the app sets ``Settings.analysis_cache_bytes``).
 DEFAULT_CACHE_BYTES = 512 * 2**20
 
 # Approximate CPython sizes (bytes) behind analysis_bytes(): a Layer with its LayerCost, a Tensor with its
