@@ -11,6 +11,7 @@ forward, backward or update time is below its physics floor (DESIGN.md, "Never f
 from __future__ import annotations
 
 import dataclasses
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,9 @@ from app.predictor.roofline import RooflineConstants, RooflinePredictor
 from app.predictor.table import Estimates, LayerTable, Setting, clamp_to_floors, scatter
 
 CURRENT_FILE = "CURRENT"
+
+#: Settings (device, mode, optimizer, precision, stack) whose roofline-fallback rows a layer table remembers.
+FALLBACK_SETTINGS = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +65,29 @@ class CompositePredictor:
         assert isinstance(found, tuple)
         return found
 
+    def _fallback(self, table: LayerTable, rows: np.ndarray, reasons: dict[int, str],
+                  s: Setting) -> list[LayerTimeEstimate]:
+        """Roofline-fallback estimates of ``rows`` (a ``fallback: <reason>`` note first), remembered per table
+        for the last :data:`FALLBACK_SETTINGS` settings (the fallback is deterministic for one version)."""
+        if not len(rows):
+            return []
+        memo = table.memo(("fallback", self.version), OrderedDict)
+        assert isinstance(memo, OrderedDict)
+        key = (repr(s.hardware), s.mode, s.optimizer, s.precision, s.software_stack, rows.tobytes())
+        found = memo.get(key)
+        if found is None:
+            queries = [LayerTimeQuery(layer=table.layers[i], cost=table.costs[i], hardware=s.hardware, mode=s.mode,
+                                      optimizer=s.optimizer, precision=s.precision, software_stack=s.software_stack)
+                       for i in rows.tolist()]
+            found = [dataclasses.replace(e, notes=(f"fallback: {reasons[i]}", *e.notes))
+                     for i, e in zip(rows.tolist(), self.fallback.estimate(queries), strict=True)]
+            memo[key] = found
+            while len(memo) > FALLBACK_SETTINGS:
+                memo.popitem(last=False)
+        else:
+            memo.move_to_end(key)
+        return found  # type: ignore[no-any-return]
+
     def estimate_tables(self, items: Sequence[tuple[LayerTable, np.ndarray, Setting]]) -> list[Estimates]:
         """Estimates of rows ``idx`` of each ``(table, idx, setting)``, each clamped to its physics floor; the
         learned rows of every item go through one ``session.run``, the others through the roofline fallback
@@ -71,14 +98,9 @@ class CompositePredictor:
             wanted = np.zeros(len(table), dtype=bool)
             wanted[idx] = True
             lrn = learned_rows[wanted[learned_rows]]
-            fb = np.asarray([i for i in idx.tolist() if i in reasons], dtype=np.intp)
+            fb = np.setdiff1d(idx, lrn, assume_unique=True) if len(reasons) else np.zeros(0, dtype=np.intp)
             learned_items.append((table, lrn, s))
-            queries = [LayerTimeQuery(layer=table.layers[i], cost=table.costs[i], hardware=s.hardware, mode=s.mode,
-                                      optimizer=s.optimizer, precision=s.precision, software_stack=s.software_stack)
-                       for i in fb.tolist()]
-            est = self.fallback.estimate(queries)
-            fallback_parts.append((fb, [dataclasses.replace(e, notes=(f"fallback: {reasons[i]}", *e.notes))
-                                        for i, e in zip(fb.tolist(), est, strict=True)]))
+            fallback_parts.append((fb, self._fallback(table, fb, reasons, s)))
         learned = self.learned.estimate_tables(learned_items)
         out = []
         for (table, idx, s), (_, lrn, _), (fb, fb_est), lrn_est in zip(
