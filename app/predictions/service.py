@@ -255,21 +255,22 @@ def _totals_read(
     return iteration, epoch, job
 
 
-def _memo_key(what: str, mem_opts: dict[str, Any]) -> tuple[Any, ...]:
-    return (what, *(repr(v) if k == "hardware" else v for k, v in sorted(mem_opts.items())))
+def _memo_key(what: str, mem_opts: dict[str, Any], device: str | None) -> tuple[Any, ...]:
+    return (what, *((device or repr(v)) if k == "hardware" else v for k, v in sorted(mem_opts.items())))
 
 
-def memo_footprint(bound: graphs.BoundGraph, mem_opts: dict[str, Any]) -> MemoryFootprint:
+def memo_footprint(bound: graphs.BoundGraph, mem_opts: dict[str, Any], *, device: str | None = None) -> MemoryFootprint:
     """:func:`app.core.memory.footprint` of ``bound``'s analysis with ``mem_opts``, memoised on the cache entry
-    (a pure function of the analysis and the options; the device by its full spec)."""
-    return bound.memo(_memo_key("footprint", mem_opts), lambda: footprint(bound.analysis, **mem_opts))
+    (a pure function of the analysis and the options; the device by its full spec: ``device``, a fingerprint
+    of the whole spec the caller has already, else its ``repr``)."""
+    return bound.memo(_memo_key("footprint", mem_opts, device), lambda: footprint(bound.analysis, **mem_opts))
 
 
-def memo_largest_batch(bound: graphs.BoundGraph, mem_opts: dict[str, Any]) -> int:
+def memo_largest_batch(bound: graphs.BoundGraph, mem_opts: dict[str, Any], *, device: str | None = None) -> int:
     """:func:`app.core.memory.largest_batch_that_fits` on the options' device, memoised like
     :func:`memo_footprint`."""
     hw = mem_opts["hardware"]
-    return bound.memo(_memo_key("largest", mem_opts), lambda: largest_batch_that_fits(
+    return bound.memo(_memo_key("largest", mem_opts, device), lambda: largest_batch_that_fits(
         bound.analysis, memory_bytes=hw.memory_bytes, **mem_opts))
 
 
