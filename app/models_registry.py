@@ -2,7 +2,7 @@
 
 from app.graphs.models import StoredGraph
 from app.hardware.models import Hardware
-from app.measurements.models import Measurement, PredictorVersion
+from app.measurements.models import Measurement, MeasurementBatch, PredictorVersion
 from app.predictors.models import LeaseLock, RetrainRun
 
-__all__ = ["Hardware", "LeaseLock", "Measurement", "PredictorVersion", "RetrainRun", "StoredGraph"]
+__all__ = ["Hardware", "LeaseLock", "Measurement", "MeasurementBatch", "PredictorVersion", "RetrainRun", "StoredGraph"]

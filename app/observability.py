@@ -99,9 +99,9 @@ def record_prediction(*, predictor_version: str, methods: Mapping[str, int], cou
             PREDICTED_LAYERS.labels(predictor_version=predictor_version, method=method).inc(layers)
 
 
-def record_measurement(*, source: str) -> None:
-    """Count one measurement reported through the API."""
-    MEASUREMENTS_REPORTED.labels(source=source).inc()
+def record_measurement(*, source: str, n: int = 1) -> None:
+    """Count ``n`` measurements of ``source`` reported through the API."""
+    MEASUREMENTS_REPORTED.labels(source=source).inc(n)
 
 
 def record_retrain(outcome: RetrainOutcome) -> None:

@@ -47,7 +47,7 @@ def test_metrics_after_a_prediction_and_a_measurement(client: TestClient) -> Non
                                                      "batch_size": 8, "mode": "training", "optimizer": "sgd"})
     assert predicted.status_code == 200, predicted.text
     methods = predicted.json()["methods"]
-    assert client.post("/v1/measurements", json=REPORTED).status_code == 201
+    assert client.post("/v1/measurements", json={"measurements": [REPORTED]}).status_code == 201
     after = client.get("/metrics")
     assert after.status_code == 200
     assert after.headers["content-type"].startswith("text/plain")

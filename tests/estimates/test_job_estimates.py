@@ -156,3 +156,17 @@ def test_jobs_over_several_nodes(client: TestClient, resnet_id: str) -> None:
     one_node, default_net, slow_net, uneven = r.json()["estimates"]
     assert one_node["p50_s"] < default_net["p50_s"] < slow_net["p50_s"]  # a slower network, a longer job
     assert uneven["error"]["code"] == "validation_error"
+
+
+def test_calibration_from_stats_adds_up_to_the_calibration_of_all_ratios() -> None:
+    """What a retrain stores (the stats of the actuals up to its watermark) plus the actuals recorded since
+    calibrate exactly as all ratios together would."""
+    from app.estimates.calibration import RatioStats, calibrate_stats
+
+    ratios = [0.4, 0.55, 0.31, 0.62, 0.47, 9.0]  # the last one is clipped to ln(100), as calibrate does
+    whole = calibrate(ratios)
+    split = calibrate_stats(RatioStats.of(ratios[:4]).plus(RatioStats.of(ratios[4:])))
+    assert split.actuals == whole.actuals == 6
+    assert split.factor == pytest.approx(whole.factor, rel=1e-12)
+    assert split.log_sd == pytest.approx(whole.log_sd, rel=1e-12)
+    assert calibrate_stats(RatioStats()).factor == 1.0
