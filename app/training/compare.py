@@ -53,6 +53,11 @@ def _without(names: Sequence[str], drop: Sequence[str]) -> tuple[str, ...]:
     return tuple(n for n in names if n not in set(drop))
 
 
+#: v4 candidates: per-SM, per-cycle hardware ratios and the wave-quantised floor (app.core.features v4 block).
+V4_NEW: tuple[str, ...] = ("log_wave_floor_ms", "log_sm_cycle_ms", "hw_log_flops_per_sm_cycle",
+                           "hw_log_bytes_per_sm_cycle", "hw_log_l2_per_sm")  # fmt: skip
+_V4 = (*MODEL_FEATURES, *V4_NEW)
+
 _KEEP_SMS = _without(MODEL_FEATURES, tuple(n for n in ABSOLUTE_HW if n != "hw_log_compute_units"))
 
 #: Variants compared: name -> (feature names, a subset of :data:`app.core.features.FEATURE_NAMES`; recipe
@@ -65,6 +70,9 @@ VARIANTS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     "v3_wd1e-2": (MODEL_FEATURES, {"weight_decay": 1e-2}),
     "keep_sms_wd1e-2": (_KEEP_SMS, {"weight_decay": 1e-2}),
     "keep_sms_hidden64": (_KEEP_SMS, {"hidden": 64}),
+    "v4": (_V4, {}),
+    "v4_ratio_hw": (_without(_V4, tuple(n for n in ABSOLUTE_HW if n != "hw_log_compute_units")), {}),
+    "v4_ratio_hw_no_sms": (_without(_V4, ABSOLUTE_HW), {}),
 }
 
 #: Rows per imported file of each GPU source for the quick loop (~1/4 of the shipped sample).
@@ -83,7 +91,8 @@ def score_variant(
     """Leave-one-GPU-chip-out over the GPU rows of ``tr``, scored on each held-out chip's rows of ``va``.
 
     Returns ``{"score": mean over sources of the pooled MAPE (%), "by_source": {source: MAPE},
-    "by_gpu": {chip: MAPE}}``.
+    "by_gpu": {chip: MAPE}, "bias_by_gpu": {chip: {source: median pred/true - 1 in %}}}`` (the sign says
+    whether a held-out chip is over- or under-predicted).
     """
     catalog = load_catalog()
     gtr, gva = tr.subset(~is_cpu_rows(tr)), va.subset(~is_cpu_rows(va))
@@ -91,20 +100,24 @@ def score_variant(
     r = {**recipe, "feature_names": tuple(names)}
     pred_parts, true_parts, src_parts = [], [], []
     by_gpu: dict[str, float] = {}
+    bias: dict[str, dict[str, float]] = {}
     for g in sorted(set(g_va.tolist())):
         model, _ = fit_recipe(gtr.subset(g_tr != g), gva.subset(g_va != g), recipe=r, seed=seed, ensemble=1,
                               log=lambda s: None)  # fmt: skip
         v = gva.subset(g_va == g)
         p = np.exp(predict(model, model_inputs(v, names))[:, 1])
         by_gpu[g] = round(metrics(v.time_ms, p)["mape_pct"], 2)
+        src_g = source_of(v)
+        bias[g] = {str(s): round(float(np.median(p[src_g == s] / v.time_ms[src_g == s]) - 1) * 100, 1)
+                   for s in np.unique(src_g)}  # fmt: skip
         pred_parts.append(p)
         true_parts.append(v.time_ms)
         src_parts.append(source_of(v))
     pred, true, src = (np.concatenate(x) for x in (pred_parts, true_parts, src_parts))
     by_source = {s: round(metrics(true[src == s], pred[src == s])["mape_pct"], 2) for s in np.unique(src)}
     score = round(float(np.mean(list(by_source.values()))), 2)
-    log(f"score {score}: {by_source}; {by_gpu}")
-    return {"score": score, "by_source": by_source, "by_gpu": by_gpu}
+    log(f"score {score}: {by_source}; {by_gpu}; bias {bias}")
+    return {"score": score, "by_source": by_source, "by_gpu": by_gpu, "bias_by_gpu": bias}
 
 
 def run(*, database_url: str, variants: Sequence[str], epochs: int, seed: int,
