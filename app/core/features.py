@@ -106,6 +106,10 @@ GEMM_TILE = 128
 #: Elements per thread block of a memory-bound (elementwise, norm, softmax) kernel for the same count:
 #: 128 threads x 4 vectorised elements, PyTorch's ``vectorized_elementwise_kernel`` launch.
 ELEMENTWISE_TILE = 512
+#: Smaller output tile for the second wave count (v4): cuBLAS/cuDNN pick 32-64 wide tiles for skinny GEMMs
+#: (NeuSight's data: ``sgemm_32x32_sliced1x4``, ``sgemm_64x32``, ``128x32``); with both counts the model can
+#: see whether a GEMM fills the GPU at either tile size.
+GEMM_TILE_SMALL = 64
 
 RAW_FIELDS: tuple[str, ...] = (
     "is_conv",  # 1 for OpKind.CONV
@@ -217,6 +221,8 @@ FEATURE_NAMES: tuple[str, ...] = (
     "hw_log_flops_per_sm_cycle",  # ln op peak / (SMs x clock): FLOPs per SM per cycle at the precision
     "hw_log_bytes_per_sm_cycle",  # ln bandwidth / (SMs x clock): DRAM bytes per SM per cycle
     "hw_log_l2_per_sm",  # ln L2 bytes / SMs
+    "log_waves_small_tile",  # ln waves of GEMM_TILE_SMALL^2 output tiles (cuBLAS's pick for skinny GEMMs)
+    "wave_efficiency_small_tile",  # last-wave fill of those tiles
 )
 ROOFLINE_FEATURE_INDEX = 0
 
@@ -516,8 +522,8 @@ def features_from_raw(raw: np.ndarray) -> np.ndarray:
     return out
 
 
-def _tiles(raw: np.ndarray) -> np.ndarray:
-    """Thread blocks of each row's op ``[N]`` (>= 1): ``GEMM_TILE``² output tiles of the implicit GEMM for
+def _tiles(raw: np.ndarray, gemm_tile: int = GEMM_TILE) -> np.ndarray:
+    """Thread blocks of each row's op ``[N]`` (>= 1): ``gemm_tile``² output tiles of the implicit GEMM for
     multiply-accumulate ops, ``ELEMENTWISE_TILE`` output elements per block otherwise."""
 
     def c(name: str) -> np.ndarray:
@@ -528,7 +534,7 @@ def _tiles(raw: np.ndarray) -> np.ndarray:
     m, n = c("gemm_m"), c("gemm_n")
     tiles = np.where(
         mac,
-        c("gemm_batch") * np.ceil(m / GEMM_TILE) * np.ceil(n / GEMM_TILE),
+        c("gemm_batch") * np.ceil(m / gemm_tile) * np.ceil(n / gemm_tile),
         np.ceil(m / ELEMENTWISE_TILE),
     )
     return np.maximum(tiles, 1.0)
@@ -577,14 +583,18 @@ def _v4_columns(raw: np.ndarray) -> list[np.ndarray]:
     def c(name: str) -> np.ndarray:
         return raw[:, _R[name]]
 
-    waves = _tiles(raw) / np.maximum(c("compute_units"), 1.0)
+    sms = np.maximum(c("compute_units"), 1.0)
+    waves = _tiles(raw) / sms
+    waves_small = _tiles(raw, GEMM_TILE_SMALL) / sms
     sm_hz = np.maximum(c("compute_units"), 1.0) * c("clock_mhz") * 1e6  # SM cycles per second, all SMs
     return [
         _log(c("floor_ms") * np.ceil(waves) / waves),
         _log(c("out_elems") / sm_hz * 1e3),
         _log(c("op_peak_flops_per_s") / sm_hz),
         _log(c("bandwidth_bytes_per_s") / sm_hz),
-        _log(c("l2_cache_bytes") / np.maximum(c("compute_units"), 1.0)),
+        _log(c("l2_cache_bytes") / sms),
+        _log(waves_small),
+        waves_small / np.ceil(waves_small),
     ]
 
 
