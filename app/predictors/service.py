@@ -10,7 +10,6 @@ APIs pick the change up through :class:`PredictorHolder` within ``predictor_poll
 
 from __future__ import annotations
 
-import hmac
 import logging
 import threading
 import time
@@ -23,7 +22,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import utcnow
-from app.errors import Conflict, LayercastError, NotFoundError
+from app.errors import Conflict, NotFoundError
 from app.measurements.models import PredictorVersion
 from app.predictor.metadata import ArtifactMetadata, sha256_file, write_atomic
 from app.predictor.onnx_model import read_metadata
@@ -46,25 +45,6 @@ class NotProduction(Conflict):
 
 class NoPreviousVersion(Conflict):
     code = "no_previous_version"
-
-
-class AdminKeyNotConfigured(LayercastError):
-    status_code = 403
-    code = "admin_key_not_configured"
-
-
-class AdminKeyInvalid(LayercastError):
-    status_code = 401
-    code = "admin_key_invalid"
-
-
-def check_admin_key(configured: str | None, given: str | None) -> None:
-    """Raise :class:`AdminKeyNotConfigured` (403) when no admin key is configured and
-    :class:`AdminKeyInvalid` (401) when ``given`` differs from it (constant-time ``hmac.compare_digest``)."""
-    if not configured:
-        raise AdminKeyNotConfigured("admin routes are disabled: set LAYERCAST_ADMIN_KEY")
-    if given is None or not hmac.compare_digest(given.encode(), configured.encode()):
-        raise AdminKeyInvalid("missing or wrong admin key (Authorization: Bearer <LAYERCAST_ADMIN_KEY>)")
 
 
 # ------------------------------------------------------------------------------------------- queries
