@@ -231,7 +231,7 @@ def authenticate(session: Session, key: str, *, bootstrap_key: str | None) -> Pr
     Raises :class:`ApiKeyInvalid` (401) otherwise; the comparison is constant-time either way."""
     if bootstrap_key and hmac.compare_digest(key.encode("utf-8", "surrogatepass"), bootstrap_key.encode()):
         return Principal(BOOTSTRAP_OWNER, frozenset({Scope.ADMIN}))
-    parts = key.split("_")
+    parts = key.split("_", 2)  # the secret (urlsafe base64) may itself hold "_"
     row = session.get(ApiKey, parts[1]) if len(parts) == 3 and parts[0] == KEY_PREFIX and len(parts[1]) == 16 else None
     expected = row.key_sha256 if row is not None else "0" * 64
     if not hmac.compare_digest(_digest(key), expected) or row is None:

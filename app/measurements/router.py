@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, status
 
+from app.auth import PrincipalDep
 from app.deps import SessionDep
 from app.measurements import service
 from app.measurements.schemas import MeasurementCreate, MeasurementList, MeasurementRead
@@ -16,7 +17,9 @@ router = APIRouter(prefix="/v1/measurements", tags=["measurements"])
 
 _CREATE_ERRORS: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorResponse, "description": "hardware_not_found: hardware_id is not stored"},
-    422: {"model": ErrorResponse, "description": "validation_error (e.g. time_ms_median <= 0), invalid_request"},
+    422: {"model": ErrorResponse, "description": "validation_error (e.g. time_ms_median <= 0), invalid_request, "
+          "implausible_measurement (below 100 ns, above the bound of its granularity, or below half the layer's "
+          "roofline floor)"},
 }
 _LIST_ERRORS: dict[int | str, dict[str, Any]] = {
     422: {"model": ErrorResponse, "description": "validation_error: bad limit/offset"},
@@ -30,9 +33,10 @@ _LIST_ERRORS: dict[int | str, dict[str, Any]] = {
     responses=_CREATE_ERRORS,
     summary="Report a measured time (profiler, CI job, cluster scheduler)",
 )
-def create_measurement(data: MeasurementCreate, session: SessionDep) -> MeasurementRead:
-    """Store one measured time (ms) on a stored device, with what ran (``config``) and how (``context``)."""
-    measurement = service.create_measurement(session, data=data)
+def create_measurement(data: MeasurementCreate, session: SessionDep, principal: PrincipalDep) -> MeasurementRead:
+    """Store one measured time (ms) on a stored device, with what ran (``config``) and how (``context``);
+    the API key that sent it is recorded as its submitter."""
+    measurement = service.create_measurement(session, data=data, submitter=principal.key_id)
     record_measurement(source=data.source)
     return measurement
 

@@ -76,6 +76,8 @@ class MeasurementRead(Schema):
     repetitions: int | None
     context: dict[str, Any]
     measured_at: datetime | None
+    submitter: str | None = Field(default=None, description="id of the API key that reported it; null: "
+                                  "imported, anonymous or stored before keys existed")
     created_at: datetime
 
 

@@ -15,10 +15,12 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from app.errors import HardwareNotFound, InvalidRequest
+from app.hardware.service import get_spec
 from app.measurements.importers import IMPORT_SOURCES, MeasurementRecord, RecordStream
 from app.measurements.models import Measurement
 from app.measurements.repository import MeasurementRepository
 from app.measurements.schemas import ImportReport, MeasurementCreate, MeasurementList, MeasurementRead
+from app.measurements.validation import check_plausible
 
 MAX_PAGE = 1000
 
@@ -128,12 +130,15 @@ def skip_report(stream: RecordStream) -> ImportReport:
     )
 
 
-def create_measurement(session: Session, *, data: MeasurementCreate) -> MeasurementRead:
-    """Store one reported measurement and return it (``measured_at`` normalised to UTC).
+def create_measurement(session: Session, *, data: MeasurementCreate, submitter: str | None = None) -> MeasurementRead:
+    """Store one reported measurement, recorded as sent by the API key id ``submitter``, and return it
+    (``measured_at`` normalised to UTC).
 
-    Raises :class:`app.errors.HardwareNotFound` (404) for an unknown ``hardware_id`` and
+    Raises :class:`app.errors.HardwareNotFound` (404) for an unknown ``hardware_id``,
     :class:`app.errors.InvalidRequest` (422) for a reserved import ``source`` or a non-positive time
-    (the schema already rejects the latter over HTTP). Flushes.
+    (the schema already rejects the latter over HTTP) and
+    :class:`app.measurements.validation.ImplausibleMeasurement` (422) for a time the device cannot have
+    taken (:func:`app.measurements.validation.check_plausible`). Flushes.
     """
     if data.source in IMPORT_SOURCES:
         raise InvalidRequest(
@@ -143,9 +148,11 @@ def create_measurement(session: Session, *, data: MeasurementCreate) -> Measurem
         raise InvalidRequest("time_ms_median must be a positive number of milliseconds",
                              detail={"time_ms_median": data.time_ms_median})
     repo = MeasurementRepository(session)
-    if not repo.hardware_exists(data.hardware_id):
-        raise HardwareNotFound(f"unknown hardware id {data.hardware_id!r}", detail={"hardware_id": data.hardware_id})
-    row = repo.add(Measurement(**reported_record(data).to_row()))
+    spec = get_spec(session, hardware_id=data.hardware_id)
+    check_plausible(time_ms=data.time_ms_median, granularity=data.granularity, config=dict(data.config),
+                    batch_size=data.batch_size, spec=spec, precision=str(data.precision), pass_=data.pass_.value,
+                    optimizer=data.optimizer)  # fmt: skip
+    row = repo.add(Measurement(**reported_record(data).to_row(), submitter=submitter))
     return MeasurementRead.model_validate(row)
 
 
