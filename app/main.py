@@ -36,12 +36,13 @@ from typing import Any
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from sqlalchemy import exc as sa_exc
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
-from starlette.routing import Match
+from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.auth import AUTH_ERRORS, BOOTSTRAP_OWNER, RateLimiter, active_key_count, authorize, sends_key
@@ -157,14 +158,25 @@ async def _handle_layercast_error_with_headers(request: Request, exc: Exception)
     return response
 
 
+def module_routes() -> list[APIRoute]:
+    """Every route of :data:`ROUTERS` (full paths: the routers' prefixes included). FastAPI 0.16x keeps
+    included routers as opaque branches of ``app.routes``, so this reads the routers themselves."""
+    routes: list[APIRoute] = []
+    for module_name, attribute in ROUTERS:
+        router = getattr(importlib.import_module(module_name), attribute)
+        routes.extend(r for r in router.routes if isinstance(r, APIRoute))
+    return routes
+
+
 def _allowed_methods(request: Request) -> list[str]:
     """Every method some route of the app accepts at this path: Starlette's own ``Allow`` names only the
     first route whose path matched (``GET`` of ``/v1/graphs/{graph_id}``, not its ``DELETE``)."""
     methods: set[str] = set()
-    for route in request.app.router.routes:
-        match, _ = route.matches({**request.scope, "method": "GET"})
-        if match is not Match.NONE:
-            methods |= set(getattr(route, "methods", None) or ())
+    path = request.scope.get("path", "")
+    route: Route
+    for route in request.app.state.route_table:
+        if route.path_regex.match(path):
+            methods |= set(route.methods or ())
     if "GET" in methods:
         methods.add("HEAD")
     return sorted(methods)
@@ -527,6 +539,7 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = False
     for module_name, attribute in ROUTERS:
         guard = [] if (module_name, attribute) in OPEN_ROUTERS else [Depends(authorize)]
         app.include_router(getattr(importlib.import_module(module_name), attribute), dependencies=guard)
+    app.state.route_table = [*module_routes(), *(r for r in app.routes if isinstance(r, Route))]
     _document_common_errors(app)
     return app
 
