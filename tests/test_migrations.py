@@ -11,7 +11,8 @@ import app.models_registry  # noqa: F401  (fills Base.metadata)
 from app.db import Base
 from app.migrate import current_heads, downgrade, upgrade
 
-TABLES = {"api_keys", "hardware", "graphs", "measurements", "predictor_versions", "retrain_runs", "lease_locks"}
+TABLES = {"api_keys", "hardware", "graphs", "measurements", "measurement_batches", "predictor_versions", "retrain_runs",
+          "lease_locks"}
 
 
 def _tables(url: str) -> set[str]:
@@ -40,6 +41,7 @@ def test_upgrade_downgrade_upgrade(database_url: str) -> None:
         ]
         assert {ix["name"] for ix in insp.get_indexes("measurements")} == {
             "ix_measurements_hardware_id",
+            "ix_measurements_measured_at",
             "ix_measurements_op_kind",
             "ix_measurements_source",
         }

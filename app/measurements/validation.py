@@ -1,7 +1,9 @@
 """Physical plausibility of a reported measurement: what a client says it measured must be a time the
 device could have taken, or it would poison retraining (issue 11: 1e-12 ms and 1e300 ms were accepted).
 
-Three bounds, each refused with 422 ``implausible_measurement`` and ``detail.reason``:
+Three bounds; :func:`check_plausible` raises :class:`ImplausibleMeasurement` (``detail.reason`` names the
+bound), which ``POST /v1/measurements`` reports as row code ``implausible_measurement`` of its 422
+``invalid_measurements`` (nothing of the batch is stored):
 
 * ``below_minimum``: under :data:`MIN_TIME_MS` (100 ns). No timed piece of device work completes faster:
   a CUDA kernel launch alone costs ~2-5 µs, a CPU timer call tens of ns.

@@ -149,17 +149,22 @@ def request_retrain(session: Session) -> RetrainRun:
 
 def seed_from_models_dir(session: Session, models_dir: Path, store_dir: Path) -> PredictorVersion | None:
     """When no version is registered: register the artifact named by ``models_dir/CURRENT`` as production
-    (its ONNX file copied atomically into ``store_dir`` when that is another directory). Returns the new
-    row, or None when versions exist already. Raises ``FileNotFoundError`` without ``CURRENT`` or its files."""
+    (its ONNX file and torch weights copied atomically into ``store_dir`` when that is another directory).
+    Returns the new row, or None when versions exist already. Raises ``FileNotFoundError`` without
+    ``CURRENT`` or its files."""
     if session.scalars(select(PredictorVersion.version).limit(1)).first() is not None:
         return None
     stem = current_stem(models_dir)
     training = read_metadata(Path(models_dir) / f"{stem}.json")
-    source = Path(models_dir) / training["onnx_file"]
-    target = Path(store_dir) / training["onnx_file"]
-    if source.resolve() != target.resolve():
-        write_atomic(target, source.read_bytes())
-    meta = ArtifactMetadata.from_training(training, sha256=sha256_file(target))
+    names = [training["onnx_file"], *([training["weights_file"]] if training.get("weights_file") else [])]
+    for name in names:  # the weights are the base of a fine-tune (app.training.retrain)
+        source, target = Path(models_dir) / name, Path(store_dir) / name
+        if source.resolve() != target.resolve():
+            write_atomic(target, source.read_bytes())
+    store = Path(store_dir)
+    meta = ArtifactMetadata.from_training(
+        training, sha256=sha256_file(store / training["onnx_file"]),
+        weights_sha256=sha256_file(store / names[1]) if len(names) > 1 else None)  # fmt: skip
     row = register(session, meta, status=PRODUCTION)
     logger.info("registered the shipped predictor %s as production", meta.version)
     return row

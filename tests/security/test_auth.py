@@ -22,7 +22,7 @@ from app.cli import main as cli_main
 from app.config import REPO_ROOT, Settings
 from app.main import create_app, module_routes
 from app.migrate import upgrade
-from tests.security.test_hostile_inputs import HARDWARE, MEASUREMENT, json_graph, prediction
+from tests.security.test_hostile_inputs import HARDWARE, MEASUREMENT, batch, json_graph, prediction
 
 GPU: dict[str, Any] = {**HARDWARE, "boost_clock_mhz": 1500, "l2_cache_bytes": 4 * 2**20}
 SHIPPED_DEFAULTS: dict[str, Any] = {"open_scopes": "read,graphs", "rate_limit": "100/second"}
@@ -78,7 +78,7 @@ def test_defaults_keep_reads_and_uploads_open_and_close_everything_else(client: 
     assert client.post("/v1/predictions", json=prediction()).status_code == 200
     assert client.get("/v1/hardware").status_code == 200
     refused = [
-        ("POST", "/v1/measurements", MEASUREMENT, "measurements"),
+        ("POST", "/v1/measurements", batch(MEASUREMENT), "measurements"),
         ("POST", "/v1/hardware", GPU, "hardware"),
         ("POST", "/v1/predictors/retrain", None, "admin"),
         ("POST", "/v1/predictors/layer-time-mlp-3/promote", None, "admin"),
@@ -96,26 +96,28 @@ def test_admin_can_never_be_open(tmp_path: Path) -> None:
 
 
 def test_scoped_keys(client: TestClient, keys: dict[str, str], db_url: str) -> None:
-    r = client.post("/v1/measurements", json=MEASUREMENT, headers=_bearer(keys["measure"]))
+    r = client.post("/v1/measurements", json=batch(MEASUREMENT), headers=_bearer(keys["measure"]))
     assert r.status_code == 201, r.text
     key_id = keys["measure"].split("_")[1]
-    assert r.json()["submitter"] == key_id  # measurements carry their submitter
+    stored = client.get("/v1/measurements", params={"source": "scheduler"}).json()["items"]
+    assert [m["submitter"] for m in stored] == [key_id]  # measurements carry their submitter
     # X-API-Key works as well as a bearer token
-    assert client.post("/v1/measurements", json=MEASUREMENT, headers={"X-API-Key": keys["measure"]}).status_code == 201
+    r = client.post("/v1/measurements", json=batch(MEASUREMENT), headers={"X-API-Key": keys["measure"]})
+    assert r.status_code == 201
     # a key without the scope: 403, not 401
     r = client.post("/v1/hardware", json=GPU, headers=_bearer(keys["measure"]))
     assert r.status_code == 403 and r.json()["error"]["code"] == "insufficient_scope"
-    r = client.post("/v1/measurements", json=MEASUREMENT, headers=_bearer(keys["reader"]))
+    r = client.post("/v1/measurements", json=batch(MEASUREMENT), headers=_bearer(keys["reader"]))
     assert r.status_code == 403 and r.json()["error"]["code"] == "insufficient_scope"
     # admin implies every scope
-    assert client.post("/v1/measurements", json=MEASUREMENT, headers=_bearer(keys["admin"])).status_code == 201
+    assert client.post("/v1/measurements", json=batch(MEASUREMENT), headers=_bearer(keys["admin"])).status_code == 201
 
 
 @pytest.mark.parametrize("bad", ["wrong", "lck_0000000000000000_nope", "lck_zz_x", "", "lck__", "lck_" + "f" * 500])
 def test_unknown_or_malformed_keys_are_401(client: TestClient, keys: dict[str, str], bad: str) -> None:
     real = keys["measure"]
     for key in (bad, real[:-1] + ("A" if real[-1] != "A" else "B")):  # also: right id, wrong secret
-        r = client.post("/v1/measurements", json=MEASUREMENT, headers={"X-API-Key": key} if key else {})
+        r = client.post("/v1/measurements", json=batch(MEASUREMENT), headers={"X-API-Key": key} if key else {})
         assert r.status_code == 401, (key, r.text)
         assert r.json()["error"]["code"] == ("auth_required" if not key else "api_key_invalid")
 
@@ -133,7 +135,7 @@ def test_keys_are_stored_hashed_and_revocation_is_immediate(
         assert hashlib.sha256(key.encode()).hexdigest() in stored
     key_id = keys["measure"].split("_")[1]
     assert cli_main(["keys", "--database-url", db_url, "revoke", key_id]) == 0
-    r = client.post("/v1/measurements", json=MEASUREMENT, headers=_bearer(keys["measure"]))
+    r = client.post("/v1/measurements", json=batch(MEASUREMENT), headers=_bearer(keys["measure"]))
     assert r.status_code == 401 and r.json()["error"]["code"] == "api_key_invalid"
     assert cli_main(["keys", "--database-url", db_url, "list"]) == 0
     listed = capsys.readouterr().out
@@ -168,7 +170,7 @@ def test_custom_hardware_belongs_to_its_key(client: TestClient, keys: dict[str, 
     assert r.status_code == 403 and r.json()["error"]["code"] == "builtin_hardware"
     # measurements on it freeze the spec: what they mean must not change under them
     measured = {**MEASUREMENT, "hardware_id": "my-gpu"}
-    assert client.post("/v1/measurements", json=measured, headers=_bearer(keys["measure"])).status_code == 201
+    assert client.post("/v1/measurements", json=batch(measured), headers=_bearer(keys["measure"])).status_code == 201
     r = client.delete("/v1/hardware/my-gpu", headers=admin)
     assert r.status_code == 409 and r.json()["error"]["code"] == "hardware_in_use"
     assert client.get("/v1/hardware/my-gpu").status_code == 200
