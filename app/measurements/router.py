@@ -24,7 +24,7 @@ _CREATE_ERRORS: dict[int | str, dict[str, Any]] = {
     409: {"model": ErrorResponse, "description": "idempotency_key_reused: the key was sent with another body"},
     422: {"model": ErrorResponse, "description": "validation_error (detail.errors[].loc names the row index), "
           "invalid_measurements (detail.errors[]: index, code hardware_not_found | reserved_source | "
-          "implausible_measurement (below 100 ns, above the bound of its granularity, below half the layer's "
+          "implausible_measurement (below 100 ns, above the bound of its granularity, below 0.25x the layer's "
           "roofline floor), field), "
           "invalid_idempotency_key"},
 }
