@@ -21,9 +21,9 @@ bound), which ``POST /v1/measurements`` reports as row code ``implausible_measur
   Vidur, DeepBench, imported with ``layercast import`` from ``../shared/data``; 2026-12-01) and on the
   3,000 Justus rows of the test suite: the smallest time/floor ratio was 0.32 (a 7x7 Justus conv on a
   P100, 3.7 ms for 105 GFLOP: 28 TFLOP/s on a 9.3 TFLOP/s device, an FFT algorithm), a handful were
-  under 0.5. A factor of 4 below the floor is refused; the issue's poisoned model was 18x too fast. Configs that cannot be rebuilt (other
-  vocabularies, whole models, jobs) and precisions or passes without a floor (``fp8``, ``backward_input``)
-  get only the first two bounds.
+  under 0.5. A factor of 4 below the floor is refused; the issue's poisoned model was 18x too fast.
+  Configs that cannot be rebuilt (other vocabularies, whole models, jobs) and precisions or passes
+  without a floor (``fp8``, ``backward_input``) get only the first two bounds.
 """
 
 from __future__ import annotations
