@@ -52,6 +52,7 @@ from app.db import make_engine, make_sessionmaker, write_intent
 from app.errors import LayercastError, LimitExceeded, PayloadTooLarge
 from app.migrate import ensure_sqlite_dir
 from app.observability import RequestContext
+from app.predictors.service import PredictorUnavailable
 from app.schemas import ErrorResponse
 
 logger = logging.getLogger("layercast")
@@ -470,7 +471,11 @@ def _make_lifespan(settings: Settings, run_migrations: bool) -> Callable[[FastAP
             if settings.seed_catalog:
                 _seed_catalog(app)
             _log_access_policy(app, settings)
-            app.state.predictors = _predictor_holder(app, settings)
+            try:
+                app.state.predictors = _predictor_holder(app, settings)
+            except PredictorUnavailable as exc:
+                logger.critical("%s", exc)
+                raise
             logger.info(
                 "layercast %s ready (database %s, predictor %s, polled every %s s)",
                 service_version(), engine.url.render_as_string(hide_password=True),
