@@ -20,7 +20,9 @@ Pure (no I/O, no torch). Two parts:
      runs ``scaled_dot_product_attention`` (flash / memory-efficient kernels) for ``nn.MultiheadAttention`` and
      the ``transformers`` default ``attn_implementation="sdpa"``; it is costed at the attention roofline
      (both products on the tensor-core peak, Q, K, V and the output moved once), not as two batched GEMMs
-     at a convolution efficiency. Every stack but ``tf1-session``.
+     at a convolution efficiency. The ``Transpose`` nodes that split Q, K and V into heads and feed only
+     the attention join it: in PyTorch they are views SDPA reads strided (the merge of the heads after it
+     stays, a real copy). Every stack but ``tf1-session``.
   2. ``gelu``: the exporter's decomposition of ``F.gelu`` (erf form: ``Div``/``Mul`` → ``Erf`` → ``Add`` →
      ``Mul`` by x → ``Mul`` by 0.5, in either order of the two products) is one GELU kernel in every
      framework. Every stack.
@@ -223,9 +225,26 @@ def _attention_groups(ix: _Index) -> list[list[int]]:
             continue
         last = ix.entries[chain[-1]].layer
         if len(last.inputs) == 2 and _attention_attrs(e.layer.inputs[0], e.layer.inputs[1], last.inputs[1]):
-            groups.append(chain)
-            claimed.update(chain)
+            views = _head_split_views(ix, (e.layer.inputs[0], e.layer.inputs[1], last.inputs[1]),
+                                      (chain[0], chain[0], chain[-1]))  # fmt: skip
+            group = [*chain, *(v for v in views if v not in claimed)]
+            groups.append(group)
+            claimed.update(group)
     return groups
+
+
+def _head_split_views(ix: _Index, operands: tuple[Tensor, ...], readers: tuple[int, ...]) -> list[int]:
+    """The ``Transpose`` layers that produce the attention's Q, Kᵀ and V and feed only it: the head split
+    (``view(…).permute(0, 2, 1, 3)``, ``k.transpose(-1, -2)``) is a view that
+    ``scaled_dot_product_attention`` reads strided, so no copy runs (the exporter writes it as a node)."""
+    out: list[int] = []
+    for t, reader in zip(operands, readers, strict=True):
+        p = ix.producer.get(t.name)
+        if p is None or p in out or _op(ix.entries[p]) != "Transpose" or ix.entries[p].fused_from:
+            continue
+        if ix.sole_consumer(p) == reader:
+            out.append(p)
+    return out
 
 
 def _attention_attrs(q: Tensor, kt: Tensor, v: Tensor) -> AttentionAttrs | None:
@@ -244,7 +263,8 @@ def _attention_attrs(q: Tensor, kt: Tensor, v: Tensor) -> AttentionAttrs | None:
 
 
 def _build_attention(members: list[FusedLayer]) -> FusedLayer:
-    first, last = members[0].layer, members[-1].layer
+    products = [m.layer for m in members if m.layer.kind is OpKind.MATMUL]
+    first, last = products[0], products[-1]
     q, kt = first.inputs[0], first.inputs[1]
     v = last.inputs[1]
     attrs = _attention_attrs(q, kt, v)
