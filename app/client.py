@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import io
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from os import PathLike
 from pathlib import Path
@@ -41,7 +41,7 @@ from app.estimates.schemas import (
 )
 from app.graphs.schemas import GraphLayers, GraphList, GraphRead, JsonGraphCreate
 from app.hardware.schemas import HardwareCreate, HardwareList, HardwareRead
-from app.measurements.schemas import MeasurementCreate, MeasurementList, MeasurementRead
+from app.measurements.schemas import MeasurementBatchRead, MeasurementCreate, MeasurementList
 from app.predictions.schemas import PredictionCreate, PredictionRead
 
 T = TypeVar("T", bound=BaseModel)
@@ -184,15 +184,16 @@ class _Calls:
         return _Call("POST", "/v1/comparisons", ComparisonRead, json=_body(ComparisonCreate, data))
 
     @staticmethod
-    def report_measurement(data: MeasurementCreate | Mapping[str, Any]) -> _Call[MeasurementRead]:
-        return _Call("POST", "/v1/measurements", MeasurementRead, json=_body(MeasurementCreate, data))
+    def report_measurements(measurements: Sequence[MeasurementCreate | Mapping[str, Any]], *,
+                            idempotency_key: str | None) -> _Call[MeasurementBatchRead]:  # fmt: skip
+        body = {"measurements": [_body(MeasurementCreate, m) for m in measurements]}
+        return _Call("POST", "/v1/measurements", MeasurementBatchRead, json=body,
+                     headers={"Idempotency-Key": idempotency_key} if idempotency_key is not None else {})  # fmt: skip
 
     @staticmethod
-    def list_measurements(*, hardware_id: str | None, source: str | None, op_kind: str | None, limit: int,
-                          offset: int) -> _Call[MeasurementList]:
+    def list_measurements(*, limit: int, offset: int, cursor: int | None, **filters: Any) -> _Call[MeasurementList]:
         return _Call("GET", "/v1/measurements", MeasurementList,
-                     params=_params(hardware_id=hardware_id, source=source, op_kind=op_kind, limit=limit,
-                                    offset=offset))
+                     params=_params(**filters, limit=limit, offset=offset or None, cursor=cursor))  # fmt: skip
 
 
 def _merged(data: PredictionCreate | Mapping[str, Any] | None, fields: Mapping[str, Any]) -> dict[str, Any]:
@@ -302,15 +303,18 @@ class Client:
         return _must(self._send(_Calls.compare(data)))
 
     # measurements
-    def report_measurement(self, data: MeasurementCreate | Mapping[str, Any]) -> MeasurementRead:
-        """Store one measured time."""
-        return _must(self._send(_Calls.report_measurement(data)))
+    def report_measurements(self, measurements: Sequence[MeasurementCreate | Mapping[str, Any]], *,
+                            idempotency_key: str | None = None) -> MeasurementBatchRead:  # fmt: skip
+        """Store a batch of measured times, all or none (``POST /v1/measurements``); with
+        ``idempotency_key`` a retry of the same batch stores nothing twice (``replayed`` in the answer)."""
+        return _must(self._send(_Calls.report_measurements(measurements, idempotency_key=idempotency_key)))
 
-    def list_measurements(self, *, hardware_id: str | None = None, source: str | None = None,
-                          op_kind: str | None = None, limit: int = 100, offset: int = 0) -> MeasurementList:
-        """Stored measurements by ascending id, filtered."""
-        return _must(self._send(_Calls.list_measurements(hardware_id=hardware_id, source=source, op_kind=op_kind,
-                                                         limit=limit, offset=offset)))
+    def list_measurements(self, *, limit: int = 100, offset: int = 0, cursor: int | None = None,
+                          **filters: Any) -> MeasurementList:  # fmt: skip
+        """Stored measurements by ascending id; ``filters`` are the query filters of ``GET /v1/measurements``
+        (``hardware_id``, ``source``, ``op_kind``, ``precision``, ``pass``, ``granularity``,
+        ``measured_from``, ``measured_to``)."""
+        return _must(self._send(_Calls.list_measurements(limit=limit, offset=offset, cursor=cursor, **filters)))
 
 
 class AsyncClient:
@@ -400,15 +404,16 @@ class AsyncClient:
         """See :meth:`Client.compare`."""
         return _must(await self._send(_Calls.compare(data)))
 
-    async def report_measurement(self, data: MeasurementCreate | Mapping[str, Any]) -> MeasurementRead:
-        """See :meth:`Client.report_measurement`."""
-        return _must(await self._send(_Calls.report_measurement(data)))
+    async def report_measurements(self, measurements: Sequence[MeasurementCreate | Mapping[str, Any]], *,
+                                  idempotency_key: str | None = None) -> MeasurementBatchRead:  # fmt: skip
+        """See :meth:`Client.report_measurements`."""
+        return _must(await self._send(_Calls.report_measurements(measurements, idempotency_key=idempotency_key)))
 
-    async def list_measurements(self, *, hardware_id: str | None = None, source: str | None = None,
-                                op_kind: str | None = None, limit: int = 100, offset: int = 0) -> MeasurementList:
+    async def list_measurements(self, *, limit: int = 100, offset: int = 0, cursor: int | None = None,
+                                **filters: Any) -> MeasurementList:  # fmt: skip
         """See :meth:`Client.list_measurements`."""
-        return _must(await self._send(_Calls.list_measurements(
-            hardware_id=hardware_id, source=source, op_kind=op_kind, limit=limit, offset=offset)))
+        return _must(await self._send(_Calls.list_measurements(limit=limit, offset=offset, cursor=cursor,
+                                                               **filters)))  # fmt: skip
 
 
 def describe_module(module: Any, example_inputs: Any, *, input_names: list[str] | None = None) -> bytes:

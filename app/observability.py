@@ -89,17 +89,19 @@ _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 # --------------------------------------------------------------------------------------------- metrics
 
 
-def record_prediction(*, predictor_version: str, methods: Mapping[str, int]) -> None:
-    """Count one served prediction and its layers per method (``PredictionRead.methods``)."""
-    PREDICTIONS.labels(predictor_version=predictor_version).inc()
+def record_prediction(*, predictor_version: str, methods: Mapping[str, int], count: int = 1) -> None:
+    """Count ``count`` served predictions (a batch item, a job estimate and a comparison row are one each)
+    and their layers per method (``PredictionRead.methods``; empty where a compact answer has no split)."""
+    if count:
+        PREDICTIONS.labels(predictor_version=predictor_version).inc(count)
     for method, layers in methods.items():
         if layers:
             PREDICTED_LAYERS.labels(predictor_version=predictor_version, method=method).inc(layers)
 
 
-def record_measurement(*, source: str) -> None:
-    """Count one measurement reported through the API."""
-    MEASUREMENTS_REPORTED.labels(source=source).inc()
+def record_measurement(*, source: str, n: int = 1) -> None:
+    """Count ``n`` measurements of ``source`` reported through the API."""
+    MEASUREMENTS_REPORTED.labels(source=source).inc(n)
 
 
 def record_retrain(outcome: RetrainOutcome) -> None:
@@ -264,7 +266,9 @@ def healthz(request: Request) -> dict[str, Any]:
     responses={503: {"description": "not_ready: detail.database / detail.predictor say what is missing"}},
 )
 def readyz(request: Request, engine: EngineDep) -> dict[str, Any]:
-    """200 ``{"status": "ready", "database": "ok", "predictor_version": ...}``, or 503 ``not_ready``."""
+    """200 ``{"status": "ready", "database": "ok", "predictor_version": ..., "predictor_problem": null}``,
+    ``status`` ``degraded`` with ``predictor_problem`` saying why when the served version is not the
+    production one (it failed to load: the last good one serves), or 503 ``not_ready``."""
     database = "ok"
     try:
         with engine.connect() as conn:
@@ -279,7 +283,10 @@ def readyz(request: Request, engine: EngineDep) -> dict[str, Any]:
             f"not ready: database {database}, predictor {predictor_state}",
             detail={"database": database, "predictor": predictor_state},
         )
-    return {"status": "ready", "database": database, "predictor_version": getattr(predictor, "version", None)}
+    holder = request.app.state.predictors
+    problem = getattr(holder, "problem", None)
+    return {"status": "degraded" if problem else "ready", "database": database,
+            "predictor_version": getattr(predictor, "version", None), "predictor_problem": problem}
 
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response)

@@ -106,13 +106,18 @@ def test_invalid_request_fails_before_sending(api: Client) -> None:
 
 
 def test_measurements(api: Client) -> None:
-    stored = api.report_measurement(MEASUREMENT)
-    assert stored.source == "client-test" and stored.pass_ == "train_step"
-    listed = api.list_measurements(source="client-test")
-    assert listed.total == 1 and listed.items[0].id == stored.id
+    stored = api.report_measurements([MEASUREMENT, {**MEASUREMENT, "batch_size": 16}], idempotency_key="client-1")
+    assert stored.count == 2 and not stored.replayed
+    again = api.report_measurements([MEASUREMENT, {**MEASUREMENT, "batch_size": 16}], idempotency_key="client-1")
+    assert again.replayed and again.ids == stored.ids
+    listed = api.list_measurements(source="client-test", limit=1)
+    assert listed.total == 2 and listed.items[0].id == stored.ids[0] and listed.items[0].pass_ == "train_step"
+    second = api.list_measurements(source="client-test", limit=1, cursor=listed.next_cursor)
+    assert [m.id for m in second.items] == stored.ids[1:]
     with pytest.raises(LayercastAPIError) as err:
-        api.report_measurement({**MEASUREMENT, "source": "justus2018"})
-    assert err.value.status_code == 422 and err.value.code == "invalid_request"
+        api.report_measurements([MEASUREMENT, {**MEASUREMENT, "source": "justus2018"}])
+    assert err.value.status_code == 422 and err.value.code == "invalid_measurements"
+    assert err.value.detail["errors"][0]["index"] == 1
 
 
 def test_async_client_over_asgi_transport(client: TestClient) -> None:

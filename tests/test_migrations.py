@@ -11,7 +11,8 @@ import app.models_registry  # noqa: F401  (fills Base.metadata)
 from app.db import Base
 from app.migrate import current_heads, downgrade, upgrade
 
-TABLES = {"hardware", "graphs", "measurements", "predictor_versions", "retrain_runs", "lease_locks"}
+TABLES = {"api_keys", "hardware", "graphs", "measurements", "measurement_batches", "predictor_versions", "retrain_runs",
+          "lease_locks"}
 
 
 def _tables(url: str) -> set[str]:
@@ -23,7 +24,7 @@ def _tables(url: str) -> set[str]:
 
 
 def test_single_head() -> None:
-    assert current_heads() == ("0004",)
+    assert current_heads() == ("0006",)
 
 
 def test_upgrade_downgrade_upgrade(database_url: str) -> None:
@@ -40,11 +41,12 @@ def test_upgrade_downgrade_upgrade(database_url: str) -> None:
         ]
         assert {ix["name"] for ix in insp.get_indexes("measurements")} == {
             "ix_measurements_hardware_id",
+            "ix_measurements_measured_at",
             "ix_measurements_op_kind",
             "ix_measurements_source",
         }
         with engine.connect() as conn:
-            assert MigrationContext.configure(conn).get_current_revision() == "0004"
+            assert MigrationContext.configure(conn).get_current_revision() == "0006"
     finally:
         engine.dispose()
 

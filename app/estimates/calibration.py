@@ -56,18 +56,42 @@ class Calibration:
 UNCALIBRATED = Calibration(actuals=0, factor=1.0, log_sd=0.0)
 
 
-def calibrate(log_ratios: Sequence[float]) -> Calibration:
-    """The shrinkage calibration (module docstring) of ``log_ratios`` = ln(actual / predicted).
+@dataclass(frozen=True, slots=True)
+class RatioStats:
+    """Sufficient statistics of clipped log ratios: their count, sum and sum of squares. Two sets combine
+    by addition (:meth:`plus`), so the retraining loop can store the refit of every recorded actual and
+    serving add the actuals recorded since (:func:`app.estimates.service.job_calibrations`)."""
 
-    Each ratio is clipped to ±:data:`MAX_LOG_RATIO` (rows stored before the per-item check, or by another
-    path, can never push the factor or the spread to overflow); non-finite ratios are ignored.
-    """
-    log_ratios = [min(max(r, -MAX_LOG_RATIO), MAX_LOG_RATIO) for r in log_ratios if math.isfinite(r)]
-    n = len(log_ratios)
+    n: int = 0
+    total: float = 0.0
+    total_sq: float = 0.0
+
+    @classmethod
+    def of(cls, log_ratios: Sequence[float]) -> RatioStats:
+        """Stats of ``log_ratios`` = ln(actual / predicted), each clipped to ±:data:`MAX_LOG_RATIO` (rows
+        stored before the per-item check, or by another path, can never push the factor or the spread to
+        overflow); non-finite ratios are ignored."""
+        rs = [min(max(r, -MAX_LOG_RATIO), MAX_LOG_RATIO) for r in log_ratios if math.isfinite(r)]
+        return cls(n=len(rs), total=math.fsum(rs), total_sq=math.fsum(r * r for r in rs))
+
+    def plus(self, other: RatioStats) -> RatioStats:
+        """The stats of both sets."""
+        return RatioStats(self.n + other.n, self.total + other.total, self.total_sq + other.total_sq)
+
+
+def calibrate(log_ratios: Sequence[float]) -> Calibration:
+    """The shrinkage calibration (module docstring) of ``log_ratios`` = ln(actual / predicted), clipped and
+    filtered as :meth:`RatioStats.of`."""
+    return calibrate_stats(RatioStats.of(log_ratios))
+
+
+def calibrate_stats(stats: RatioStats) -> Calibration:
+    """The shrinkage calibration (module docstring) from the sufficient statistics of the log ratios."""
+    n = stats.n
     if n == 0:
         return UNCALIBRATED
-    mean = sum(log_ratios) / n
-    ss = sum((r - mean) ** 2 for r in log_ratios)
+    mean = stats.total / n
+    ss = max(0.0, stats.total_sq - n * mean * mean)
     sigma2 = (ss + PRIOR_DOF * PRIOR_SIGMA**2) / (n - 1 + PRIOR_DOF)
     precision = n / sigma2 + 1 / PRIOR_TAU**2
     mu = (n / sigma2) * mean / precision

@@ -23,7 +23,7 @@ from app.core.precision import PRECISION_SEMANTICS
 from app.core.vocab import Granularity, Pass
 from app.errors import LayercastError, PayloadTooLarge
 from app.estimates import engine
-from app.estimates.calibration import MAX_ACTUAL_RATIO, UNCALIBRATED, Calibration, calibrate
+from app.estimates.calibration import MAX_ACTUAL_RATIO, UNCALIBRATED, Calibration, RatioStats, calibrate_stats
 from app.estimates.engine import GraphCache, Scenario
 from app.estimates.schemas import (
     MAX_BATCH_ITEMS,
@@ -49,11 +49,12 @@ from app.estimates.schemas import (
 )
 from app.graphs import service as graphs
 from app.hardware import service as hardware_service
-from app.measurements.models import Measurement
+from app.measurements.models import Measurement, PredictorVersion
 from app.measurements.repository import MeasurementRepository
 from app.predictions.schemas import PredictionCreate
 from app.predictions.service import estimate
 from app.predictor.base import LayerTimeEstimate, LayerTimeQuery, Predictor
+from app.predictor.metadata import JobCalibrationFit, RatioStatsModel
 
 #: ``source`` of the whole-job measurements recorded by ``POST /v1/job-estimates/actuals``.
 ACTUALS_SOURCE = "scheduler"
@@ -157,7 +158,9 @@ def _job_request(job: JobSpec, **extra: Any) -> PredictionCreate:
     """The single prediction a job is; raises ``ValidationError`` (a batch that does not divide over the
     devices)."""
     return PredictionCreate(
-        graph_id=job.graph_id, hardware_id=job.hardware_id, device_count=job.device_count, batch_size=job.batch_size,
+        graph_id=job.graph_id, hardware_id=job.hardware_id, device_count=job.device_count, nodes=job.nodes,
+        inter_node_bandwidth_bytes_per_s=job.inter_node_bandwidth_bytes_per_s,
+        inter_node_latency_s=job.inter_node_latency_s, batch_size=job.batch_size,
         dataset_size=job.dataset_size, epochs=job.epochs, precision=job.precision, optimizer=job.optimizer,
         software_stack=job.software_stack, dims=job.dims, **extra)
 
@@ -198,21 +201,96 @@ def _model_jobs(session: Session, predictor: Predictor, jobs: Sequence[JobSpec])
     return out
 
 
+def _key(graph_id: object, hardware_id: str) -> str:
+    return f"{graph_id}|{hardware_id}"
+
+
+def _fit_of(session: Session, predictor_version: str) -> JobCalibrationFit:
+    """The whole-job calibration the retraining loop refit for ``predictor_version`` (empty when the version
+    is not registered, e.g. a predictor a test injects, or predates the refit)."""
+    row = session.get(PredictorVersion, predictor_version)
+    if row is None:
+        return JobCalibrationFit()
+    return JobCalibrationFit.model_validate((row.metadata_ or {}).get("job_calibration") or {})
+
+
 def _calibrations(
     session: Session, predictor_version: str, jobs: Sequence[JobSpec]
-) -> dict[tuple[str, str], Calibration]:
-    """Calibration per (graph id, hardware id) from the stored actuals predicted by ``predictor_version``."""
-    ratios: dict[tuple[str, str], list[float]] = {}
-    rows = MeasurementRepository(session).job_actuals(hardware_ids=sorted({j.hardware_id for j in jobs}))
+) -> dict[str, Calibration]:
+    """Calibration per ``"graph id|hardware id"``: the version's refit (every actual up to its watermark,
+    re-predicted by this version at retrain time) plus the actuals recorded after the watermark against
+    this version (their ``predicted_s`` is this version's)."""
+    fit = _fit_of(session, predictor_version)
+    hardware_ids = sorted({j.hardware_id for j in jobs})
+    stats: dict[str, RatioStats] = {
+        key: RatioStats(g.n, g.total, g.total_sq) for key, g in fit.groups.items()
+        if key.rsplit("|", 1)[-1] in hardware_ids
+    }  # fmt: skip
+    rows = MeasurementRepository(session).job_actuals(hardware_ids=hardware_ids, source=ACTUALS_SOURCE,
+                                                      after_id=fit.watermark_measurement_id)  # fmt: skip
+    ratios: dict[str, list[float]] = {}
     for row in rows:
         cfg = row.config
-        if row.source != ACTUALS_SOURCE or cfg.get("predictor_version") != predictor_version:
+        if cfg.get("predictor_version") != predictor_version:
             continue
         predicted_s = cfg.get("predicted_s")
         if isinstance(predicted_s, int | float) and predicted_s > 0:
-            key = (str(cfg.get("graph_id")), row.hardware_id)
-            ratios.setdefault(key, []).append(math.log(row.time_ms_median / 1e3 / predicted_s))
-    return {key: calibrate(r) for key, r in ratios.items()}
+            ratios.setdefault(_key(cfg.get("graph_id"), row.hardware_id), []).append(
+                math.log(row.time_ms_median / 1e3 / predicted_s))
+    for key, r in ratios.items():
+        stats[key] = stats.get(key, RatioStats()).plus(RatioStats.of(r))
+    return {key: calibrate_stats(st) for key, st in stats.items()}
+
+
+def refit_job_calibration(session: Session, predictor: Predictor, *, up_to_id: int | None) -> JobCalibrationFit:
+    """Re-predict every recorded job actual (source :data:`ACTUALS_SOURCE`, ids up to ``up_to_id``) with
+    ``predictor`` and summarise ln(actual / prediction) per (graph, hardware): the whole-job calibration of a
+    new version, refit by the retraining loop (:mod:`app.training.retrain`) so that actuals recorded against
+    earlier versions keep calibrating it. Actuals whose job cannot be predicted any more (graph deleted,
+    device gone) are counted in ``evaluation["skipped"]``.
+
+    ``evaluation``: leave-one-out on the groups with at least two actuals, each actual estimated from the
+    others of its group: MAPE (%) of the calibrated and of the uncalibrated p50, on the same actuals.
+    """
+    rows = MeasurementRepository(session).job_actuals(source=ACTUALS_SOURCE, up_to_id=up_to_id)
+    specs: list[JobSpec] = []
+    kept: list[Measurement] = []
+    skipped = 0
+    for row in rows:
+        fields = {k: v for k, v in row.config.items() if k not in ("predicted_s", "predictor_version")}
+        try:
+            specs.append(JobSpec.model_validate(fields))
+        except ValidationError:
+            skipped += 1
+            continue
+        kept.append(row)
+    models = _model_jobs(session, predictor, specs)
+    ratios: dict[str, list[tuple[float, float, float]]] = {}  # key -> (log ratio, actual s, predicted s)
+    for row, m in zip(kept, models, strict=True):
+        if isinstance(m, ItemError) or not m.p50_s > 0:
+            skipped += 1
+            continue
+        actual_s = row.time_ms_median / 1e3
+        ratios.setdefault(_key(row.config.get("graph_id"), row.hardware_id), []).append(
+            (math.log(actual_s / m.p50_s), actual_s, m.p50_s))
+    groups = {key: RatioStats.of([r for r, _, _ in rs]) for key, rs in ratios.items()}
+    calibrated, raw = [], []
+    for rs in ratios.values():
+        if len(rs) < 2:
+            continue
+        for i, (_, actual_s, predicted_s) in enumerate(rs):
+            others = calibrate_stats(RatioStats.of([r for j, (r, _, _) in enumerate(rs) if j != i]))
+            calibrated.append(abs(others.factor * predicted_s - actual_s) / actual_s)
+            raw.append(abs(predicted_s - actual_s) / actual_s)
+    evaluation = {"actuals": sum(g.n for g in groups.values()), "groups": len(groups), "skipped": skipped,
+                  "loo_n": len(raw),
+                  "loo_mape_pct_calibrated": round(100 * float(sum(calibrated) / len(raw)), 4) if raw else None,
+                  "loo_mape_pct_uncalibrated": round(100 * float(sum(raw) / len(raw)), 4) if raw else None}  # fmt: skip
+    return JobCalibrationFit(
+        watermark_measurement_id=up_to_id if up_to_id is not None else max((r.id for r in rows), default=None),
+        groups={k: RatioStatsModel(n=g.n, total=g.total, total_sq=g.total_sq) for k, g in groups.items()},
+        evaluation=evaluation,
+    )
 
 
 def estimate_jobs(session: Session, predictor: Predictor, *, request: JobEstimatesCreate) -> JobEstimatesRead:
@@ -228,7 +306,7 @@ def estimate_jobs(session: Session, predictor: Predictor, *, request: JobEstimat
         if isinstance(m, ItemError):
             answers.append(JobEstimateRead(index=i, error=m))
             continue
-        cal = calibrations.get((job.graph_id, job.hardware_id), UNCALIBRATED)
+        cal = calibrations.get(_key(job.graph_id, job.hardware_id), UNCALIBRATED)
         p50, p90 = cal.p50_p90(m.p50_s, m.p90_s)
         answers.append(JobEstimateRead(index=i, p50_s=p50, p90_s=p90, fits=m.fits, actuals=cal.actuals,
                                        calibration_factor=cal.factor))
@@ -274,7 +352,7 @@ def record_actuals(session: Session, predictor: Predictor, *, request: JobActual
         answers.append(read)
     calibrations = _calibrations(session, predictor.version, request.actuals)
     for i, read in stored:
-        cal = calibrations.get((request.actuals[i].graph_id, request.actuals[i].hardware_id), UNCALIBRATED)
+        cal = calibrations.get(_key(request.actuals[i].graph_id, request.actuals[i].hardware_id), UNCALIBRATED)
         read.actuals, read.calibration_factor = cal.actuals, cal.factor
     return JobActualsRead(predictor_version=predictor.version, recorded=len(stored),
                           failed=len(answers) - len(stored), actuals=answers)
@@ -305,6 +383,18 @@ def _sort_key(sort_by: str) -> Callable[[ComparisonRow], Any]:
     return lambda r: (math.inf if getattr(r, sort_by) is None else getattr(r, sort_by), r.hardware_id)
 
 
+def _spread(request: ComparisonCreate, n: int) -> dict[str, Any]:
+    """The node fields of ``n`` devices of a comparison: one node up to ``devices_per_node``, else
+    ``ceil(n / devices_per_node)`` nodes (a count that does not spread evenly is refused by the
+    prediction's own validation, so its row is unavailable)."""
+    per_node = request.devices_per_node
+    if per_node is None or n <= per_node:
+        return {"nodes": 1}
+    return {"nodes": math.ceil(n / per_node),
+            "inter_node_bandwidth_bytes_per_s": request.inter_node_bandwidth_bytes_per_s,
+            "inter_node_latency_s": request.inter_node_latency_s}
+
+
 def compare(session: Session, predictor: Predictor, *, request: ComparisonCreate) -> ComparisonRead:
     """One row per (device, device count) that can run the job; the others in ``unavailable`` with their
     code; Pareto front over job time, cost and energy; optional batch-size sweep on one device.
@@ -323,7 +413,7 @@ def compare(session: Session, predictor: Predictor, *, request: ComparisonCreate
     scenarios: list[Scenario] = []
     for hw_id in dict.fromkeys(hardware_ids):
         for n in request.device_counts:
-            job = base.model_copy(update={"hardware_id": hw_id, "device_count": n})
+            job = base.model_copy(update={"hardware_id": hw_id, "device_count": n, **_spread(request, n)})
             s = _attempt(partial(_job_scenario, cache, job, price_usd_per_hour=request.price_usd_per_hour.get(hw_id),
                                  **extra))
             if isinstance(s, ItemError):
@@ -377,7 +467,8 @@ def _comparison_row(cache: GraphCache, s: Scenario, times: list[LayerTime]) -> C
     assert agg.epoch is not None and agg.job is not None
     it, job = agg.iteration, agg.job
     return ComparisonRow(
-        hardware_id=s.hardware.id, device_count=it.device_count, per_device_batch_size=it.per_device_batch_size,
+        hardware_id=s.hardware.id, device_count=it.device_count, nodes=s.request.nodes,
+        per_device_batch_size=it.per_device_batch_size,
         iteration_ms=it.time_ms, iteration_ms_p90=it.time_ms_p90, samples_per_s=it.samples_per_s,
         scaling_efficiency=it.scaling_efficiency, allreduce_exposed_ms=it.allreduce_exposed_ms,
         epoch_s=agg.epoch.time_s, job_s=job.time_s, job_s_p90=job.time_s_p90, cost_usd=job.cost_usd,

@@ -60,6 +60,11 @@ SOURCE_DEEPBENCH = "deepbench"
 SOURCE_NEUSIGHT = "neusight"
 SOURCE_VIDUR = "vidur"
 SOURCE_PROFILER = "profiler"
+#: Profiler rows posted through ``POST /v1/measurements`` (``layercast profile --upload``): the same row format
+#: as :data:`SOURCE_PROFILER`, another source so that a re-import of a local shard never replaces them.
+SOURCE_PROFILER_UPLOAD = "profiler-upload"
+#: Sources whose ``config`` is a profiler layer configuration (rebuilt by ``LayerConfig.from_row``).
+PROFILER_SOURCES: tuple[str, ...] = (SOURCE_PROFILER, SOURCE_PROFILER_UPLOAD)
 #: Sources written only by an importer; a reported measurement (``POST /v1/measurements``) may not use them.
 IMPORT_SOURCES: tuple[str, ...] = (SOURCE_JUSTUS, SOURCE_DEEPBENCH, SOURCE_NEUSIGHT, SOURCE_VIDUR, SOURCE_PROFILER)
 

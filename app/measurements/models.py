@@ -1,4 +1,4 @@
-"""ORM models of measured layer timings and of predictor versions."""
+"""ORM models of measured layer timings, ingested batches and predictor versions."""
 
 from __future__ import annotations
 
@@ -37,7 +37,25 @@ class Measurement(Base):
     time_ms_std: Mapped[float | None] = mapped_column(Float, nullable=True)
     repetitions: Mapped[int | None] = mapped_column(Integer, nullable=True)
     context: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
-    measured_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    measured_at: Mapped[datetime | None] = mapped_column(nullable=True, index=True)
+    # the API key that reported it (app.auth); None for imports, anonymous reports and older rows
+    submitter: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class MeasurementBatch(Base):
+    """One ingested batch of ``POST /v1/measurements`` sent with an ``Idempotency-Key``.
+
+    ``request_sha256`` is the SHA-256 of the batch's canonical JSON (:func:`app.measurements.service.batch_sha256`)
+    and ``measurement_ids`` the ids it stored, in batch order: a retry with the same key and body is answered
+    from this row (nothing stored again), the same key with another body is refused.
+    """
+
+    __tablename__ = "measurement_batches"
+
+    idempotency_key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    request_sha256: Mapped[str] = mapped_column(String(64))
+    measurement_ids: Mapped[list[int]] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

@@ -1,16 +1,34 @@
-"""Every query on the ``measurements`` table (STYLE.md §2). Flushes, never commits."""
+"""Every query on the ``measurements`` and ``measurement_batches`` tables (STYLE.md §2). Flushes, never commits."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Select, delete, func, insert, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.core.vocab import Granularity
 from app.hardware.models import Hardware
-from app.measurements.models import Measurement
+from app.measurements.models import Measurement, MeasurementBatch
+
+
+@dataclass(frozen=True, slots=True)
+class MeasurementFilter:
+    """Filters of a measurement listing; None matches everything. ``measured_from`` (inclusive) and
+    ``measured_to`` (exclusive) bound ``measured_at`` (rows without one never match a window)."""
+
+    hardware_id: str | None = None
+    source: str | None = None
+    op_kind: str | None = None
+    precision: str | None = None
+    pass_: str | None = None
+    granularity: str | None = None
+    measured_from: datetime | None = None
+    measured_to: datetime | None = None
 
 
 class MeasurementRepository:
@@ -54,44 +72,67 @@ class MeasurementRepository:
         """Whether a hardware row with this id is stored."""
         return self.session.get(Hardware, hardware_id) is not None
 
-    def job_actuals(self, *, hardware_ids: Sequence[str]) -> Sequence[Measurement]:
-        """Recorded whole-job measurements (``granularity`` ``job``) on the given devices, by ascending id."""
-        stmt = select(Measurement).where(
-            Measurement.granularity == Granularity.JOB.value, Measurement.hardware_id.in_(list(hardware_ids))
-        )
-        return self.session.scalars(stmt.order_by(Measurement.id)).all()
-
-    @staticmethod
-    def _filtered(
-        stmt: Select[Any], *, hardware_id: str | None, source: str | None, op_kind: str | None
-    ) -> Select[Any]:
-        if hardware_id is not None:
-            stmt = stmt.where(Measurement.hardware_id == hardware_id)
+    def job_actuals(self, *, hardware_ids: Sequence[str] | None = None, source: str | None = None,
+                    after_id: int | None = None, up_to_id: int | None = None) -> Sequence[Measurement]:  # fmt: skip
+        """Recorded whole-job measurements (``granularity`` ``job``), by ascending id: on the given devices, of
+        ``source``, with ids in (``after_id``, ``up_to_id``] (None: no bound)."""
+        stmt = select(Measurement).where(Measurement.granularity == Granularity.JOB.value)
+        if hardware_ids is not None:
+            stmt = stmt.where(Measurement.hardware_id.in_(list(hardware_ids)))
         if source is not None:
             stmt = stmt.where(Measurement.source == source)
-        if op_kind is not None:
-            stmt = stmt.where(Measurement.op_kind == op_kind)
+        if after_id is not None:
+            stmt = stmt.where(Measurement.id > after_id)
+        if up_to_id is not None:
+            stmt = stmt.where(Measurement.id <= up_to_id)
+        return self.session.scalars(stmt.order_by(Measurement.id)).all()
+
+    def add_all(self, rows: Sequence[Measurement]) -> list[int]:
+        """Insert ``rows`` and flush; returns their new ids in the same order."""
+        self.session.add_all(rows)
+        self.session.flush()
+        return [int(r.id) for r in rows]
+
+    def batch(self, idempotency_key: str) -> MeasurementBatch | None:
+        """The batch stored under ``idempotency_key``, or None."""
+        return self.session.get(MeasurementBatch, idempotency_key)
+
+    def add_batch(self, row: MeasurementBatch) -> bool:
+        """Insert ``row`` in a savepoint; False (nothing inserted, the session still usable) when a batch with
+        its key was committed meanwhile by another request (primary-key conflict)."""
+        try:
+            with self.session.begin_nested():
+                self.session.add(row)
+                self.session.flush()
+        except IntegrityError:
+            return False
+        return True
+
+    @staticmethod
+    def _filtered(stmt: Select[Any], f: MeasurementFilter) -> Select[Any]:
+        m = Measurement
+        for column, value in ((m.hardware_id, f.hardware_id), (m.source, f.source), (m.op_kind, f.op_kind),
+                              (m.precision, f.precision), (m.pass_, f.pass_), (m.granularity, f.granularity)):
+            if value is not None:
+                stmt = stmt.where(column == value)
+        if f.measured_from is not None:
+            stmt = stmt.where(m.measured_at >= f.measured_from)
+        if f.measured_to is not None:
+            stmt = stmt.where(m.measured_at < f.measured_to)
         return stmt
 
-    def list(
-        self,
-        *,
-        hardware_id: str | None = None,
-        source: str | None = None,
-        op_kind: str | None = None,
-        limit: int = 100,
-        offset: int = 0,
-    ) -> Sequence[Measurement]:
-        """One page of rows matching every given filter, by ascending id."""
-        stmt = self._filtered(select(Measurement), hardware_id=hardware_id, source=source, op_kind=op_kind)
+    def list(self, f: MeasurementFilter, *, limit: int = 100, offset: int = 0,
+             after_id: int | None = None) -> Sequence[Measurement]:  # fmt: skip
+        """One page of rows matching ``f``, by ascending id: ids above ``after_id`` (a cursor) or from
+        ``offset``."""
+        stmt = self._filtered(select(Measurement), f)
+        if after_id is not None:
+            stmt = stmt.where(Measurement.id > after_id)
         return self.session.scalars(stmt.order_by(Measurement.id).limit(limit).offset(offset)).all()
 
-    def count(self, *, hardware_id: str | None = None, source: str | None = None, op_kind: str | None = None) -> int:
-        """Number of rows matching every given filter."""
-        stmt = self._filtered(
-            select(func.count()).select_from(Measurement), hardware_id=hardware_id, source=source, op_kind=op_kind
-        )
-        return int(self.session.scalar(stmt) or 0)
+    def count(self, f: MeasurementFilter) -> int:
+        """Number of rows matching ``f``."""
+        return int(self.session.scalar(self._filtered(select(func.count()).select_from(Measurement), f)) or 0)
 
     def count_by_source(self) -> dict[str, int]:
         """Stored rows per ``source`` (``justus2018``, ``reported``...), for the ``/metrics`` gauge."""

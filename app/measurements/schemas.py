@@ -1,5 +1,7 @@
-"""API schemas of measurements: ``MeasurementCreate`` (a reported time), ``MeasurementRead``,
-``MeasurementList`` (one page) and ``ImportReport`` (what an import read, stored and skipped).
+"""API schemas of measurements: ``MeasurementCreate`` (a reported time), ``MeasurementBatchCreate`` /
+``MeasurementBatchRead`` (what ``POST /v1/measurements`` takes and answers), ``RowError`` (a bad row of a
+batch), ``MeasurementRead``, ``MeasurementList`` (one page) and ``ImportReport`` (what an import read,
+stored and skipped).
 
 Units are in the names: milliseconds (``_ms``), samples (``batch_size``). The JSON field of the pass is
 ``pass`` (``pass_`` in Python, a keyword otherwise).
@@ -55,6 +57,41 @@ class MeasurementCreate(Schema):
     measured_at: AwareDatetime | None = None
 
 
+#: Most measurements one ``POST /v1/measurements`` accepts (a profiler shard is uploaded in chunks of this).
+MAX_BATCH = 5000
+
+
+class MeasurementBatchCreate(Schema):
+    """``POST /v1/measurements``: 1 to :data:`MAX_BATCH` measurements, stored all or none."""
+
+    measurements: list[MeasurementCreate] = Field(min_length=1, max_length=MAX_BATCH)
+
+
+class MeasurementBatchRead(Schema):
+    """What a stored batch answers: ``ids`` of the new rows in batch order (``count`` of them).
+
+    ``replayed`` is true when the ``Idempotency-Key`` was seen before with the same body: the answer is the
+    first one's, nothing was stored again.
+    """
+
+    count: int
+    ids: list[int]
+    idempotency_key: str | None = None
+    replayed: bool = False
+
+
+class RowError(Schema):
+    """One bad row of a batch (``detail.errors`` of 422 ``invalid_measurements``): its 0-based ``index``
+    in ``measurements``, a machine-readable ``code`` (``hardware_not_found``, ``reserved_source``,
+    ``implausible_measurement``), the
+    ``field`` at fault and a message."""
+
+    index: int
+    code: str
+    field: str
+    message: str
+
+
 class MeasurementRead(Schema):
     """A stored measurement (imported or reported)."""
 
@@ -76,17 +113,24 @@ class MeasurementRead(Schema):
     repetitions: int | None
     context: dict[str, Any]
     measured_at: datetime | None
+    submitter: str | None = Field(default=None, description="id of the API key that reported it; null: "
+                                  "imported, anonymous or stored before keys existed")
     created_at: datetime
 
 
 class MeasurementList(Schema):
-    """``GET /v1/measurements``: one page by ascending id; ``total`` matches the filters."""
+    """``GET /v1/measurements``: one page by ascending id; ``total`` matches the filters.
+
+    ``next_cursor``: pass it as ``cursor`` for the next page (None on the last page); ``offset`` is 0
+    when the page was asked for by cursor.
+    """
 
     items: list[MeasurementRead]
     count: int
     total: int
     limit: int
     offset: int
+    next_cursor: int | None = None
 
 
 class ImportReport(Schema):

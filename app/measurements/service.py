@@ -1,4 +1,5 @@
-"""Measurement use cases: import public data sets, record a reported measurement, list measurements.
+"""Measurement use cases: import public data sets, ingest reported batches (atomic, idempotent), list
+measurements and stream them as CSV.
 
 Keyword-only arguments after the session; functions ``flush()`` and never ``commit()`` (the request or
 the caller owns the transaction, STYLE.md §3). Errors are :mod:`app.errors` domain errors.
@@ -6,19 +7,35 @@ the caller owns the transaction, STYLE.md §3). Errors are :mod:`app.errors` dom
 
 from __future__ import annotations
 
+import csv
+import hashlib
+import io
+import json
 import math
+import re
 from collections import Counter
-from collections.abc import Iterable
-from datetime import UTC
+from collections.abc import Iterable, Iterator, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
-from app.errors import HardwareNotFound, InvalidRequest
+from app.core.hardware import HardwareSpec
+from app.errors import Conflict, HardwareNotFound, InvalidRequest, LayercastError
+from app.hardware.service import get_spec
 from app.measurements.importers import IMPORT_SOURCES, MeasurementRecord, RecordStream
-from app.measurements.models import Measurement
-from app.measurements.repository import MeasurementRepository
-from app.measurements.schemas import ImportReport, MeasurementCreate, MeasurementList, MeasurementRead
+from app.measurements.models import Measurement, MeasurementBatch
+from app.measurements.repository import MeasurementFilter, MeasurementRepository
+from app.measurements.schemas import (
+    ImportReport,
+    MeasurementBatchCreate,
+    MeasurementBatchRead,
+    MeasurementCreate,
+    MeasurementList,
+    MeasurementRead,
+    RowError,
+)
+from app.measurements.validation import ImplausibleMeasurement, check_plausible
 
 MAX_PAGE = 1000
 
@@ -128,25 +145,116 @@ def skip_report(stream: RecordStream) -> ImportReport:
     )
 
 
-def create_measurement(session: Session, *, data: MeasurementCreate) -> MeasurementRead:
-    """Store one reported measurement and return it (``measured_at`` normalised to UTC).
+class InvalidMeasurements(LayercastError):
+    """Rows of a batch that the schema accepts but the database cannot (nothing of the batch is stored)."""
 
-    Raises :class:`app.errors.HardwareNotFound` (404) for an unknown ``hardware_id`` and
-    :class:`app.errors.InvalidRequest` (422) for a reserved import ``source`` or a non-positive time
-    (the schema already rejects the latter over HTTP). Flushes.
+    status_code = 422
+    code = "invalid_measurements"
+
+
+class InvalidIdempotencyKey(LayercastError):
+    status_code = 422
+    code = "invalid_idempotency_key"
+
+
+class IdempotencyKeyReused(Conflict):
+    """The ``Idempotency-Key`` was used before with another body."""
+
+    code = "idempotency_key_reused"
+
+
+#: Longest accepted ``Idempotency-Key`` (a UUID is 36 characters) and its alphabet (printable ASCII).
+MAX_KEY_LENGTH = 255
+_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
+#: Bad rows named in one ``invalid_measurements`` answer (the count says how many there were).
+MAX_ROW_ERRORS = 100
+
+
+def batch_sha256(data: MeasurementBatchCreate) -> str:
+    """SHA-256 (hex) of the batch's canonical JSON: the validated fields by their JSON names, keys sorted,
+    so two bodies that differ only in key order or whitespace are the same batch."""
+    canonical = json.dumps(data.model_dump(mode="json", by_alias=True), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _row_errors(session: Session, repo: MeasurementRepository, rows: Sequence[MeasurementCreate]) -> list[RowError]:
+    """Every row a stored measurement cannot be made of: a reserved import source, an unknown device, a
+    time the device cannot have taken (``implausible_measurement``:
+    :func:`app.measurements.validation.check_plausible`)."""
+    known = repo.hardware_ids()
+    specs: dict[str, HardwareSpec] = {}
+    errors: list[RowError] = []
+    for i, row in enumerate(rows):
+        if row.source in IMPORT_SOURCES:
+            errors.append(RowError(index=i, code="reserved_source", field="source",
+                                   message=f"source {row.source!r} is reserved for imported data sets"))  # fmt: skip
+        if row.hardware_id not in known:
+            errors.append(RowError(index=i, code="hardware_not_found", field="hardware_id",
+                                   message=f"unknown hardware id {row.hardware_id!r}: register it first"))  # fmt: skip
+            continue
+        if row.hardware_id not in specs:
+            specs[row.hardware_id] = get_spec(session, hardware_id=row.hardware_id)
+        try:
+            check_plausible(time_ms=row.time_ms_median, granularity=row.granularity, config=dict(row.config),
+                            batch_size=row.batch_size, spec=specs[row.hardware_id], precision=str(row.precision),
+                            pass_=row.pass_.value, optimizer=row.optimizer)  # fmt: skip
+        except ImplausibleMeasurement as exc:
+            errors.append(RowError(index=i, code=exc.code, field="time_ms_median", message=exc.message))
+    return errors
+
+
+def _replay(row: MeasurementBatch, digest: str) -> MeasurementBatchRead:
+    if row.request_sha256 != digest:
+        raise IdempotencyKeyReused(
+            "this Idempotency-Key was used with another body; use a new key for a new batch",
+            detail={"idempotency_key": row.idempotency_key})
+    ids = [int(i) for i in row.measurement_ids]
+    return MeasurementBatchRead(count=len(ids), ids=ids, idempotency_key=row.idempotency_key, replayed=True)
+
+
+def create_measurements(
+    session: Session, *, data: MeasurementBatchCreate, idempotency_key: str | None = None,
+    submitter: str | None = None,
+) -> MeasurementBatchRead:
+    """Store every measurement of ``data`` or none, recorded as sent by the API key id ``submitter``;
+    returns their ids in batch order.
+
+    With ``idempotency_key``: a batch stored before under the key with the same body (:func:`batch_sha256`)
+    is answered again (``replayed``, nothing stored), one with another body raises
+    :class:`IdempotencyKeyReused` (409); two concurrent requests with one key store once (the key is claimed
+    in a savepoint first; the loser replays the winner's answer once it committed). Raises
+    :class:`InvalidIdempotencyKey` (422: not 1-255 printable ASCII characters) and
+    :class:`InvalidMeasurements` (422, ``detail.errors``: a :class:`RowError` per bad row, at most
+    :data:`MAX_ROW_ERRORS`, plus ``invalid_rows`` and ``rows``). ``measured_at`` is stored in UTC. Flushes.
     """
-    if data.source in IMPORT_SOURCES:
-        raise InvalidRequest(
-            f"source {data.source!r} is reserved for imported data sets", detail={"source": data.source}
-        )
-    if not (math.isfinite(data.time_ms_median) and data.time_ms_median > 0):
-        raise InvalidRequest("time_ms_median must be a positive number of milliseconds",
-                             detail={"time_ms_median": data.time_ms_median})
+    if idempotency_key is not None and not _KEY.match(idempotency_key):
+        raise InvalidIdempotencyKey(f"Idempotency-Key must be 1 to {MAX_KEY_LENGTH} printable ASCII characters",
+                                    detail={"length": len(idempotency_key)})  # fmt: skip
     repo = MeasurementRepository(session)
-    if not repo.hardware_exists(data.hardware_id):
-        raise HardwareNotFound(f"unknown hardware id {data.hardware_id!r}", detail={"hardware_id": data.hardware_id})
-    row = repo.add(Measurement(**reported_record(data).to_row()))
-    return MeasurementRead.model_validate(row)
+    digest = batch_sha256(data)
+    claim: MeasurementBatch | None = None
+    if idempotency_key is not None:
+        seen = repo.batch(idempotency_key)
+        if seen is not None:
+            return _replay(seen, digest)
+    errors = _row_errors(session, repo, data.measurements)
+    if errors:
+        raise InvalidMeasurements(
+            f"{len({e.index for e in errors})} of {len(data.measurements)} rows cannot be stored "
+            f"(first: row {errors[0].index}, {errors[0].code}); nothing was stored",
+            detail={"errors": [e.model_dump() for e in errors[:MAX_ROW_ERRORS]],
+                    "invalid_rows": len({e.index for e in errors}), "rows": len(data.measurements)})  # fmt: skip
+    if idempotency_key is not None:
+        claim = MeasurementBatch(idempotency_key=idempotency_key, request_sha256=digest, measurement_ids=[])
+        if not repo.add_batch(claim):
+            winner = repo.batch(idempotency_key)
+            assert winner is not None  # the conflict was this key's committed row
+            return _replay(winner, digest)
+    ids = repo.add_all([Measurement(**reported_record(m).to_row(), submitter=submitter) for m in data.measurements])
+    if claim is not None:
+        claim.measurement_ids = ids
+        session.flush()
+    return MeasurementBatchRead(count=len(ids), ids=ids, idempotency_key=idempotency_key)
 
 
 def reported_record(data: MeasurementCreate) -> MeasurementRecord:
@@ -171,24 +279,78 @@ def reported_record(data: MeasurementCreate) -> MeasurementRecord:
     )
 
 
-def list_measurements(
-    session: Session,
-    *,
-    hardware_id: str | None = None,
-    source: str | None = None,
-    op_kind: str | None = None,
-    limit: int = 100,
-    offset: int = 0,
-) -> MeasurementList:
-    """One page (by ascending id) of the measurements matching every given filter, with the total.
+def checked_filters(filters: MeasurementFilter) -> MeasurementFilter:
+    """``filters`` unchanged; :class:`app.errors.InvalidRequest` (422) for an empty time window."""
+    if filters.measured_from and filters.measured_to and filters.measured_from >= filters.measured_to:
+        raise InvalidRequest("measured_from must be before measured_to",
+                             detail={"measured_from": filters.measured_from.isoformat(),
+                                     "measured_to": filters.measured_to.isoformat()})  # fmt: skip
+    return filters
 
-    Raises :class:`app.errors.InvalidRequest` (422) unless ``1 <= limit <= MAX_PAGE`` and ``offset >= 0``.
+
+def list_measurements(
+    session: Session, *, filters: MeasurementFilter, limit: int = 100, offset: int = 0, cursor: int | None = None
+) -> MeasurementList:
+    """One page (by ascending id) of the measurements matching ``filters``, with the total and the cursor of
+    the next page: rows after id ``cursor`` when given, else from ``offset``.
+
+    Raises :class:`app.errors.InvalidRequest` (422) unless ``1 <= limit <= MAX_PAGE``, ``offset >= 0`` and
+    ``cursor >= 0``, or when both a cursor and an offset are given, or the time window is empty
+    (:func:`checked_filters`).
     """
-    if not 1 <= limit <= MAX_PAGE or offset < 0:
-        raise InvalidRequest(
-            f"need 1 <= limit <= {MAX_PAGE} and offset >= 0", detail={"limit": limit, "offset": offset}
-        )
+    if not 1 <= limit <= MAX_PAGE or offset < 0 or (cursor is not None and cursor < 0):
+        raise InvalidRequest(f"need 1 <= limit <= {MAX_PAGE}, offset >= 0 and cursor >= 0",
+                             detail={"limit": limit, "offset": offset, "cursor": cursor})  # fmt: skip
+    if cursor is not None and offset:
+        raise InvalidRequest("page by cursor or by offset, not both", detail={"offset": offset, "cursor": cursor})
+    filters = checked_filters(filters)
     repo = MeasurementRepository(session)
-    filters = {"hardware_id": hardware_id, "source": source, "op_kind": op_kind}
-    items = [MeasurementRead.model_validate(row) for row in repo.list(**filters, limit=limit, offset=offset)]
-    return MeasurementList(items=items, count=len(items), total=repo.count(**filters), limit=limit, offset=offset)
+    rows = repo.list(filters, limit=limit, offset=offset, after_id=cursor)
+    items = [MeasurementRead.model_validate(row) for row in rows]
+    return MeasurementList(items=items, count=len(items), total=repo.count(filters), limit=limit, offset=offset,
+                           next_cursor=items[-1].id if len(items) == limit else None)  # fmt: skip
+
+
+#: Columns of the CSV export, in order (``config`` and ``context`` as JSON text).
+CSV_COLUMNS = ("id", "hardware_id", "source", "op_kind", "pass", "optimizer", "precision", "software_stack",
+               "granularity", "batch_size", "time_ms_median", "time_ms_std", "repetitions", "measured_at",
+               "created_at", "config", "context")  # fmt: skip
+#: Rows read per query while streaming the CSV export.
+CSV_CHUNK = 1000
+
+
+def _csv_line(row: Measurement) -> list[Any]:
+    def iso(t: datetime | None) -> str:
+        return "" if t is None else t.isoformat()
+
+    return [row.id, row.hardware_id, row.source, row.op_kind, row.pass_, row.optimizer, row.precision,
+            row.software_stack or "", row.granularity or "", row.batch_size, repr(row.time_ms_median),
+            "" if row.time_ms_std is None else repr(row.time_ms_std),
+            "" if row.repetitions is None else row.repetitions,
+            iso(row.measured_at), iso(row.created_at), json.dumps(row.config, sort_keys=True),
+            json.dumps(row.context, sort_keys=True)]  # fmt: skip
+
+
+def export_csv(factory: sessionmaker[Session], *, filters: MeasurementFilter) -> Iterator[str]:
+    """The measurements matching ``filters`` as CSV text (RFC 4180, header :data:`CSV_COLUMNS`), by ascending
+    id, in chunks of :data:`CSV_CHUNK` rows: each chunk is read by keyset (``id >`` the last one) in its own
+    short session, so an export of millions of rows holds neither a transaction nor the rows in memory.
+    Rows stored while it streams may appear if their id is above the chunk being read."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\r\n")
+    writer.writerow(CSV_COLUMNS)
+    yield buf.getvalue()
+    last: int | None = None
+    while True:
+        with factory() as session:
+            rows = MeasurementRepository(session).list(filters, limit=CSV_CHUNK, after_id=last)
+            buf.seek(0)
+            buf.truncate()
+            for row in rows:
+                writer.writerow(_csv_line(row))
+        if not rows:
+            return
+        last = int(rows[-1].id)
+        yield buf.getvalue()
+        if len(rows) < CSV_CHUNK:
+            return

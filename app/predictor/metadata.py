@@ -40,6 +40,30 @@ class Watermark(BaseModel):
     rows: int | None = None
 
 
+class RatioStatsModel(BaseModel):
+    """Stored :class:`app.estimates.calibration.RatioStats` of one (graph, hardware): ``n`` clipped
+    ln(actual / predicted) ratios, their sum and sum of squares."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    n: int = Field(ge=0)
+    total: float
+    total_sq: float = Field(ge=0)
+
+
+class JobCalibrationFit(BaseModel):
+    """The whole-job calibration refit by a retrain (:func:`app.estimates.service.refit_job_calibration`): for
+    every recorded job actual with id up to ``watermark_measurement_id``, the version's own prediction of the
+    job, summarised per ``"<graph_id>|<hardware_id>"``. Serving adds the actuals recorded after the watermark
+    against the same version. ``evaluation``: leave-one-out whole-job errors with and without it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    watermark_measurement_id: int | None = None
+    groups: dict[str, RatioStatsModel] = Field(default_factory=dict)
+    evaluation: dict[str, Any] = Field(default_factory=dict)
+
+
 class ArtifactMetadata(BaseModel):
     """Metadata of one predictor version (see the module docstring).
 
@@ -55,10 +79,14 @@ class ArtifactMetadata(BaseModel):
     version: str = Field(description="registry key, `<name>-<version>` of the trainer")
     onnx_file: str
     sha256: str = Field(min_length=64, max_length=64)
+    weights_file: str | None = Field(default=None, description="torch weights (.weights.npz) in the store, the "
+                                     "base of a fine-tune; None for a version registered without them")
+    weights_sha256: str | None = Field(default=None, min_length=64, max_length=64)
     feature_names: list[str]
     watermark: Watermark = Field(default_factory=Watermark)
     hyperparameters: dict[str, Any] = Field(default_factory=dict)
     metrics: dict[str, Any] = Field(default_factory=dict)
+    job_calibration: JobCalibrationFit = Field(default_factory=JobCalibrationFit)
     training: dict[str, Any] = Field(description="the trainer's JSON metadata (read by LearnedPredictor)")
 
     @classmethod
@@ -67,12 +95,14 @@ class ArtifactMetadata(BaseModel):
         training: Mapping[str, Any],
         *,
         sha256: str,
+        weights_sha256: str | None = None,
         watermark: Watermark | None = None,
         metrics: Mapping[str, Any] | None = None,
     ) -> ArtifactMetadata:
         """Wrap the trainer's JSON metadata. ``metrics`` default to its per-source test metrics
-        (``metrics_test_summary``) as the ``train_test`` split. Raises ``KeyError`` when ``training``
-        lacks ``name``, ``version``, ``onnx_file`` or ``feature_names``."""
+        (``metrics_test_summary``) as the ``train_test`` split; ``weights_file`` is the trainer's, recorded
+        only with its ``weights_sha256``. Raises ``KeyError`` when ``training`` lacks ``name``, ``version``,
+        ``onnx_file`` or ``feature_names``."""
         recipe = dict((training.get("model") or {}).get("recipe") or {})
         default_metrics = {"train_test": {"by_source": dict(training.get("metrics_test_summary") or {})}}
         return cls(
@@ -80,6 +110,8 @@ class ArtifactMetadata(BaseModel):
             version=f"{training['name']}-{training['version']}",
             onnx_file=str(training["onnx_file"]),
             sha256=sha256,
+            weights_file=str(training["weights_file"]) if weights_sha256 and training.get("weights_file") else None,
+            weights_sha256=weights_sha256 if training.get("weights_file") else None,
             feature_names=[str(n) for n in training["feature_names"]],
             watermark=watermark or Watermark(),
             hyperparameters=recipe,

@@ -8,6 +8,10 @@ Usage::
     python -m app.profiler.run --out data/seed/layers_cpu.jsonl --n-configs 6000 --threads 1 \\
         --precision fp32,bf16 --bf16-fraction 0.15 --seed 0 --max-seconds 1.5
     python -m app.profiler.run e2e ...      # whole training iterations (see app.profiler.e2e)
+    layercast profile --device cuda --out layers_h200.jsonl --upload http://layercast:8000 --hardware-id h200-sxm
+
+``--upload URL`` posts the shard's rows to a running service once the campaign is done
+(:mod:`app.profiler.upload`: batches with idempotency keys, so rerunning it stores nothing twice).
 
 One JSON line per (configuration, precision) is appended to ``--out`` and flushed as soon as it is
 measured, so an interrupted campaign (Ctrl-C, SIGTERM, a crash) loses at most the configuration in
@@ -60,6 +64,8 @@ from app.profiler.sampler import (
     propose_neighbours,
     sample_configs,
 )
+from app.progress import bar
+from app.progress import enabled as progress_enabled
 
 
 def _fraction_pick(config_id: str, salt: str, fraction: float) -> bool:
@@ -106,13 +112,14 @@ def _load_refine(path: Path, n: int, seed: int, max_train_ms: float, exclude: se
 
 
 class Progress:
-    """A one-line progress report on stderr (redrawn in place on a terminal, a line every
-    ``every_s`` seconds otherwise, e.g. under nohup)."""
+    """Progress of a campaign on stderr: a tqdm bar with ETA where bars are shown (:mod:`app.progress`: a
+    terminal, or ``LAYERCAST_PROGRESS=1``), otherwise a plain line every ``every_s`` seconds (log files,
+    e.g. under nohup)."""
 
     def __init__(self, total: int, *, stream: TextIO | None = None, every_s: float = 15.0) -> None:
         self.total, self.stream = total, stream or sys.stderr
-        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
-        self.every_s = 0.5 if self.tty else every_s
+        self.bar = bar(desc="profile", total=total, unit="meas") if progress_enabled() else None
+        self.every_s = every_s
         self.t0 = time.monotonic()
         self.last = 0.0
         self.done = self.ok = self.err = self.skipped = 0
@@ -125,6 +132,10 @@ class Progress:
             self.err += 1
         else:
             self.skipped += 1
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"ok {self.ok} err {self.err} skipped {self.skipped} {label}", refresh=False)
+            self.bar.update(1)
+            return
         now = time.monotonic()
         if not force and now - self.last < self.every_s and self.done < self.total:
             return
@@ -133,15 +144,14 @@ class Progress:
         measured = self.ok + self.err
         rate = el / measured if measured else 0.0
         eta = rate * (self.total - self.done)
-        msg = (f"[{self.done:>6}/{self.total}] {100 * self.done / max(1, self.total):5.1f}%  ok {self.ok}"
-               f"  err {self.err}  skipped {self.skipped}  {label:<28.28}  elapsed {_hms(el)}  eta {_hms(eta)}")
-        self.stream.write(("\r" + msg) if self.tty else (msg + "\n"))
+        self.stream.write(f"[{self.done:>6}/{self.total}] {100 * self.done / max(1, self.total):5.1f}%  ok {self.ok}"
+                          f"  err {self.err}  skipped {self.skipped}  {label:<28.28}  elapsed {_hms(el)}  "
+                          f"eta {_hms(eta)}\n")
         self.stream.flush()
 
     def close(self) -> None:
-        if self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
+        if self.bar is not None:
+            self.bar.close()
 
 
 def _hms(s: float) -> str:
@@ -175,6 +185,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rows with an 'error' field: also measure neighbours of the worst-predicted ones")
     p.add_argument("--n-refine", type=int, default=500)
     p.add_argument("--limit", type=int, default=None, help="measure only the first N pending configs (tests)")
+    p.add_argument("--upload", metavar="URL", default=None,
+                   help="when the campaign is done, post the shard's rows to the layercast service at URL")
+    p.add_argument("--hardware-id", default=None,
+                   help="catalog id of this device on the server (required with --upload; the CPU seed uses local)")
     return p
 
 
@@ -201,6 +215,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return e2e_main(argv[1:])
     args = build_parser().parse_args(argv)
+    if args.upload is not None and not args.hardware_id:
+        raise SystemExit("--upload needs --hardware-id (the device's catalog id on the server)")
     if str(args.out).endswith(".gz"):
         raise SystemExit("--out must be a plain .jsonl (appended row by row); gzip it when the campaign is done")
     families = None if args.families == "all" else [f.strip() for f in args.families.split(",") if f.strip()]
@@ -298,6 +314,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             fh.close()
     progress.close()
     print(f"done: {progress.ok} ok, {progress.err} errors -> {args.out}", file=sys.stderr)
+    if args.upload is None:
+        return 0
+    if not {(c.config_id, p) for c, p in work} <= done_keys(args.out):
+        print(f"not uploading: the campaign in {args.out} is not finished (rerun to resume; it uploads at the end)",
+              file=sys.stderr)
+        return 0
+    return _upload(args.out, server=args.upload, hardware_id=args.hardware_id)
+
+
+def _upload(path: Path, *, server: str, hardware_id: str) -> int:
+    """Post the finished shard (:func:`app.profiler.upload.upload_shard`); exit status 0 or 1 (refused)."""
+    from app.client import LayercastAPIError
+    from app.profiler.upload import http_client, upload_shard
+
+    with http_client(server) as client:
+        try:
+            upload_shard(path, client=client, hardware_id=hardware_id, log=lambda s: print(s, file=sys.stderr))
+        except LayercastAPIError as exc:
+            print(f"upload refused: {exc} {exc.detail}", file=sys.stderr)
+            return 1
     return 0
 
 

@@ -43,7 +43,7 @@ from app.core.vocab import Granularity
 from app.errors import InvalidGraph
 from app.hardware.catalog import spec_from_dict
 from app.hardware.models import Hardware
-from app.measurements.importers import SOURCE_JUSTUS, SOURCE_PROFILER, SOURCE_VIDUR
+from app.measurements.importers import PROFILER_SOURCES, SOURCE_JUSTUS, SOURCE_PROFILER, SOURCE_VIDUR
 from app.measurements.models import Measurement
 
 #: Passes the feature function models (``app.core.features.PASSES``).
@@ -257,7 +257,7 @@ def record_layer(*, source: str, config: Mapping[str, Any], batch_size: int, pre
     try:
         if source == SOURCE_JUSTUS:
             return _justus_layer(config, batch_size)
-        if source == SOURCE_PROFILER:
+        if source in PROFILER_SOURCES:
             from app.profiler.sampler import LayerConfig
 
             layers = LayerConfig.from_row({**config, "batch_size": batch_size}).to_layers(precision)
@@ -289,7 +289,7 @@ def config_key(*, source: str, config: Mapping[str, Any], batch_size: int) -> st
             return (f"conv|{batch_size}|{size}|{layer['kernel_size']}|{layer.get('stride', 1)}|{c_in}|"
                     f"{layer['out_channels']}|{config['tf_padding']}|{bool(layer.get('bias', True))}|{act}")
         return f"dense|{batch_size}|{config['input_shape'][0]}|{layer['out_features']}|{act}"
-    if source == SOURCE_PROFILER and config.get("config_id"):
+    if source in PROFILER_SOURCES and config.get("config_id"):
         return str(config["config_id"])
     return f"{source}|{json.dumps(config, sort_keys=True, separators=(',', ':'))}|{batch_size}"
 
@@ -297,7 +297,7 @@ def config_key(*, source: str, config: Mapping[str, Any], batch_size: int) -> st
 def _family(source: str, op_kind: str, config: Mapping[str, Any], context_op: str | None) -> str:
     if source == SOURCE_JUSTUS:
         return "conv" if op_kind == "conv" else "dense"
-    if source == SOURCE_PROFILER:
+    if source in PROFILER_SOURCES:
         return str(config.get("family", op_kind))
     layer = config.get("layer") or {}
     op = context_op or str(layer.get("fn") or layer.get("op") or op_kind)

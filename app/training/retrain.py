@@ -5,12 +5,14 @@ Stages of :func:`run_retrain`:
 
 1. **watermark**: the newest measurement id (and its ``created_at``) at the start; later rows are left out
    of the evaluation (a row that lands during training may still be trained on: the loader reads once).
-2. **train** (:func:`app.training.train.run`, nothing re-implemented) into a temporary folder inside the
-   artifact store, every **frozen benchmark** row left out: a row is in the benchmark when the SHA-256 of
-   ``BENCHMARK_SALT + its configuration key`` (:func:`app.training.dataset.config_key`: the shape without
-   device, pass, optimizer and precision) falls below ``benchmark_fraction``. Membership depends on the
-   key alone, so it stays frozen as data grows, and no version trained here ever sees it. (The shipped
-   seed version predates the benchmark and did train on some of it: that favours production, the safe side.)
+2. **train** (:func:`app.training.train.run`, nothing re-implemented) on the imported sources and every
+   reported source (:func:`with_reported_sources`: rows ingested through ``POST /v1/measurements``) into a
+   temporary folder inside the artifact store, every **frozen benchmark** row left out: a row is in the
+   benchmark when the SHA-256 of ``BENCHMARK_SALT + its configuration key``
+   (:func:`app.training.dataset.config_key`: the shape without device, pass, optimizer and precision)
+   falls below ``benchmark_fraction``. Membership depends on the key alone, so it stays frozen as data
+   grows, and no version trained here ever sees it. (The shipped seed version predates the benchmark and did
+   train on some of it: that favours production, the safe side.)
 3. **evaluate** candidate and production on the same rows: the candidate's **fresh held-out** test split
    (:func:`app.training.train.splits` of the non-benchmark rows, the split the candidate was scored on)
    and the benchmark. Metrics (:func:`app.training.metrics.metrics` of the p50) overall, per source,
@@ -18,10 +20,22 @@ Stages of :func:`run_retrain`:
 4. **gate** (:func:`gate`): on each of the two splits the candidate's MAPE must be at most production's
    times ``1 + overall_tolerance`` overall and ``1 + group_tolerance`` on every hardware id and every
    precision with at least ``min_group_rows`` rows in the split.
-5. **register and decide** in one transaction: the ONNX file moved into the store atomically
-   (:func:`app.predictor.metadata.write_atomic`), the version registered as a candidate with its typed
+5. **register and decide** in one transaction: the ONNX file and the torch weights (``.weights.npz``, the
+   base of a later fine-tune) copied into the store atomically (:func:`app.predictor.metadata.write_atomic`,
+   the weights' SHA-256 in the metadata), the version registered as a candidate with its typed
    metadata, promoted when the gate passed, the :class:`app.predictors.models.RetrainRun` row finished
    with both sets of metrics, every gate check and the reason.
+
+6. **new hardware** (:mod:`app.training.new_hardware`): for every GPU with measurements that production never
+   trained on, production's weights are fine-tuned on 25, 50, 100 and 200 of its rows and scored on its
+   held-out rows (Syed & Srinivasan 2021's learning curve), recorded under ``metrics["new_hardware"]`` and
+   logged as a table. The candidate itself is trained on every row, the new device's training split included.
+
+7. **job calibration** (:func:`app.estimates.service.refit_job_calibration`): every scheduler actual
+   (``POST /v1/job-estimates/actuals``, whole-job rows of the measurement table) up to the watermark is
+   re-predicted by the candidate and summarised per (graph, hardware) into its metadata, so a new version
+   starts calibrated by every actual ever recorded, not only by those recorded against it; its
+   leave-one-out whole-job error with and without calibration is in ``metrics["job_calibration"]``.
 
 A failure anywhere (training, export, writing the artifact) marks the run ``failed`` and leaves the
 production row untouched; the temporary folder is always removed.
@@ -36,7 +50,7 @@ import sys
 import tempfile
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,12 +59,16 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.db import make_engine, make_sessionmaker, utcnow
+from app.estimates.service import refit_job_calibration
+from app.measurements.importers import IMPORT_SOURCES
 from app.measurements.models import Measurement
+from app.observability import record_retrain
 from app.predictor.metadata import ArtifactMetadata, Watermark, sha256_file, write_atomic
 from app.predictor.onnx_model import LearnedPredictor
 from app.predictor.registry import load_from_store
 from app.predictors import service
 from app.predictors.models import RetrainRun
+from app.training import new_hardware
 from app.training.dataset import TrainingRows
 from app.training.metrics import metrics
 from app.training.train import DEFAULT_SAMPLE, DEFAULTS, V3_SOURCES, load_training_data, splits
@@ -67,7 +85,9 @@ SPLITS = ("held_out", "benchmark")
 class RetrainConfig:
     """Settings of one retrain run. Model settings as :mod:`app.training.train` (``sample``: rows per
     imported file of every GPU source, None = :data:`app.training.train.DEFAULT_SAMPLE`); tolerances are
-    relative (0.10 = a MAPE up to 10 % higher than production's passes)."""
+    relative (0.10 = a MAPE up to 10 % higher than production's passes). ``reported``: also train on the GPU
+    rows of every reported source stored (``POST /v1/measurements``: ``ci``, ``profiler-upload``...; all of
+    their rows, unsampled), added to ``sources`` by :func:`with_reported_sources`."""
 
     epochs: int = int(DEFAULTS["epochs"])
     hidden: int = int(DEFAULTS["hidden"])
@@ -83,10 +103,23 @@ class RetrainConfig:
     overall_tolerance: float = 0.0
     group_tolerance: float = 0.10
     min_group_rows: int = 20
+    reported: bool = True
+    curve_sizes: tuple[int, ...] = new_hardware.CURVE_SIZES
+    curve_epochs: int = 30
 
     def sample_per_source(self) -> dict[str, int | None]:
         """Rows per imported file of each GPU source."""
         return dict(DEFAULT_SAMPLE) if self.sample is None else {k: self.sample for k in DEFAULT_SAMPLE}
+
+
+def with_reported_sources(session: Session, cfg: RetrainConfig) -> RetrainConfig:
+    """``cfg`` with every stored source that no importer writes appended to ``sources`` (when
+    ``cfg.reported``), so measurements ingested through the API feed the next candidate."""
+    if not cfg.reported:
+        return cfg
+    stored = session.scalars(select(Measurement.source).distinct()).all()
+    extra = sorted(s for s in stored if s not in IMPORT_SOURCES and s not in cfg.sources)
+    return replace(cfg, sources=(*cfg.sources, *extra)) if extra else cfg
 
 
 def in_benchmark(config_keys: np.ndarray, fraction: float) -> np.ndarray:
@@ -140,8 +173,9 @@ def _watermark(session: Session) -> Watermark:
 
 
 def evaluation_rows(database_url: str, cfg: RetrainConfig, max_measurement_id: int | None) -> dict[str, TrainingRows]:
-    """``{"held_out": the candidate's test split, "benchmark": the frozen benchmark}``, the same rows and
-    sampling the trainer loaded (deterministic for the seed), measurement ids up to the watermark."""
+    """``{"held_out": the candidate's test split, "benchmark": the frozen benchmark, "gpu": every GPU row
+    outside the benchmark}``, the same rows and sampling the trainer loaded (deterministic for the seed),
+    measurement ids up to the watermark."""
     gpu, cpu, _ = load_training_data(database_url=database_url, sources=cfg.sources, cpu=cfg.cpu,
                                      sample=cfg.sample_per_source(), seed=cfg.seed, log=lambda s: None)  # fmt: skip
     parts = [d for d in (gpu, cpu) if d is not None and len(d)]
@@ -150,7 +184,8 @@ def evaluation_rows(database_url: str, cfg: RetrainConfig, max_measurement_id: i
     bench = [d.subset(in_benchmark(d.config, cfg.benchmark_fraction)) for d in parts]
     rest = [d.subset(~in_benchmark(d.config, cfg.benchmark_fraction)) for d in parts]
     _, _, held_out = splits(rest[0], rest[1] if len(rest) > 1 else None, seed=cfg.seed)
-    return {"held_out": held_out, "benchmark": TrainingRows.concat([b for b in bench if len(b)] or bench[:1])}
+    return {"held_out": held_out, "benchmark": TrainingRows.concat([b for b in bench if len(b)] or bench[:1]),
+            "gpu": rest[0]}
 
 
 def run_retrain(*, database_url: str, store_dir: Path, cfg: RetrainConfig, trigger: str = "cli",
@@ -169,6 +204,7 @@ def run_retrain(*, database_url: str, store_dir: Path, cfg: RetrainConfig, trigg
                 raise ValueError("no production predictor is registered: start the API once (it seeds one)")
             prod_meta = service.metadata_of(prod_row)
             mark = _watermark(session)
+            cfg = with_reported_sources(session, cfg)
             run = session.get(RetrainRun, run_id) if run_id is not None else None
             if run is None:
                 run = RetrainRun(status="running", trigger=trigger, metrics={}, gate={})
@@ -195,14 +231,24 @@ def run_retrain(*, database_url: str, store_dir: Path, cfg: RetrainConfig, trigg
             cand_m = {s: evaluate_on(candidate, rows[s]) for s in SPLITS}
             prod_m = {s: evaluate_on(production, rows[s]) for s in SPLITS}
             passed, checks = gate(cand_m, prod_m, cfg)
+            new_hw = new_hardware.curves(store_dir=store_dir, production=prod_meta, gpu_rows=rows["gpu"],
+                                         sizes=cfg.curve_sizes, epochs=cfg.curve_epochs, seed=cfg.seed, log=log)
+            if new_hw:
+                log("new hardware learning curve (held-out rows of each device):\n" + new_hardware.markdown(new_hw))
             failed = [f"{c['split']} {c['group']}: {c['candidate_mape_pct']:.2f} % > {c['max_mape_pct']:.2f} %"
                       for c in checks if not c["passed"]]  # fmt: skip
             reason = ("not worse than production overall nor on any hardware or precision" if passed
                       else "worse than production: " + "; ".join(failed))  # fmt: skip
-            write_atomic(store_dir / training["onnx_file"], (tmp / training["onnx_file"]).read_bytes())
+            for name in (training["onnx_file"], training["weights_file"]):  # weights: the next fine-tune's base
+                write_atomic(store_dir / name, (tmp / name).read_bytes())
             mark = mark.model_copy(update={"rows": int(training["training_data"]["rows"]["train"])})
-            meta = ArtifactMetadata.from_training(training, sha256=sha256_file(store_dir / training["onnx_file"]),
-                                                  watermark=mark, metrics=cand_m)  # fmt: skip
+            meta = ArtifactMetadata.from_training(
+                training, sha256=sha256_file(store_dir / training["onnx_file"]), watermark=mark, metrics=cand_m,
+                weights_sha256=sha256_file(store_dir / training["weights_file"]))  # fmt: skip
+            with factory() as session:  # the whole-job calibration, refit on every recorded actual
+                fit = refit_job_calibration(session, load_from_store(store_dir, meta, threads=cfg.threads),
+                                            up_to_id=mark.max_measurement_id)  # fmt: skip
+            meta = meta.model_copy(update={"job_calibration": fit})
             with factory.begin() as session:
                 service.register(session, meta)
                 if passed:
@@ -211,10 +257,12 @@ def run_retrain(*, database_url: str, store_dir: Path, cfg: RetrainConfig, trigg
                 assert run is not None
                 run.status = "promoted" if passed else "rejected"
                 run.candidate_version, run.reason, run.finished_at = meta.version, reason, utcnow()
-                run.metrics = {"candidate": cand_m, "production": prod_m, "config": asdict(cfg)}
+                run.metrics = {"candidate": cand_m, "production": prod_m, "new_hardware": new_hw,
+                               "job_calibration": fit.evaluation, "config": asdict(cfg)}
                 run.gate = {"passed": passed, "checks": checks}
                 result = _run_dict(run)
             log(f"retrain run {run_id}: {meta.version} {result['status']} ({reason})")
+            record_retrain("promoted" if passed else "rejected")
             return result
         except BaseException as exc:
             with factory.begin() as session:
@@ -222,6 +270,7 @@ def run_retrain(*, database_url: str, store_dir: Path, cfg: RetrainConfig, trigg
                 if run is not None:
                     run.status, run.finished_at = "failed", utcnow()
                     run.error = "".join(traceback.format_exception_only(type(exc), exc)).strip()[:4000]
+            record_retrain("failed")
             raise
     finally:
         if tmp is not None:
@@ -254,6 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overall-tolerance", type=float, default=d.overall_tolerance)
     p.add_argument("--group-tolerance", type=float, default=d.group_tolerance)
     p.add_argument("--min-group-rows", type=int, default=d.min_group_rows)
+    p.add_argument("--no-reported", action="store_true", help="train on --sources only, not on reported rows")
     return p
 
 
@@ -262,7 +312,8 @@ def config_from_args(a: argparse.Namespace) -> RetrainConfig:
     return RetrainConfig(epochs=a.epochs, hidden=a.hidden, depth=a.depth, ensemble=a.ensemble, sample=a.sample,
                          seed=a.seed, sources=tuple(a.sources), cpu=not a.no_cpu, logo=a.logo,
                          benchmark_fraction=a.benchmark_fraction, overall_tolerance=a.overall_tolerance,
-                         group_tolerance=a.group_tolerance, min_group_rows=a.min_group_rows)  # fmt: skip
+                         group_tolerance=a.group_tolerance, min_group_rows=a.min_group_rows,
+                         reported=not a.no_reported)  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:

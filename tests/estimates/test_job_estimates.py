@@ -144,3 +144,29 @@ def test_calibrate_clips_stored_ratios_that_bypassed_the_check() -> None:
     assert cal.actuals == 2 and math.isfinite(cal.factor) and math.isfinite(cal.log_sd)
     p50, p90 = cal.p50_p90(1e6, 2e6)
     assert math.isfinite(p90) and p90 >= p50
+
+
+def test_jobs_over_several_nodes(client: TestClient, resnet_id: str) -> None:
+    job = {"graph_id": resnet_id, "hardware_id": "a100-sxm4-80gb", "device_count": 16, "batch_size": 512,
+           "dataset_size": 100_000, "epochs": 1}
+    r = client.post("/v1/job-estimates", json={"jobs": [job, {**job, "nodes": 2},
+                                                       {**job, "nodes": 2, "inter_node_bandwidth_bytes_per_s": 2e9},
+                                                       {**job, "nodes": 3}]})
+    assert r.status_code == 200, r.text
+    one_node, default_net, slow_net, uneven = r.json()["estimates"]
+    assert one_node["p50_s"] < default_net["p50_s"] < slow_net["p50_s"]  # a slower network, a longer job
+    assert uneven["error"]["code"] == "validation_error"
+
+
+def test_calibration_from_stats_adds_up_to_the_calibration_of_all_ratios() -> None:
+    """What a retrain stores (the stats of the actuals up to its watermark) plus the actuals recorded since
+    calibrate exactly as all ratios together would."""
+    from app.estimates.calibration import RatioStats, calibrate_stats
+
+    ratios = [0.4, 0.55, 0.31, 0.62, 0.47, 9.0]  # the last one is clipped to ln(100), as calibrate does
+    whole = calibrate(ratios)
+    split = calibrate_stats(RatioStats.of(ratios[:4]).plus(RatioStats.of(ratios[4:])))
+    assert split.actuals == whole.actuals == 6
+    assert split.factor == pytest.approx(whole.factor, rel=1e-12)
+    assert split.log_sd == pytest.approx(whole.log_sd, rel=1e-12)
+    assert calibrate_stats(RatioStats()).factor == 1.0

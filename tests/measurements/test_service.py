@@ -24,7 +24,8 @@ from app.measurements.importers import (
     iter_justus,
 )
 from app.measurements.models import Measurement
-from app.measurements.schemas import MeasurementCreate
+from app.measurements.repository import MeasurementFilter
+from app.measurements.schemas import MeasurementBatchCreate, MeasurementBatchRead, MeasurementCreate, MeasurementList
 from app.migrate import upgrade
 from tests.helpers import SHARED_DATA
 
@@ -92,7 +93,7 @@ def test_import_justus_file_counts_and_is_idempotent(session: Session) -> None:
 
 
 def test_reimport_keeps_other_files_and_reported_rows(session: Session) -> None:
-    service.create_measurement(session, data=_reported())
+    _create(session, _reported())
     service.import_records(session, records=iter_justus(JUSTUS_K80, limit=50))
     service.import_records(session, records=iter_deepbench_rnn(DEEPBENCH / "deepbench_rnn.csv"))
     n_rnn = _count(session, source="deepbench")
@@ -152,25 +153,63 @@ def test_import_rejects_bad_records(session: Session) -> None:
     assert _count(session) == 0
 
 
+def _create(session: Session, *rows: MeasurementCreate, key: str | None = None) -> MeasurementBatchRead:
+    return service.create_measurements(session, data=MeasurementBatchCreate(measurements=list(rows)),
+                                       idempotency_key=key)  # fmt: skip
+
+
 def test_create_and_list(session: Session) -> None:
-    created = service.create_measurement(session, data=_reported())
-    assert created.id > 0 and created.pass_ == "forward" and created.context["driver"] == "550.54"
-    service.create_measurement(session, data=_reported(hardware_id="h100-sxm", op_kind="gemm"))
+    created = _create(session, _reported(), _reported(hardware_id="h100-sxm", op_kind="gemm"))
+    assert created.count == 2 and created.ids[0] < created.ids[1]
     service.import_records(session, records=iter_justus(JUSTUS_K80, limit=30))
 
-    page = service.list_measurements(session, source="justus2018", limit=10, offset=5)
-    assert page.total == 30 and page.count == 10 and page.items[0].context["source_row"] == 5
-    assert service.list_measurements(session, hardware_id="h100-sxm").total == 1
-    assert service.list_measurements(session, source="ci", op_kind="conv").total == 1
-    with pytest.raises(InvalidRequest):
-        service.list_measurements(session, limit=0)
+    def page(**kw: object) -> MeasurementList:
+        limit, offset, cursor = kw.pop("limit", 100), kw.pop("offset", 0), kw.pop("cursor", None)
+        return service.list_measurements(session, filters=MeasurementFilter(**kw), limit=limit, offset=offset,
+                                         cursor=cursor)  # type: ignore[arg-type]  # fmt: skip
+
+    first = page(source="justus2018", limit=10, offset=5)
+    assert first.total == 30 and first.count == 10 and first.items[0].context["source_row"] == 5
+    assert page(hardware_id="h100-sxm").total == 1
+    assert page(source="ci", op_kind="conv").total == 1
+    assert page(source="ci", precision="fp32", pass_="forward", granularity="layer").total == 2
+    assert page(source="ci", pass_="train_step").total == 0
+    # cursor paging walks every row once, in id order
+    seen, cursor = [], None
+    while True:
+        p = page(source="justus2018", limit=7, cursor=cursor)
+        seen += [m.id for m in p.items]
+        if p.next_cursor is None:
+            break
+        cursor = p.next_cursor
+    assert len(seen) == len(set(seen)) == 30 and seen == sorted(seen)
+    for bad in ({"limit": 0}, {"cursor": -1}, {"cursor": 3, "offset": 2}):
+        with pytest.raises(InvalidRequest):
+            page(**bad)
 
 
-def test_create_rejects_unknown_hardware_and_reserved_source(session: Session) -> None:
-    with pytest.raises(HardwareNotFound):
-        service.create_measurement(session, data=_reported(hardware_id="no-such-gpu"))
-    with pytest.raises(InvalidRequest, match="reserved"):
-        service.create_measurement(session, data=_reported(source="deepbench"))
+def test_batch_is_all_or_nothing_and_names_each_bad_row(session: Session) -> None:
+    rows = [_reported(), _reported(hardware_id="no-such-gpu"), _reported(), _reported(source="deepbench")]
+    with pytest.raises(service.InvalidMeasurements) as err:
+        _create(session, *rows)
+    detail = err.value.detail
+    assert [(e["index"], e["code"], e["field"]) for e in detail["errors"]] == [
+        (1, "hardware_not_found", "hardware_id"), (3, "reserved_source", "source")]
+    assert detail["invalid_rows"] == 2 and detail["rows"] == 4
+    assert _count(session) == 0  # the good rows 0 and 2 were not stored either
+
+
+def test_idempotency_key_replays_and_refuses_another_body(session: Session) -> None:
+    first = _create(session, _reported(), _reported(op_kind="gemm"), key="run-42/chunk-0")
+    assert not first.replayed and _count(session) == 2
+    again = _create(session, _reported(), _reported(op_kind="gemm"), key="run-42/chunk-0")
+    assert again.replayed and again.ids == first.ids and _count(session) == 2
+    with pytest.raises(service.IdempotencyKeyReused):
+        _create(session, _reported(op_kind="conv"), key="run-42/chunk-0")
+    with pytest.raises(service.InvalidIdempotencyKey):
+        _create(session, _reported(), key="with space")
+    assert _create(session, _reported(op_kind="conv"), key="run-42/chunk-1").count == 1
+    assert _count(session) == 3
 
 
 def test_cli_import_deepbench(sqlite_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -222,9 +261,10 @@ def test_reported_measurement_is_a_record_the_trainer_loads(session: Session) ->
     from app.training.dataset import load_training_rows
 
     body = {"input_shape": [256], "layer": {"op": "linear", "out_features": 512, "bias": True}}
-    created = service.create_measurement(session, data=_reported(
-        op_kind="gemm", config=body, precision="fp32-strict", granularity="kernel", time_ms_median=0.02))
-    assert (created.precision, created.software_stack) == ("fp32-strict", "pytorch-eager")
+    [created_id] = _create(session, _reported(
+        op_kind="gemm", config=body, precision="fp32-strict", granularity="kernel", time_ms_median=0.02)).ids
+    created = session.get(Measurement, created_id)
+    assert created is not None and (created.precision, created.software_stack) == ("fp32-strict", "pytorch-eager")
     assert created.granularity == "kernel"
     rows = load_training_rows(session, sources=("ci",))
     assert len(rows) == 1 and rows.measurement_id[0] == created.id

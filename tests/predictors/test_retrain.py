@@ -1,6 +1,8 @@
-"""``layercast retrain`` end to end on a tiny SQLite database of Justus rows: a candidate trained on
-corrupted timings is rejected and production keeps serving; a better candidate is promoted and served by a
-running app without restart; a crash in training leaves production; the benchmark stays frozen."""
+"""``layercast retrain`` end to end on a tiny database of Justus rows, SQLite and PostgreSQL: a candidate
+trained on corrupted timings is rejected and production keeps serving; a better candidate is promoted and
+served by a running app without restart; a crash in training leaves production; the benchmark stays frozen;
+measurements ingested through the API reach the candidate; scheduler actuals recorded against production
+calibrate the next version's job estimates."""
 
 from __future__ import annotations
 
@@ -19,23 +21,30 @@ from app.db import make_engine, make_sessionmaker  # noqa: E402
 from app.main import create_app  # noqa: E402
 from app.measurements.models import Measurement  # noqa: E402
 from app.migrate import upgrade  # noqa: E402
+from app.observability import REGISTRY  # noqa: E402
 from app.predictors import service  # noqa: E402
 from app.predictors.models import RetrainRun  # noqa: E402
 from app.training import retrain  # noqa: E402
 from app.training.dataset import load_from_database  # noqa: E402
 from app.training.retrain import RetrainConfig, in_benchmark, run_retrain  # noqa: E402
+from tests.conftest import JUSTUS_ROWS_PER_FILE  # noqa: E402
+from tests.helpers import import_measurements  # noqa: E402
 
 TINY = RetrainConfig(epochs=120, hidden=32, depth=2, ensemble=1, sample=None, sources=("justus2018",), cpu=False,
                      benchmark_fraction=0.2)  # fmt: skip
 
 
-@pytest.fixture
-def db(tmp_path: Path, justus_db: str) -> str:
-    """A private copy of the shared Justus database, migrated, with the shipped version seeded."""
-    src = Path(justus_db.removeprefix("sqlite:///"))
-    dst = tmp_path / "m.db"
-    shutil.copy(src, dst)
-    url = f"sqlite:///{dst}"
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db(request: pytest.FixtureRequest, tmp_path: Path, justus_db: str) -> str:
+    """The first 300 rows of every Justus file, migrated, the shipped version seeded: a private copy of the
+    shared SQLite database, or a fresh PostgreSQL database (one per test) imported the same way."""
+    if request.param == "sqlite":
+        dst = tmp_path / "m.db"
+        shutil.copy(Path(justus_db.removeprefix("sqlite:///")), dst)
+        url = f"sqlite:///{dst}"
+    else:
+        url = str(request.getfixturevalue("postgres_url"))
+        import_measurements(url, "justus", "--limit", str(JUSTUS_ROWS_PER_FILE))
     upgrade(url)
     engine = make_engine(url)
     try:
@@ -89,8 +98,13 @@ def test_benchmark_membership_depends_on_the_key_only() -> None:
     assert 0.1 < alone.mean() < 0.3
 
 
+def _runs_counted(outcome: str) -> float:
+    return REGISTRY.get_sample_value("layercast_retrain_runs_total", {"outcome": outcome}) or 0.0
+
+
 def test_corrupted_candidate_is_rejected_and_production_kept(db: str, tmp_path: Path) -> None:
     store = tmp_path / "store"
+    promoted, rejected = _runs_counted("promoted"), _runs_counted("rejected")
     first = run_retrain(database_url=db, store_dir=store, cfg=TINY, log=lambda s: None)
     _promote(db, first["candidate_version"])  # an operator accepts a clean tiny model as production
     good = first["candidate_version"]
@@ -105,6 +119,9 @@ def test_corrupted_candidate_is_rejected_and_production_kept(db: str, tmp_path: 
     failed = [c for c in result["gate"]["checks"] if not c["passed"]]
     assert any(c["split"] == "benchmark" and c["group"] == "hardware:p100" for c in failed)
     assert "worse than production" in result["reason"]
+    outcomes = [first["status"], result["status"]]  # both runs are counted for /metrics
+    assert _runs_counted("promoted") == promoted + outcomes.count("promoted")
+    assert _runs_counted("rejected") == rejected + outcomes.count("rejected")
     engine = make_engine(db)
     try:
         with make_sessionmaker(engine)() as session:
@@ -146,7 +163,7 @@ def _graph(client: TestClient) -> str:
 
 
 def test_a_crash_during_training_leaves_production(db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    before = _production(db)
+    before, failed = _production(db), _runs_counted("failed")
 
     def crash(**_kwargs: object) -> dict[str, object]:
         raise RuntimeError("killed mid-training")
@@ -154,7 +171,7 @@ def test_a_crash_during_training_leaves_production(db: str, tmp_path: Path, monk
     monkeypatch.setattr(retrain, "train_run", crash)
     with pytest.raises(RuntimeError, match="mid-training"):
         run_retrain(database_url=db, store_dir=tmp_path / "store", cfg=TINY, log=lambda s: None)
-    assert _production(db) == before
+    assert _production(db) == before and _runs_counted("failed") == failed + 1
     assert not [p for p in (tmp_path / "store").iterdir() if p.name.startswith(".retrain-")]
     engine = make_engine(db)
     try:
@@ -178,3 +195,45 @@ def test_retrain_command_exit_code_reports_the_decision(db: str, tmp_path: Path)
         engine.dispose()
     assert run.status in ("promoted", "rejected") and code == (0 if run.status == "promoted" else 3)
     assert run.metrics["candidate"]["benchmark"]["overall"]["n"] > 0
+
+
+def test_ingested_rows_and_scheduler_actuals_reach_the_next_version(db: str, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    settings = Settings(database_url=db, models_dir=REPO_ROOT / "models", artifact_store=store, predictor_poll_s=0)
+    with TestClient(create_app(settings)) as client:
+        before = client.get("/healthz").json()["predictor_version"]
+        # a CI job reports dense layers measured on a P100 (the JSON layer vocabulary), in one batch
+        layers = [{"hardware_id": "p100", "source": "ci", "op_kind": "gemm", "pass": "forward", "precision": "fp32",
+                   "software_stack": "tf1-session", "granularity": "layer", "batch_size": 16,
+                   "config": {"input_shape": [n], "layer": {"op": "linear", "out_features": n}},
+                   "time_ms_median": 0.05 + n * n * 16 * 2 / 9e12 * 1e3} for n in range(64, 64 + 40 * 16, 16)]
+        assert client.post("/v1/measurements", json={"measurements": layers}).status_code == 201
+        # a cluster where every job of this graph takes 1.8x production's estimate
+        job = {"graph_id": _graph(client), "hardware_id": "p100", "batch_size": 32, "dataset_size": 20_000,
+               "epochs": 1}  # fmt: skip
+        p50 = client.post("/v1/job-estimates", json={"jobs": [job]}).json()["estimates"][0]["p50_s"]
+        noise = (0.97, 1.03, 1.0, 0.99, 1.01, 1.0)
+        r = client.post("/v1/job-estimates/actuals",
+                        json={"actuals": [{**job, "measured_s": 1.8 * p50 * e} for e in noise]})  # fmt: skip
+        assert r.status_code == 201 and r.json()["recorded"] == 6
+
+        result = run_retrain(database_url=db, store_dir=store, cfg=TINY, log=lambda s: None)
+        assert "ci" in result["metrics"]["config"]["sources"]
+        assert result["metrics"]["job_calibration"]["actuals"] == 6
+        ev = result["metrics"]["job_calibration"]
+        assert ev["loo_mape_pct_calibrated"] < ev["loo_mape_pct_uncalibrated"]  # held out within the group
+        _promote(db, result["candidate_version"])
+        engine = make_engine(db)
+        try:
+            with make_sessionmaker(engine)() as session:
+                rows = load_from_database(db, sources=("ci",))
+                assert len(rows) == len(layers)  # the ingested rows are training rows
+                fit = service.metadata_of(service.get_version(session, result["candidate_version"])).job_calibration
+                assert sum(g.n for g in fit.groups.values()) == 6
+        finally:
+            engine.dispose()
+        answer = client.post("/v1/job-estimates", json={"jobs": [job]}).json()
+        assert answer["predictor_version"] == result["candidate_version"] != before
+        [est] = answer["estimates"]
+        # the new version never saw these actuals recorded, yet its estimate is calibrated by all six
+        assert est["actuals"] == 6 and est["p50_s"] == pytest.approx(1.8 * p50, rel=0.1)

@@ -90,7 +90,7 @@ def test_16_concurrent_api_writers_see_no_error(settings: Settings, writers: int
                     "boost_clock_mhz": 1500, "l2_cache_bytes": 6 * 2**20,
                 })
             else:
-                r = client.post("/v1/measurements", json={**MEASUREMENT, "batch_size": i + 1})
+                r = client.post("/v1/measurements", json={"measurements": [{**MEASUREMENT, "batch_size": i + 1}]})
             statuses.append(r.status_code)
 
         errors = _hammer(work, writers=writers)

@@ -166,6 +166,11 @@ def inline_hardware(field: str, value: float) -> dict[str, Any]:
     return prediction(hardware_id=None, hardware=spec)
 
 
+def batch(measurement: dict[str, Any]) -> dict[str, Any]:
+    """The body of ``POST /v1/measurements`` holding one measurement."""
+    return {"measurements": [measurement]}
+
+
 def raw_json(text: str) -> dict[str, Any]:
     return {"content": text.encode("utf-8", "surrogatepass"), "headers": {"content-type": "application/json"}}
 
@@ -225,18 +230,19 @@ CASES = [
          lambda: {**octet(onnx_many_nodes(2)), "params": {"dims": "seq=" + "1" + "0" * 30}}, 422, "limit_exceeded",
          "dimension"),
     Case("measurement-config-depth-300", "POST", "/v1/measurements",
-         lambda: raw_json(json.dumps({**MEASUREMENT, "config": {"a": 1}})[:-1] + ',"context":{"x":'
-                          + nested_list(300) + "}}"), 422, "limit_exceeded", "json_depth"),
+         lambda: raw_json('{"measurements":[' + json.dumps({**MEASUREMENT, "config": {"a": 1}})[:-1]
+                          + ',"context":{"x":' + nested_list(300) + "}}]}"), 422, "limit_exceeded", "json_depth"),
     Case("measurement-config-string-3mib", "POST", "/v1/measurements",
-         lambda: {"json": {**MEASUREMENT, "config": {"s": "x" * (3 * MiB)}}}, 413, "payload_too_large", "json_bytes"),
-    Case("measurement-batch-2^31", "POST", "/v1/measurements", lambda: {"json": {**MEASUREMENT, "batch_size": 2**31}},
-         422, "validation_error"),
-    Case("measurement-batch-true", "POST", "/v1/measurements", lambda: {"json": {**MEASUREMENT, "batch_size": True}},
-         422, "validation_error"),
+         lambda: {"json": batch({**MEASUREMENT, "config": {"s": "x" * (3 * MiB)}})}, 413, "payload_too_large",
+         "json_bytes"),
+    Case("measurement-batch-2^31", "POST", "/v1/measurements",
+         lambda: {"json": batch({**MEASUREMENT, "batch_size": 2**31})}, 422, "validation_error"),
+    Case("measurement-batch-true", "POST", "/v1/measurements",
+         lambda: {"json": batch({**MEASUREMENT, "batch_size": True})}, 422, "validation_error"),
     Case("measurement-config-nul", "POST", "/v1/measurements",
-         lambda: {"json": {**MEASUREMENT, "config": {"model": "res\x00net"}}}, 422, "validation_error"),
+         lambda: {"json": batch({**MEASUREMENT, "config": {"model": "res\x00net"}})}, 422, "validation_error"),
     Case("measurement-context-nan", "POST", "/v1/measurements",
-         lambda: raw_json(json.dumps({**MEASUREMENT, "context": {"clock": math.nan}})), 422, "validation_error"),
+         lambda: raw_json(json.dumps(batch({**MEASUREMENT, "context": {"clock": math.nan}}))), 422, "validation_error"),
     Case("hardware-name-lone-surrogate", "POST", "/v1/hardware",
          lambda: raw_json(json.dumps({**HARDWARE, "name": "\ud800"})), 422, "validation_error"),
     Case("hardware-name-nul", "POST", "/v1/hardware", lambda: {"json": {**HARDWARE, "name": "a\x00b"}}, 422,
@@ -363,7 +369,7 @@ def test_default_limits_refuse_a_body_over_32_mib(settings: Settings) -> None:
     assert Settings.model_fields["max_json_bytes"].default == 32 * MiB
     upgrade(settings.database_url)
     with TestClient(app.main.create_app(settings)) as client:
-        body = json.dumps({**MEASUREMENT, "config": {"s": "x" * (33 * MiB)}}).encode()
+        body = json.dumps(batch({**MEASUREMENT, "config": {"s": "x" * (33 * MiB)}})).encode()
         r = client.post("/v1/measurements", content=body, headers={"content-type": "application/json"})
     assert r.status_code == 413
     assert r.json()["error"]["detail"] == {"limit": "json_bytes", "value": r.json()["error"]["detail"]["value"],
@@ -388,7 +394,8 @@ def _drive(application: Any, path: str, headers: list[tuple[bytes, bytes]], chun
             status.append(message["status"])
 
     scope = {"type": "http", "method": "POST", "path": path, "raw_path": path.encode(), "query_string": b"",
-             "headers": headers, "http_version": "1.1", "scheme": "http", "server": ("t", 80),
+             "headers": [(b"host", b"testserver"), *headers], "http_version": "1.1", "scheme": "http",
+             "server": ("t", 80),
              "client": ("c", 1), "root_path": "", "app": application}
     asyncio.run(application(scope, receive, send))
     return status[0], pulled
