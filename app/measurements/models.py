@@ -38,6 +38,8 @@ class Measurement(Base):
     repetitions: Mapped[int | None] = mapped_column(Integer, nullable=True)
     context: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     measured_at: Mapped[datetime | None] = mapped_column(nullable=True, index=True)
+    # the API key that reported it (app.auth); None for imports, anonymous reports and older rows
+    submitter: Mapped[str | None] = mapped_column(String(32), nullable=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

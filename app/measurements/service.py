@@ -20,7 +20,9 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.core.hardware import HardwareSpec
 from app.errors import Conflict, HardwareNotFound, InvalidRequest, LayercastError
+from app.hardware.service import get_spec
 from app.measurements.importers import IMPORT_SOURCES, MeasurementRecord, RecordStream
 from app.measurements.models import Measurement, MeasurementBatch
 from app.measurements.repository import MeasurementFilter, MeasurementRepository
@@ -33,6 +35,7 @@ from app.measurements.schemas import (
     MeasurementRead,
     RowError,
 )
+from app.measurements.validation import ImplausibleMeasurement, check_plausible
 
 MAX_PAGE = 1000
 
@@ -174,9 +177,12 @@ def batch_sha256(data: MeasurementBatchCreate) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _row_errors(repo: MeasurementRepository, rows: Sequence[MeasurementCreate]) -> list[RowError]:
-    """Every row a stored measurement cannot be made of: a reserved import source, an unknown device."""
+def _row_errors(session: Session, repo: MeasurementRepository, rows: Sequence[MeasurementCreate]) -> list[RowError]:
+    """Every row a stored measurement cannot be made of: a reserved import source, an unknown device, a
+    time the device cannot have taken (``implausible_measurement``:
+    :func:`app.measurements.validation.check_plausible`)."""
     known = repo.hardware_ids()
+    specs: dict[str, HardwareSpec] = {}
     errors: list[RowError] = []
     for i, row in enumerate(rows):
         if row.source in IMPORT_SOURCES:
@@ -185,6 +191,15 @@ def _row_errors(repo: MeasurementRepository, rows: Sequence[MeasurementCreate]) 
         if row.hardware_id not in known:
             errors.append(RowError(index=i, code="hardware_not_found", field="hardware_id",
                                    message=f"unknown hardware id {row.hardware_id!r}: register it first"))  # fmt: skip
+            continue
+        if row.hardware_id not in specs:
+            specs[row.hardware_id] = get_spec(session, hardware_id=row.hardware_id)
+        try:
+            check_plausible(time_ms=row.time_ms_median, granularity=row.granularity, config=dict(row.config),
+                            batch_size=row.batch_size, spec=specs[row.hardware_id], precision=str(row.precision),
+                            pass_=row.pass_.value, optimizer=row.optimizer)  # fmt: skip
+        except ImplausibleMeasurement as exc:
+            errors.append(RowError(index=i, code=exc.code, field="time_ms_median", message=exc.message))
     return errors
 
 
@@ -198,9 +213,11 @@ def _replay(row: MeasurementBatch, digest: str) -> MeasurementBatchRead:
 
 
 def create_measurements(
-    session: Session, *, data: MeasurementBatchCreate, idempotency_key: str | None = None
+    session: Session, *, data: MeasurementBatchCreate, idempotency_key: str | None = None,
+    submitter: str | None = None,
 ) -> MeasurementBatchRead:
-    """Store every measurement of ``data`` or none; returns their ids in batch order.
+    """Store every measurement of ``data`` or none, recorded as sent by the API key id ``submitter``;
+    returns their ids in batch order.
 
     With ``idempotency_key``: a batch stored before under the key with the same body (:func:`batch_sha256`)
     is answered again (``replayed``, nothing stored), one with another body raises
@@ -220,7 +237,7 @@ def create_measurements(
         seen = repo.batch(idempotency_key)
         if seen is not None:
             return _replay(seen, digest)
-    errors = _row_errors(repo, data.measurements)
+    errors = _row_errors(session, repo, data.measurements)
     if errors:
         raise InvalidMeasurements(
             f"{len({e.index for e in errors})} of {len(data.measurements)} rows cannot be stored "
@@ -233,7 +250,7 @@ def create_measurements(
             winner = repo.batch(idempotency_key)
             assert winner is not None  # the conflict was this key's committed row
             return _replay(winner, digest)
-    ids = repo.add_all([Measurement(**reported_record(m).to_row()) for m in data.measurements])
+    ids = repo.add_all([Measurement(**reported_record(m).to_row(), submitter=submitter) for m in data.measurements])
     if claim is not None:
         claim.measurement_ids = ids
         session.flush()

@@ -18,8 +18,30 @@ CPU hardware: a CPU spec whose identity (name, cores, vector width) equals a CPU
 the training machine sees exactly the training features. Any other CPU is unseen hardware.
 
 The model predicts ln ms at p10/p50/p90 of either a forward pass or a whole training step (forward +
-backward + optimizer update). A training query is featurised twice (forward row and train-step row) and
-the step is split with :func:`app.predictor.base.split_training_step`.
+backward + optimizer update). Whole-model assembly (issue 8 item 5) of a training query:
+
+* where the training data timed whole training steps under the query's stack (``train_step_stacks`` of the
+  artifact's scope, else :data:`DEFAULT_TRAIN_STEP_STACKS`: TF1 sessions on GPUs, the Justus data; PyTorch
+  eager on CPUs, the profiler), a forward row and a train-step row, the step split with
+  :func:`app.predictor.base.split_training_step`;
+* elsewhere (every PyTorch answer on a GPU) the backward comes from the forward prediction:
+  :func:`app.predictor.base.backward_from_forward_ms` scales the forward's work by the backward's physics
+  floor over the forward's (2 for a convolution or GEMM with both gradients, 1 for the first layer, the byte
+  ratio of memory-bound ops) times the family's measured excess (:class:`~app.predictor.base.BackwardExcess`:
+  convolutions 2.62 / 2 from the DeepBench ratios stored in the artifact's ``backward_forward_ratio``; other
+  families 1.0), plus the stack's per-kernel cost for each backward kernel; the optimizer step is the foreach
+  streaming update of :func:`app.predictor.roofline.streaming_update_ms`. A TF1 session's train steps (the
+  Justus backward at ~4x its forward, session overhead included) never reach a PyTorch answer.
+
+Precision transfer: an op kind that the training rows never showed on tensor cores (the artifact's feature
+range of ``uses_tensor_cores`` for that hardware and op kind is 0, e.g. GPU convolutions, which NeuSight and
+Justus measured in strict fp32) but that runs on them under the query's precision (TF32 convolutions under
+``fp32`` on Ampere and newer, autocast fp16/bf16) is predicted at :data:`REFERENCE_PRECISION` and carried over
+by :func:`app.predictor.base.transfer_precision_ms`: the launch cost stays, the work above it scales with
+the physics floor at the requested precision (tensor-core peak, 16-bit bytes). It assumes the tensor-core
+kernel reaches the strict-fp32 kernel's fraction of its floor; GEMMs measured both ways (NeuSight fp32,
+Vidur fp16) reach 0.6-0.75 of it, so the transfer leans fast for large compute-bound convolutions (the floor
+clamp still bounds it). Such layers are flagged out of distribution with a note.
 
 Never faster than physics: v3 predicts ``ln(time / floor)`` through a softplus, so each quantile is at
 least the physics floor :func:`app.core.features.pass_floor_ms`; the served times are also clamped to it
@@ -37,7 +59,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,21 +67,45 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from app.core.costs import LayerCost
+from app.core.costs import optimizer_update_cost
 from app.core.features import (
     ACTIVATIONS,
     DEFAULT_STACK,
     FEATURE_NAMES,
+    FeatureInput,
     features_from_raw,
     floor_ms_from_raw,
+    pass_floor_ms,
+    precision_spec,
+    raw_matrix,
     select_features,
 )
 from app.core.hardware import HardwareSpec, hardware_from_dict
-from app.core.ir import ConvAttrs, Layer, OpKind
-from app.predictor.base import LayerTimeEstimate, LayerTimeQuery, split_training_step
-from app.predictor.table import Estimates, LayerTable, Setting, raw_for, update_cost
+from app.core.ir import ConvAttrs, OpKind
+from app.core.precision import TENSOR_CORE_KINDS, Precision, floors_by_pass_ms, op_precision, physics_floor_ms
+from app.core.roofline import roofline_time_s
+from app.core.vocab import Pass
+from app.predictor.base import (
+    PHYSICS_EXCESS,
+    BackwardExcess,
+    LayerTimeEstimate,
+    LayerTimeQuery,
+    backward_excess_from_ratios,
+    backward_from_forward_ms,
+    split_training_step,
+    transfer_precision_ms,
+)
+from app.predictor.roofline import KERNEL_FLOOR_MS_BY_STACK, streaming_update_ms
 
 RANGE_MARGIN = 0.05
+#: The precision an op kind that was never measured on tensor cores is predicted at before the physics floors
+#: carry it to the requested one: strict fp32, which every device runs and every GPU source measured.
+REFERENCE_PRECISION = Precision.FP32_STRICT
+#: Stacks under which the training data timed whole training steps, per hardware kind, for artifacts whose
+#: ``applies_to`` does not list ``train_step_stacks``: on GPUs only the Justus et al. 2018 TensorFlow 1.x
+#: sessions time a training step (NeuSight and Vidur time forward kernels); on CPUs the project's profiler
+#: times PyTorch-eager steps.
+DEFAULT_TRAIN_STEP_STACKS: Mapping[str, tuple[str, ...]] = {"gpu": ("tf1-session",), "cpu": ("pytorch-eager",)}
 
 
 class LearnedPredictor:
@@ -97,20 +143,20 @@ class LearnedPredictor:
                 spec = hardware_from_dict(dict(d))
                 self._cpu_specs[_cpu_identity(spec)] = spec
         self._scope = _applies_to(metadata.get("applies_to", {}))
+        conv_excess = backward_excess_from_ratios(metadata.get("backward_forward_ratio"))
+        self._excess: dict[OpKind, BackwardExcess] = (
+            {OpKind.CONV: conv_excess, OpKind.CONV_TRANSPOSE: conv_excess} if conv_excess is not None else {})
 
     def applies(self, query: LayerTimeQuery) -> str | None:
         """``None`` when this predictor can serve ``query``, else the reason it cannot."""
-        return self.applies_layer(query.layer, query.cost, query.hardware.kind)
-
-    def applies_layer(self, layer: Layer, cost: LayerCost, hardware_kind: str) -> str | None:
-        """``None`` when this predictor can serve ``layer`` on a device of ``hardware_kind``, else why not."""
+        layer, cost = query.layer, query.cost
         if not cost.supported:
             return "unsupported op"
-        scope = self._scope.get(hardware_kind)
+        scope = self._scope.get(query.hardware.kind)
         if scope is None:
-            return f"learned model has no measurements on {hardware_kind} devices"
+            return f"learned model has no measurements on {query.hardware.kind} devices"
         if layer.kind.value not in scope["op_kinds"]:
-            return f"no measurements for op kind {layer.kind.value} on {hardware_kind}"
+            return f"no measurements for op kind {layer.kind.value} on {query.hardware.kind}"
         if not layer.inputs or not layer.outputs:
             return "layer without shapes"
         if layer.kind is OpKind.CONV:
@@ -145,193 +191,178 @@ class LearnedPredictor:
             return np.zeros((0, 3), dtype=np.float32)
         return self._session.run(None, {self._input: x})[0]
 
-    def _range_notes(self, hw_kind: str, table: LayerTable, idx: np.ndarray, feats: np.ndarray) -> list[str | None]:
-        """Per row ``idx`` of ``table`` (features ``feats`` ``[len(idx), len(FEATURE_NAMES)]``): the note on
-        features outside the widened training range of its (hardware kind, op kind), or on missing training
-        rows of that op kind; ``None`` when inside."""
-        x = select_features(feats, self.feature_names)
-        notes: list[str | None] = [None] * len(idx)
-        kinds = [table.kinds[i] for i in idx.tolist()]
-        for kind in set(kinds):
-            rows = np.asarray([j for j, k in enumerate(kinds) if k is kind], dtype=np.intp)
-            rng = self._ranges.get((hw_kind, kind.value)) or self._ranges.get((hw_kind, "*"))
-            if rng is None:
-                for j in rows.tolist():
-                    notes[j] = f"no {hw_kind} training rows of op kind {kind.value}"
-                continue
-            out = (x[rows] < rng[0]) | (x[rows] > rng[1])
-            hits = np.nonzero(out.any(axis=1))[0]
-            for h in hits.tolist():
-                notes[int(rows[h])] = "features outside the training range: " + ", ".join(
-                    self.feature_names[c] for c in np.nonzero(out[h])[0].tolist())
-        return notes
-
-    def _setting_notes(self, s: Setting, seen: bool) -> tuple[list[str], list[str]]:
-        """Notes that hold for every row of a setting: (before the range note, after it; the optimizer note
-        is added per row with parameters)."""
-        hw = s.hardware
-        before = [] if seen else [f"hardware {hw.id!r} ({hw.name}) was not in the training data"]
-        scope = self._scope.get(hw.kind, {})
-        after: list[str] = []
-        if s.software_stack.value not in scope.get("stacks", (DEFAULT_STACK,)):
-            after.append(f"software stack {s.software_stack.value!r} was not measured")
-        return before, after
-
-    def _layer_notes(self, layer: Layer) -> tuple[str, ...]:
+    def _ood_notes(self, q: LayerTimeQuery, feats: np.ndarray, seen: bool) -> list[str]:
         notes: list[str] = []
-        act = layer.activation
+        if not seen:
+            notes.append(f"hardware {q.hardware.id!r} ({q.hardware.name}) was not in the training data")
+        x = select_features(feats[None, :], self.feature_names)[0]
+        rng = self._ranges.get((q.hardware.kind, q.layer.kind.value)) or self._ranges.get((q.hardware.kind, "*"))
+        if rng is None:
+            notes.append(f"no {q.hardware.kind} training rows of op kind {q.layer.kind.value}")
+        else:
+            out = np.nonzero((x < rng[0]) | (x > rng[1]))[0]
+            if len(out):
+                notes.append("features outside the training range: " + ", ".join(self.feature_names[i] for i in out))
+        scope = self._scope.get(q.hardware.kind, {})
+        if q.software_stack.value not in scope.get("stacks", (DEFAULT_STACK,)):
+            notes.append(f"software stack {q.software_stack.value!r} was not measured")
+        if q.mode == "training" and q.optimizer not in scope.get("optimizers", ()) and q.cost.params:
+            notes.append(f"optimizer {q.optimizer!r} was not measured")
+        if str(q.precision) not in scope.get("measured_precision", scope.get("precision", ("fp32",))):
+            notes.append(f"precision {str(q.precision)!r} was not measured")
+        act = q.layer.activation
         if act not in ACTIVATIONS and act != "none":
             notes.append(f"fused activation {act!r} was not measured")
-        if isinstance(layer.attrs, ConvAttrs) and any(d != 1 for d in layer.attrs.dilations):
+        if isinstance(q.layer.attrs, ConvAttrs) and any(d != 1 for d in q.layer.attrs.dilations):
             notes.append("dilated convolutions were not measured")
-        return tuple(notes)
+        return notes
 
-    def prepare(self, table: LayerTable, idx: np.ndarray, setting: Setting) -> _Prepared:
-        """Feature rows of rows ``idx`` of ``table`` in ``setting``: a forward row per layer and, in training, a
-        train-step row (interleaved: forward, train-step). Raises ``ValueError`` for a row :meth:`applies`
-        rejects or an unknown mode."""
-        s = setting
-        if s.mode not in ("training", "inference"):
-            raise ValueError(f"mode must be 'training' or 'inference', got {s.mode!r}")
-        for i in idx.tolist():
-            reason = self.applies_layer(table.layers[i], table.costs[i], s.hardware.kind)
-            if reason is not None:
-                raise ValueError(f"LearnedPredictor cannot estimate {table.layers[i].name!r}: {reason}")
-        hw, seen = self._canonical(s.hardware)
-        prec, stack = str(s.precision), s.software_stack.value
-        raw_f = raw_for(table, hw, pass_="forward", optimizer="none", precision=prec, stack=stack)[idx]
-        if s.mode == "training":
-            raw_t = raw_for(table, hw, pass_="train_step", optimizer=s.optimizer, precision=prec, stack=stack,
-                            optimizer_per_params=True)[idx]
-            raw = np.empty((2 * len(idx), raw_f.shape[1]))
-            raw[0::2], raw[1::2] = raw_f, raw_t
+    def _plan(self, q: LayerTimeQuery) -> _Plan:
+        """Validate ``q`` and decide how it is answered (see module docstring, "Whole-model assembly")."""
+        reason = self.applies(q)
+        if reason is not None:
+            raise ValueError(f"LearnedPredictor cannot estimate {q.layer.name!r}: {reason}")
+        if q.mode not in ("training", "inference"):
+            raise ValueError(f"mode must be 'training' or 'inference', got {q.mode!r}")
+        hw, seen = self._canonical(q.hardware)
+        prec, stack = str(q.precision), q.software_stack.value
+        spec = precision_spec(hw, prec)
+        # never measured on tensor cores: answer at the reference precision, carried over by the floors
+        tensor_cores = op_precision(spec, prec, q.layer.kind).tensor_cores
+        rng = self._ranges.get((hw.kind, q.layer.kind.value)) or self._ranges.get((hw.kind, "*"))
+        tc_col = self.feature_names.index("uses_tensor_cores") if "uses_tensor_cores" in self.feature_names else None
+        transfer = bool(tensor_cores and (rng is None or tc_col is None or rng[1][tc_col] < 0.5))
+        training = q.mode == "training"
+        learned_step = training and stack in self._scope[hw.kind]["train_step_stacks"]
+        fwd_floor = physics_floor_ms(q.layer, q.cost, spec, prec, Pass.FORWARD)
+        bwd_floor = floors_by_pass_ms(q.layer, q.cost, spec, prec, training=True)[1] if training else 0.0
+        step_floor = pass_floor_ms(layer=q.layer, cost=q.cost, hardware=hw, pass_="train_step",
+                                   optimizer=self._step_optimizer(q), precision=prec) if learned_step else 0.0
+        c = q.cost
+        if q.layer.kind in TENSOR_CORE_KINDS:
+            n_bwd = int(c.backward_input_flops > 0) + int(c.backward_weight_flops > 0)
         else:
-            raw = raw_f
-        return _Prepared(table=table, idx=idx, setting=s, seen=seen, raw=raw, features=features_from_raw(raw))
+            n_bwd = int(c.backward_flops > 0 or c.backward_bytes > 0)
+        return _Plan(q, hw, seen, transfer, learned_step, fwd_floor, bwd_floor, step_floor, n_bwd,
+                     KERNEL_FLOOR_MS_BY_STACK[q.software_stack])
 
-    def finish(self, prep: _Prepared, out_ln: np.ndarray) -> Estimates:
-        """Estimates of a :meth:`prepare` from the model's ln-ms quantiles ``out_ln`` ``[rows, 3]`` of its features."""
-        s, table, idx = prep.setting, prep.table, prep.idx
-        # never below the physics floor (the graph guarantees it up to float32 rounding; this in float64)
-        out_ms = np.maximum(np.exp(out_ln.astype(np.float64)), floor_ms_from_raw(prep.raw)[:, None])
-        training = s.mode == "training"
-        f_rows = out_ms[0::2] if training else out_ms
-        fwd = f_rows[:, 1]
-        before, after = self._setting_notes(s, prep.seen)
-        scope = self._scope.get(s.hardware.kind, {})
-        precision_note = ([f"precision {str(s.precision)!r} was not measured"]
-                          if str(s.precision) not in scope.get("measured_precision", scope.get("precision", ("fp32",)))
-                          else [])
-        opt_note = (f"optimizer {s.optimizer!r} was not measured"
-                    if training and s.optimizer not in scope.get("optimizers", ()) else None)
-        layer_notes = table.memo(("learned-layer-notes", self.version), lambda: [
-            self._layer_notes(layer) for layer in table.layers])
-        assert isinstance(layer_notes, list)
-        f_range = self._range_notes(s.hardware.kind, table, idx, prep.features[0::2] if training else prep.features)
-        if training:
-            t_rows = out_ms[1::2]
-            t_range = self._range_notes(s.hardware.kind, table, idx, prep.features[1::2])
-            total = t_rows[:, 1]
-            p10, p90 = t_rows[:, 0], t_rows[:, 2]
-            fwd_out, bwd_out, upd_out = self._split(table, idx, s, total=total, forward=fwd)
-        else:
-            t_range = f_range
-            p10, p90 = f_rows[:, 0], f_rows[:, 2]
-            fwd_out, bwd_out, upd_out = fwd, np.zeros_like(fwd), np.zeros_like(fwd)
-        params = table.params[idx]
-        notes: list[tuple[str, ...]] = []
-        for j, i in enumerate(idx.tolist()):
-            row = list(before)
-            if t_range[j] is not None:
-                row.append(t_range[j])  # type: ignore[arg-type]
-            row += after
-            if opt_note is not None and params[j] > 0:
-                row.append(opt_note)
-            row += precision_note
-            row += layer_notes[i]
-            if training and f_range[j] is not None and f_range[j] not in row:
-                row.append(f_range[j])  # type: ignore[arg-type]
-            notes.append(tuple(row))
-        parts_sum = fwd_out + bwd_out + upd_out
-        return Estimates(
-            forward_ms=fwd_out, backward_ms=bwd_out, update_ms=upd_out,
-            total_ms_p10=np.minimum(p10, parts_sum), total_ms_p90=np.maximum(p90, parts_sum),
-            method=["learned"] * len(idx), out_of_distribution=np.asarray([bool(n) for n in notes], dtype=bool),
-            notes=notes,
-        )
-
-    def estimate_tables(self, items: Sequence[tuple[LayerTable, np.ndarray, Setting]]) -> list[Estimates]:
-        """Estimates of rows ``idx`` of each ``(table, idx, setting)``, every item's feature rows through one
-        ``session.run``. Raises ``ValueError`` for a row :meth:`applies` rejects or an unknown mode."""
-        preps = [self.prepare(t, idx, s) for t, idx, s in items]
-        if not preps:
-            return []
-        feats = np.concatenate([p.features for p in preps]) if len(preps) > 1 else preps[0].features
-        out = self.run_features(feats)
-        results, start = [], 0
-        for p in preps:
-            stop = start + len(p.features)
-            results.append(self.finish(p, out[start:stop]))
-            start = stop
-        return results
+    @staticmethod
+    def _step_optimizer(q: LayerTimeQuery) -> str:
+        return q.optimizer if q.cost.params else "none"
 
     def estimate(self, queries: Sequence[LayerTimeQuery]) -> list[LayerTimeEstimate]:
-        """One estimate per query (:meth:`estimate_tables` over the queries grouped by setting).
+        """One estimate per query, all in one ``session.run`` (stages: plan, featurise, run, assemble).
 
         Raises ``ValueError`` for a query :meth:`applies` rejects or with an unknown mode.
         """
-        return estimate_queries(queries, self.estimate_tables)
+        plans = [self._plan(q) for q in queries]
+        rows: list[FeatureInput] = []
+        for p in plans:
+            q = p.query
+            prec = REFERENCE_PRECISION.value if p.transfer else str(q.precision)
+            stack = q.software_stack.value
+            rows.append(FeatureInput(q.layer, q.cost, p.hardware, "forward", "none", prec, stack))
+            if p.learned_step:
+                rows.append(FeatureInput(q.layer, q.cost, p.hardware, "train_step", self._step_optimizer(q), prec,
+                                         stack))
+        raw = raw_matrix(rows)
+        feats = features_from_raw(raw)
+        out_ln = self.run_features(feats).astype(np.float64)
+        # never below the physics floor of the row (the graph guarantees it up to float32 rounding; this in float64)
+        row_floor = floor_ms_from_raw(raw)
+        out_ms = np.maximum(np.exp(out_ln), row_floor[:, None])
+        results: list[LayerTimeEstimate] = []
+        i = 0
+        for p in plans:
+            n = 2 if p.learned_step else 1
+            results.append(self._assemble(p, out_ms[i:i + n], row_floor[i:i + n], feats[i:i + n]))
+            i += n
+        return results
 
-    def _split(self, table: LayerTable, idx: np.ndarray, s: Setting, *, total: np.ndarray,
-               forward: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(forward, backward, update) of each train-step row: :func:`split_training_step` with the update's and
-        the backward's roofline times at the device's peak for the precision."""
-        hw = s.hardware
-        peak = float(hw.peak_for(s.precision))
+    def _assemble(self, p: _Plan, out_ms: np.ndarray, row_floor: np.ndarray, feats: np.ndarray) -> LayerTimeEstimate:
+        """One estimate from the model's quantiles ``out_ms`` ``[rows, 3]`` (ms; forward row, then the train-step
+        row when ``p.learned_step``) at the precision the rows were featurised with."""
+        q = p.query
+        notes = self._ood_notes(q, feats[0], p.seen)
+        if p.learned_step:
+            notes += [n for n in self._ood_notes(q, feats[1], p.seen) if n not in notes]
+        fwd_q = out_ms[0]
+        if p.transfer:
+            fwd_q = np.array([transfer_precision_ms(time_ms=float(t), floor_from_ms=float(row_floor[0]),
+                                                    floor_to_ms=p.forward_floor_ms, overhead_ms=p.kernel_ms)
+                              for t in fwd_q])  # fmt: skip
+            notes.insert(0, f"{q.layer.kind.value} was not measured on tensor cores: predicted at "
+                            f"{REFERENCE_PRECISION.value} and carried to {q.precision} by the physics floors "
+                            "(same efficiency above the launch cost)")
+        if q.mode == "inference":
+            f10, f50, f90 = (float(v) for v in fwd_q)
+            return self._estimate(f50, 0.0, 0.0, f10, f90, notes)
+        if p.learned_step:
+            step_q = out_ms[1]
+            if p.transfer:
+                over = p.kernel_ms * (1 + p.backward_kernels)
+                step_q = np.array([transfer_precision_ms(time_ms=float(t), floor_from_ms=float(row_floor[1]),
+                                                         floor_to_ms=p.step_floor_ms, overhead_ms=over)
+                                   for t in step_q])  # fmt: skip
+            parts = self._split(q, total=float(step_q[1]), forward=float(fwd_q[1]))
+            return self._estimate(*parts, min(float(step_q[0]), sum(parts)), max(float(step_q[2]), sum(parts)),
+                                  notes)
+        excess = self._excess.get(q.layer.kind, PHYSICS_EXCESS)
+        upd = streaming_update_ms(q)
+
+        def bwd(forward_ms: float, ratio: float) -> float:
+            return backward_from_forward_ms(forward_ms=forward_ms, floor_forward_ms=p.forward_floor_ms,
+                                            floor_backward_ms=p.backward_floor_ms, kernels=p.backward_kernels,
+                                            kernel_ms=p.kernel_ms, excess=ratio)  # fmt: skip
+
+        f10, f50, f90 = (float(v) for v in fwd_q)
+        b50 = bwd(f50, excess.median)
+        how = f"backward from the forward: {excess.median:.3g} x the physics-floor ratio ({excess.source})"
+        # the interval is the forward's (conformal, leave-one-GPU-out) carried through the same ratio
+        return self._estimate(f50, b50, upd, f10 + bwd(f10, excess.median) + upd,
+                              f90 + bwd(f90, excess.median) + upd, notes, (how,))
+
+    @staticmethod
+    def _estimate(fwd: float, bwd: float, upd: float, p10: float, p90: float, ood_notes: list[str],
+                  info: tuple[str, ...] = ()) -> LayerTimeEstimate:
+        """The estimate of passes (ms) and total quantiles; out of distribution when any ``ood_notes``."""
+        total = fwd + bwd + upd
+        return LayerTimeEstimate(forward_ms=fwd, backward_ms=bwd, update_ms=upd, total_ms_p10=min(p10, total),
+                                 total_ms_p90=max(p90, total), method="learned", out_of_distribution=bool(ood_notes),
+                                 notes=(*ood_notes, *info))  # fmt: skip
+
+    @staticmethod
+    def _split(q: LayerTimeQuery, *, total: float, forward: float) -> tuple[float, float, float]:
+        hw = q.hardware
+        peak = float(hw.peak_for(q.precision))
         bw = float(hw.memory_bandwidth_bytes_per_s)
-        upd_flops, upd_bytes = update_cost(table.params[idx], s.optimizer)
-        update = np.maximum(upd_flops / peak, upd_bytes / bw) * 1e3
-        bwd_min = np.maximum(table.backward_flops[idx] / peak, table.backward_bytes[idx] / bw) * 1e3
-        parts = [split_training_step(total_ms=t, forward_ms=f, update_ms=u, backward_min_ms=b)
-                 for t, f, u, b in zip(total.tolist(), forward.tolist(), update.tolist(), bwd_min.tolist(),
-                                       strict=True)]
-        arr = np.asarray(parts, dtype=np.float64).reshape(len(parts), 3)
-        return arr[:, 0], arr[:, 1], arr[:, 2]
+        c = q.cost
+        upd_flops, upd_bytes = optimizer_update_cost(c.params, q.optimizer)
+        update = roofline_time_s(upd_flops, upd_bytes, peak_flops_per_s=peak, bandwidth_bytes_per_s=bw) * 1e3
+        bwd_min = (
+            roofline_time_s(c.backward_flops, c.backward_bytes, peak_flops_per_s=peak, bandwidth_bytes_per_s=bw) * 1e3
+        )
+        return split_training_step(total_ms=total, forward_ms=forward, update_ms=update, backward_min_ms=bwd_min)
 
 
 @dataclass(frozen=True, slots=True)
-class _Prepared:
-    """Feature rows of one table item (:meth:`LearnedPredictor.prepare`)."""
+class _Plan:
+    """How one query is answered: the spec it is featurised with (``hardware``), whether that device is in the
+    training data (``seen``), whether it is predicted at :data:`REFERENCE_PRECISION` and carried over
+    (``transfer``), whether a learned train-step row times the step (``learned_step``) or the backward comes
+    from the forward, the floors (ms, at the query's precision) of the forward, backward and train step, the
+    backward's kernel launches and the stack's fixed cost per kernel (ms)."""
 
-    table: LayerTable
-    idx: np.ndarray
-    setting: Setting
+    query: LayerTimeQuery
+    hardware: HardwareSpec
     seen: bool
-    raw: np.ndarray
-    features: np.ndarray
-
-
-def estimate_queries(
-    queries: Sequence[LayerTimeQuery],
-    estimate_tables: Callable[[Sequence[tuple[LayerTable, np.ndarray, Setting]]], list[Estimates]],
-) -> list[LayerTimeEstimate]:
-    """Scalar queries through a table estimator (one path for every caller): grouped by setting (device
-    object, mode, optimizer, precision, stack) into one table each, all groups in one ``estimate_tables`` call,
-    answered in query order."""
-    groups: dict[tuple[int, str, str, str, str], list[int]] = {}
-    for i, q in enumerate(queries):
-        groups.setdefault((id(q.hardware), q.mode, q.optimizer, str(q.precision), str(q.software_stack)), []).append(i)
-    items = []
-    for rows in groups.values():
-        q0 = queries[rows[0]]
-        table = LayerTable([queries[i].layer for i in rows], [queries[i].cost for i in rows], reference=q0.hardware)
-        items.append((table, np.arange(len(rows)), Setting(q0.hardware, q0.mode, q0.optimizer, q0.precision,
-                                                           q0.software_stack)))
-    out: list[LayerTimeEstimate | None] = [None] * len(queries)
-    for rows, est in zip(groups.values(), estimate_tables(items), strict=True):
-        for i, e in zip(rows, est.to_list(), strict=True):
-            out[i] = e
-    return [e for e in out if e is not None]
+    transfer: bool
+    learned_step: bool
+    forward_floor_ms: float
+    backward_floor_ms: float
+    step_floor_ms: float
+    backward_kernels: int
+    kernel_ms: float
 
 
 def _cpu_identity(hw: HardwareSpec) -> tuple[str, int, int | None]:
@@ -353,6 +384,7 @@ def _applies_to(applies: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
             "precision": frozenset(a.get("precision", ("fp32",))),
             "measured_precision": frozenset(a.get("measured_precision", a.get("precision", ("fp32",)))),
             "stacks": frozenset(a.get("stacks", (DEFAULT_STACK,))),
+            "train_step_stacks": frozenset(a.get("train_step_stacks", DEFAULT_TRAIN_STEP_STACKS.get(str(kind), ()))),
         }
     return out
 

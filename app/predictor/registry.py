@@ -18,11 +18,14 @@ from pathlib import Path
 
 import numpy as np
 
+from app.core.costs import LayerCost
+from app.core.hardware import HardwareSpec
+from app.core.ir import Layer
 from app.predictor.base import LayerTimeEstimate, LayerTimeQuery
 from app.predictor.metadata import ArtifactMetadata, verify_sha256
-from app.predictor.onnx_model import LearnedPredictor, estimate_queries, read_metadata
+from app.predictor.onnx_model import LearnedPredictor, read_metadata
 from app.predictor.roofline import RooflineConstants, RooflinePredictor
-from app.predictor.table import Estimates, LayerTable, Setting, clamp_to_floors, scatter
+from app.predictor.table import Estimates, LayerTable, Setting, clamp_to_floors, estimate_queries, scatter
 
 CURRENT_FILE = "CURRENT"
 
@@ -57,7 +60,7 @@ class CompositePredictor:
 
         def build() -> tuple[np.ndarray, dict[int, str]]:
             reasons = {i: r for i, (layer, cost) in enumerate(zip(table.layers, table.costs, strict=True))
-                       if (r := self.learned.applies_layer(layer, cost, hw_kind)) is not None}
+                       if (r := self.learned.applies(_probe(layer, cost, hw_kind))) is not None}
             learned = np.asarray([i for i in range(len(table)) if i not in reasons], dtype=np.intp)
             return learned, reasons
 
@@ -101,7 +104,7 @@ class CompositePredictor:
             fb = np.setdiff1d(idx, lrn, assume_unique=True) if len(reasons) else np.zeros(0, dtype=np.intp)
             learned_items.append((table, lrn, s))
             fallback_parts.append((fb, self._fallback(table, fb, reasons, s)))
-        learned = self.learned.estimate_tables(learned_items)
+        learned = self._learned(learned_items)
         out = []
         for (table, idx, s), (_, lrn, _), (fb, fb_est), lrn_est in zip(
                 items, learned_items, fallback_parts, learned, strict=True):
@@ -109,6 +112,19 @@ class CompositePredictor:
             pos[idx] = np.arange(len(idx))
             merged = scatter(len(idx), [(pos[lrn], lrn_est), (pos[fb], Estimates.from_list(fb_est))])
             out.append(clamp_to_floors(table, idx, s, merged))
+        return out
+
+    def _learned(self, items: Sequence[tuple[LayerTable, np.ndarray, Setting]]) -> list[Estimates]:
+        """The learned model's estimates of rows ``idx`` of each item, all items' rows in one
+        :meth:`LearnedPredictor.estimate` call (one ``session.run``)."""
+        queries = [LayerTimeQuery(layer=t.layers[i], cost=t.costs[i], hardware=s.hardware, mode=s.mode,
+                                  optimizer=s.optimizer, precision=s.precision, software_stack=s.software_stack)
+                   for t, idx, s in items for i in idx.tolist()]
+        found = self.learned.estimate(queries) if queries else []
+        out, start = [], 0
+        for _, idx, _ in items:
+            out.append(Estimates.from_list(found[start:start + len(idx)]))
+            start += len(idx)
         return out
 
     def estimate(self, queries: Sequence[LayerTimeQuery]) -> list[LayerTimeEstimate]:
@@ -119,6 +135,19 @@ class CompositePredictor:
             if not q.cost.supported:
                 raise ValueError(f"layer {q.layer.name!r} ({q.layer.op_type}) is unsupported; do not estimate it")
         return estimate_queries(queries, self.estimate_tables)
+
+
+def _probe(layer: Layer, cost: LayerCost, hw_kind: str) -> LayerTimeQuery:
+    """A query on a placeholder device of ``hw_kind``: :meth:`LearnedPredictor.applies` reads only the layer,
+    its cost and the device kind (the routing is memoised per table and kind)."""
+    return LayerTimeQuery(layer=layer, cost=cost, hardware=_KIND_DEVICE[hw_kind], mode="inference", optimizer="none")
+
+
+_KIND_DEVICE: dict[str, HardwareSpec] = {
+    k: HardwareSpec(id=f"probe-{k}", name=f"{k} probe", vendor="probe", kind=k, memory_bytes=1.0,
+                    memory_bandwidth_bytes_per_s=1.0, peak_flops_per_s={"fp32": 1.0}, compute_units=1)
+    for k in ("gpu", "cpu")
+}
 
 
 def current_stem(models_dir: Path) -> str:

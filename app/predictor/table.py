@@ -20,7 +20,7 @@ Tests pin each equality on real graphs (``tests/predictor/test_table.py``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,7 +49,7 @@ from app.core.precision import (
     min_algorithm_flops_factor,
 )
 from app.core.vocab import SoftwareStack
-from app.predictor.base import LayerTimeEstimate
+from app.predictor.base import LayerTimeEstimate, LayerTimeQuery
 
 #: RAW_FIELDS columns that depend on the device, precision, pass, optimizer or stack (recomputed per setting
 #: by :func:`raw_for`); every other column depends on the layer alone and is read from the table.
@@ -425,3 +425,27 @@ def clamp_to_floors(table: LayerTable, idx: np.ndarray, setting: Setting, est: E
         method=est.method, out_of_distribution=est.out_of_distribution, notes=notes,
         physics_floor_ms=floor_sum, floor_clamped=clamped,
     )
+
+
+def estimate_queries(
+    queries: Sequence[LayerTimeQuery],
+    estimate_tables: Callable[[Sequence[tuple[LayerTable, np.ndarray, Setting]]], list[Estimates]],
+) -> list[LayerTimeEstimate]:
+    """Scalar queries through a table estimator (one path for every caller): grouped by setting (device
+    object, mode, optimizer, precision, stack) into one table each, all groups in one ``estimate_tables`` call,
+    answered in query order."""
+    groups: dict[tuple[int, str, str, str, str], list[int]] = {}
+    for i, q in enumerate(queries):
+        groups.setdefault((id(q.hardware), q.mode, q.optimizer, str(q.precision), str(q.software_stack)), []).append(i)
+    items = []
+    for rows in groups.values():
+        q0 = queries[rows[0]]
+        table = LayerTable([queries[i].layer for i in rows], [queries[i].cost for i in rows], reference=q0.hardware)
+        items.append((table, np.arange(len(rows)), Setting(q0.hardware, q0.mode, q0.optimizer, q0.precision,
+                                                           q0.software_stack)))
+    out: list[LayerTimeEstimate | None] = [None] * len(queries)
+    for rows, est in zip(groups.values(), estimate_tables(items), strict=True):
+        for i, e in zip(rows, est.to_list(), strict=True):
+            out[i] = e
+    return [e for e in out if e is not None]
+

@@ -27,7 +27,7 @@ from app.core.precision import (
 from app.core.vocab import SoftwareStack
 from app.graphs.service import build_graph
 from app.hardware.catalog import load_catalog
-from app.predictor.base import LayerTimeQuery
+from app.predictor.base import LayerTimeEstimate, LayerTimeQuery
 from app.predictor.registry import load_predictor
 from app.predictor.table import LayerTable, Setting, floors_for, op_peaks, raw_for, roofline_for
 from tests.helpers import light_model
@@ -97,6 +97,15 @@ def test_floors_peaks_and_roofline_equal_the_scalar_definitions(resnet: GraphAna
             assert roof.nbytes[i] == r.forward_bytes + r.backward_bytes
 
 
+def same(a: list[LayerTimeEstimate], b: list[LayerTimeEstimate]) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        assert (x.method, x.notes, x.out_of_distribution, x.floor_clamped) == (
+            y.method, y.notes, y.out_of_distribution, y.floor_clamped)
+        assert [x.forward_ms, x.backward_ms, x.update_ms, x.total_ms_p10, x.total_ms_p90] == pytest.approx(
+            [y.forward_ms, y.backward_ms, y.update_ms, y.total_ms_p10, y.total_ms_p90], rel=1e-6)
+
+
 def test_estimate_tables_equals_per_query_estimates_in_any_grouping(resnet: GraphAnalysis) -> None:
     """One table for the whole graph, or the queries in mixed order over two devices: the same answers."""
     predictor = load_predictor(REPO_ROOT / "models")
@@ -109,13 +118,15 @@ def test_estimate_tables_equals_per_query_estimates_in_any_grouping(resnet: Grap
     queries = [LayerTimeQuery(la, c, s.hardware, s.mode, s.optimizer, s.precision)
                for la, c in zip(table.layers, table.costs, strict=True) for s in (s1, s2)]
     mixed = predictor.estimate(queries)
-    assert mixed[0::2] == whole[0].to_list()
-    assert mixed[1::2] == whole[1].to_list()
+    # onnxruntime's float32 kernels may round the same row differently in batches of another size: equal to
+    # 1e-6, every note and method identical
+    same(mixed[0::2], whole[0].to_list())
+    same(mixed[1::2], whole[1].to_list())
     assert {e.method for e in mixed} == {"learned", "roofline"}
     # a subset of rows answers exactly those rows
     idx = np.arange(0, len(table), 7)
     (part,) = predictor.estimate_tables([(table, idx, s1)])
-    assert part.to_list() == [whole[0].to_list()[i] for i in idx.tolist()]
+    same(part.to_list(), [whole[0].to_list()[i] for i in idx.tolist()])
 
 
 def test_unseen_cpu_and_seen_cpu_take_the_stored_spec_only_when_identical() -> None:
