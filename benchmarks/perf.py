@@ -122,9 +122,14 @@ def bench_layer_throughput(client: TestClient, ids: dict[str, str], repeats: int
                 items.append((t, np.arange(len(t)), Setting(hw, "training", "adam", Precision.FP32)))
     rows = sum(len(i[1]) for i in items)
     learned = predictor.learned
-    preps = [learned.prepare(t, learned_idx, s) for t, _, s in items
-             for learned_idx in [predictor._route(t, s.hardware.kind)[0]]]
-    feats = np.concatenate([p.features for p in preps])
+    from app.core.features import FeatureInput, features_from_raw, raw_matrix
+
+    fin = []
+    for t, _, st in items:
+        for i in predictor._route(t, st.hardware.kind)[0].tolist():
+            for pass_, opt in (("forward", "none"), ("train_step", "adam")):
+                fin.append(FeatureInput(t.layers[i], t.costs[i], st.hardware, pass_, opt, "fp32"))
+    feats = features_from_raw(raw_matrix(fin))  # the learned rows' forward and train-step features
     x = learned._session.get_inputs()[0].name
     from app.core.features import select_features
 
@@ -264,7 +269,7 @@ def bench_server(paths: dict[str, Path], tmp: Path) -> dict[str, Any]:
     port = _port()
     db = tmp / "server.db"
     env = {**os.environ, "LAYERCAST_DATABASE_URL": f"sqlite:///{db}", "LAYERCAST_LOG_LEVEL": "warning",
-           "LAYERCAST_MAX_UPLOAD_BYTES": str(1024**3)}
+           "LAYERCAST_MAX_UPLOAD_BYTES": str(1024**3), "LAYERCAST_RATE_LIMIT": ""}
     upgrade(env["LAYERCAST_DATABASE_URL"])  # migrated and seeded once, as after a first start
     cmd = [sys.executable, "-c", "import sys; from app.cli import main; sys.exit(main())", "serve", "--port",
            str(port)]
@@ -443,7 +448,9 @@ def main(argv: list[str] | None = None) -> int:
                                           "platform": platform.platform(), "processor": platform.processor()},
                               "repeats": args.repeats}
     with tempfile.TemporaryDirectory() as tmp:
-        settings = Settings(database_url=f"sqlite:///{tmp}/bench.db", models_dir=REPO / "models")
+        # TestClient's Host is "testserver"; no rate limit (the benchmark is one client on purpose)
+        settings = Settings(database_url=f"sqlite:///{tmp}/bench.db", models_dir=REPO / "models",
+                            allowed_hosts="testserver", rate_limit="")
         upgrade(settings.database_url)
         with TestClient(create_app(settings)) as client:
             ids = {}
