@@ -227,7 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import torch
 
-    from app.profiler.timing import bf16_supported, device_context, make_clock, measure_config
+    from app.profiler.timing import bf16_supported, device_context, make_clock, measure_config, record_machine
 
     torch.set_num_threads(args.threads)
     with contextlib.suppress(RuntimeError):  # already set: the inter-op pool has started
@@ -236,6 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     clock = make_clock(device)
     ctx = device_context(device)
     ctx["campaign_seed"] = args.seed
+    record_machine(args.out.parent, ctx)
     low_ok = {"fp32": True, "bf16": ctx["bf16_supported"] or device == "cpu",
               "fp16": device.startswith("cuda")}
     if "bf16" in precisions and not bf16_supported(device):
