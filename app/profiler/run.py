@@ -188,7 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--upload", metavar="URL", default=None,
                    help="when the campaign is done, post the shard's rows to the layercast service at URL")
     p.add_argument("--hardware-id", default=None,
-                   help="catalog id of this device on the server (required with --upload; the CPU seed uses local)")
+                   help="id of this device on the server (required with --upload): a catalog id, or for a CPU "
+                        "the id of the hardware.json written beside --out once added there (POST /v1/hardware); "
+                        "'local' only when the server runs on this machine")
     return p
 
 
