@@ -233,7 +233,7 @@ def create_measurements(
             winner = repo.batch(idempotency_key)
             assert winner is not None  # the conflict was this key's committed row
             return _replay(winner, digest)
-    ids = repo.add_all([Measurement(**reported_record(m).to_row()) for m in data.measurements])
+    ids = repo.insert_returning_ids([reported_record(m).to_row() for m in data.measurements])
     if claim is not None:
         claim.measurement_ids = ids
         session.flush()
