@@ -89,9 +89,11 @@ _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 # --------------------------------------------------------------------------------------------- metrics
 
 
-def record_prediction(*, predictor_version: str, methods: Mapping[str, int]) -> None:
-    """Count one served prediction and its layers per method (``PredictionRead.methods``)."""
-    PREDICTIONS.labels(predictor_version=predictor_version).inc()
+def record_prediction(*, predictor_version: str, methods: Mapping[str, int], count: int = 1) -> None:
+    """Count ``count`` served predictions (a batch item, a job estimate and a comparison row are one each)
+    and their layers per method (``PredictionRead.methods``; empty where a compact answer has no split)."""
+    if count:
+        PREDICTIONS.labels(predictor_version=predictor_version).inc(count)
     for method, layers in methods.items():
         if layers:
             PREDICTED_LAYERS.labels(predictor_version=predictor_version, method=method).inc(layers)

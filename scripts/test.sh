@@ -11,6 +11,18 @@ source scripts/venv.sh
 echo "==> installing layercast with the train and dev extras (torch==2.13.0)"
 "$VENV/bin/python" -m pip install --quiet --no-input -e '.[train,dev]'
 
+# The browser test (tests/test_web.py) drives Debian's chromium through chromedriver; it fails under CI=true
+# when they are missing, so install them here when we can (root with apt-get), best effort.
+if ! { command -v chromium && command -v chromedriver; } >/dev/null 2>&1; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    echo "==> installing chromium and chromium-driver (apt-get)"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        chromium chromium-driver; } || echo "warning: could not install chromium + chromium-driver" >&2
+  else
+    echo "warning: chromium + chromium-driver missing and not installable here (needs root and apt-get)" >&2
+  fi
+fi
+
 echo "==> ruff"
 "$VENV/bin/python" -m ruff check app tests migrations
 

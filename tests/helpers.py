@@ -1,8 +1,15 @@
-"""Shared test helpers (paths to shared data and to the onnx wheel's model-zoo graphs)."""
+"""Shared test helpers (paths to shared data and to the onnx wheel's model-zoo graphs; an app served by
+uvicorn on a free port)."""
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import onnx
 
@@ -23,3 +30,27 @@ def import_measurements(database_url: str, dataset: str, *args: str) -> None:
     code = main([dataset, "--database-url", database_url, *args])
     if code != 0:
         raise RuntimeError(f"layercast import {dataset} {' '.join(args)} failed with exit code {code}")
+
+
+@contextmanager
+def serve(app: Any, *, start_timeout_s: float = 60) -> Iterator[str]:
+    """Serve ``app`` with uvicorn on a free local port in a thread of this process (its lifespan run) and
+    yield its base URL; stopped on exit. For clients outside the process: a browser, ``curl``, a CLI."""
+    import uvicorn
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + start_timeout_s
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("uvicorn did not start")
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)

@@ -172,3 +172,26 @@ def test_readyz_503_without_predictor(client: TestClient) -> None:
     response = client.get("/readyz")
     assert response.status_code == 503
     assert response.json()["error"]["detail"] == {"database": "ok", "predictor": "missing"}
+
+
+def test_callers_endpoints_count_their_predictions(client: TestClient) -> None:
+    graph_id = client.post("/v1/graphs", json=SMALL_CNN).json()["id"]
+    version = client.get("/healthz").json()["predictor_version"]
+
+    def counted() -> float:
+        return _sample(client.get("/metrics").text, "layercast_predictions_total", predictor_version=version) or 0.0
+
+    start = counted()
+    items = [{"graph_id": graph_id, "hardware_id": hw, "batch_size": 8} for hw in ("p100", "v100-sxm2-16gb")]
+    items.append({"graph_id": graph_id, "hardware_id": "no-such-device", "batch_size": 8})
+    batch = client.post("/v1/predictions/batch", json={"items": items})
+    assert batch.status_code == 200 and batch.json()["failed"] == 1
+    assert counted() == start + 2  # the failed item is not a prediction
+    jobs = [{"graph_id": graph_id, "hardware_id": "p100", "batch_size": 8, "dataset_size": 800, "epochs": 1}] * 3
+    assert client.post("/v1/job-estimates", json={"jobs": jobs}).status_code == 200
+    assert counted() == start + 5
+    compared = client.post("/v1/comparisons", json={"graph_id": graph_id, "batch_size": 8, "dataset_size": 800,
+                                                    "epochs": 1, "hardware_ids": ["p100", "v100-sxm2-16gb"],
+                                                    "sweep": {"hardware_id": "p100", "batch_sizes": [4, 8]}})
+    assert compared.status_code == 200, compared.text
+    assert counted() == start + 5 + len(compared.json()["rows"]) + 2

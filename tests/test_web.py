@@ -1,14 +1,28 @@
-"""The web page at ``/``: form, prediction, charts, CSV, upload, errors; no outside host referenced."""
+"""The web page at ``/``: form, prediction, charts, CSV, upload, errors; no outside host referenced; and the
+whole page end to end in headless Chromium (Debian's ``chromium`` + ``chromium-driver``, through Selenium)
+against the app served by uvicorn on a free port."""
 
 from __future__ import annotations
 
 import csv
 import io
+import json
+import os
 import re
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlparse
 
+import pytest
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from tests.helpers import light_model
+from tests.helpers import light_model, serve
+
+CHROMEDRIVER = "/usr/bin/chromedriver"
+CHROMIUM = "/usr/bin/chromium"
 
 SMALL_CNN = {
     "name": "small-cnn", "input_shape": [3, 32, 32],
@@ -71,3 +85,134 @@ def test_upload_from_the_page_redirects_to_the_graph(client: TestClient) -> None
     assert f'value="{graph_id}" selected' in page.text and 'id="totals"' in page.text
     bad = client.post("/ui/graphs", files={"file": ("x.onnx", b"not onnx")})
     assert bad.status_code == 422 and 'data-code="invalid_graph"' in bad.text
+
+
+def test_comparison_on_the_page_and_its_csv(client: TestClient) -> None:
+    graph = client.post("/v1/graphs", json=SMALL_CNN).json()
+    params = {"graph_id": graph["id"], "hardware_id": "p100", "batch_size": 16, "dataset_size": 1600, "epochs": 2}
+    text = client.get("/", params=params).text
+    api = client.post("/v1/comparisons", json={k: v for k, v in params.items() if k != "hardware_id"}).json()
+    fitting = [r for r in api["rows"] if r["fits"]]
+    assert text.count('<circle class="device') == len(fitting) > 1
+    assert text.count('<circle class="device pareto"') == sum(r["pareto"] for r in fitting) >= 1
+    assert 'id="pareto-front"' in text and 'id="comparison"' in text
+    href = re.search(r'id="comparison-csv" href="([^"]+)"', text)
+    assert href
+    rows = list(csv.DictReader(io.StringIO(client.get(href.group(1).replace("&amp;", "&")).text)))
+    assert [(r["hardware_id"], float(r["job_s"]), r["pareto"]) for r in rows] == [
+        (r["hardware_id"], r["job_s"], str(r["pareto"])) for r in api["rows"]]
+    hint = client.get("/", params={k: v for k, v in params.items() if k != "epochs"}).text
+    assert 'id="comparison-hint"' in hint and 'id="comparison-chart"' not in hint
+
+
+@pytest.fixture
+def live_url(app: FastAPI) -> Iterator[str]:
+    """The app served by uvicorn on a free local port."""
+    with serve(app) as url:
+        yield url
+
+
+def _browser(download_dir: Path) -> object:
+    """Headless Chromium driven by chromedriver; skips without them, fails under CI (scripts/test.sh installs
+    them there)."""
+    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not shutil.which(p)]
+    if missing:
+        why = f"headless browser test needs {', '.join(missing)} (apt-get install chromium chromium-driver)"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI=true but {why}")
+        pytest.skip(why)
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                "--window-size=1200,900", "--no-first-run", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--disable-default-apps"):
+        options.add_argument(arg)
+    options.add_experimental_option("prefs", {"download.default_directory": str(download_dir),
+                                              "download.prompt_for_download": False})
+    options.set_capability("goog:loggingPrefs", {"performance": "ALL"})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.execute_cdp_cmd("Page.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(download_dir)})
+    return driver
+
+
+def _wait_for(predicate: object, what: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def test_page_end_to_end_in_headless_chromium(live_url: str, tmp_path: Path) -> None:
+    """Upload an ONNX file on the page, pick a device and a job, see the totals, the stacked per-layer bars,
+    the roofline, the comparison with its Pareto front and the memory breakdown; the progress bar shows while
+    a form is submitted; download the CSV; every request the browser made went to the app; a screenshot."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    model = tmp_path / "resnet50.onnx"
+    model.write_bytes(light_model("resnet50"))
+    downloads = tmp_path / "downloads"
+    downloads.mkdir()
+    driver = _browser(downloads)
+    try:
+        driver.get(live_url + "/")  # type: ignore[attr-defined]
+        find = driver.find_element  # type: ignore[attr-defined]
+        find(By.ID, "file").send_keys(str(model))
+        find(By.ID, "upload").click()
+        _wait_for(lambda: "graph_id=" in driver.current_url, "the upload's redirect")  # type: ignore[attr-defined]
+        graph_id = driver.current_url.split("graph_id=")[1]  # type: ignore[attr-defined]
+        assert Select(find(By.ID, "graph_id")).first_selected_option.get_attribute("value") == graph_id
+
+        Select(find(By.ID, "hardware_id")).select_by_value("a100-sxm4-80gb")
+        Select(find(By.ID, "precision")).select_by_value("fp16")
+        for name, value in (("batch_size", "64"), ("dataset_size", "128000"), ("epochs", "3")):
+            find(By.ID, name).clear()
+            find(By.ID, name).send_keys(value)
+        # the progress bar: shown on submit (this first submit is held back in the page to look at it)
+        assert not find(By.ID, "progress").is_displayed()
+        driver.execute_script(  # type: ignore[attr-defined]
+            "document.forms[1].addEventListener('submit', e => e.preventDefault(), {once: true})")
+        find(By.ID, "predict").click()
+        assert find(By.ID, "progress").is_displayed() and not find(By.ID, "predict").is_enabled()
+        driver.execute_script("document.forms[1].submit()")  # type: ignore[attr-defined]
+        _wait_for(lambda: driver.find_elements(By.ID, "totals"), "the prediction")  # type: ignore[attr-defined]
+
+        totals = find(By.ID, "totals").text
+        assert "iteration (ms)" in totals and "job (s)" in totals
+        iteration_ms = float(re.search(r"iteration \(ms\) ([0-9.e+-]+)", totals).group(1))  # type: ignore[union-attr]
+        assert iteration_ms > 0
+        chart = find(By.ID, "layer-chart")
+        assert chart.find_elements(By.CSS_SELECTOR, "rect.forward") and chart.find_elements(By.CSS_SELECTOR,
+                                                                                            "rect.backward")
+        assert len(find(By.ID, "roofline").find_elements(By.CSS_SELECTOR, "circle.layer")) > 10
+        comparison = find(By.ID, "comparison-chart")
+        assert comparison.find_elements(By.CSS_SELECTOR, "circle.pareto")
+        assert len(comparison.find_elements(By.CSS_SELECTOR, "circle.device")) > 5
+        assert find(By.ID, "pareto-front").get_attribute("points")
+        assert "activations" in find(By.ID, "memory").text
+        assert "fp16" in find(By.XPATH, "//h2[contains(., 'Roofline')]").text
+
+        find(By.ID, "csv").click()
+        csv_file = downloads / "layers.csv"
+        _wait_for(lambda: csv_file.exists() and csv_file.stat().st_size > 0, "the CSV download")
+        rows = list(csv.DictReader(io.StringIO(csv_file.read_text())))
+        assert len(rows) > 50 and {"name", "forward_ms", "backward_ms", "total_ms"} <= set(rows[0])
+
+        driver.set_window_size(1200, driver.execute_script(  # type: ignore[attr-defined]
+            "return document.documentElement.scrollHeight") + 100)
+        shot = tmp_path / "web_screenshot.png"
+        assert driver.save_screenshot(str(shot))  # type: ignore[attr-defined]
+        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+        if os.environ.get("LAYERCAST_WEB_SCREENSHOT"):  # regenerate reports/web_screenshot.png
+            shutil.copyfile(shot, os.environ["LAYERCAST_WEB_SCREENSHOT"])
+
+        origin = urlparse(live_url).netloc
+        requested = {urlparse(json.loads(entry["message"])["message"]["params"]["request"]["url"]).netloc
+                     for entry in driver.get_log("performance")  # type: ignore[attr-defined]
+                     if json.loads(entry["message"])["message"]["method"] == "Network.requestWillBeSent"}
+        assert requested == {origin}, f"the page requested other hosts: {requested - {origin}}"
+    finally:
+        driver.quit()  # type: ignore[attr-defined]

@@ -10,9 +10,9 @@ Iteration (one training step or one inference batch)::
     step     = max(compute, input)   if the input pipeline overlaps compute (DataLoader prefetch)
              = compute + input       otherwise
 
-The all-reduce is a ring over ``device_count`` devices, in DDP buckets overlapped with backward
-(:mod:`app.core.collectives`). Scaling efficiency = step without communication / step (weak scaling: the
-same per-device batch on one device needs no all-reduce).
+The all-reduce is a ring over ``device_count`` devices (hierarchical when they sit on several nodes), in
+DDP buckets overlapped with backward (:mod:`app.core.collectives`). Scaling efficiency = step without
+communication / step (weak scaling: the same per-device batch on one device needs no all-reduce).
 
 Epoch = ⌈dataset / global batch⌉ steps (the last partial batch counted as full) + ⌈eval set / global
 batch⌉ forward-only passes when an evaluation set is given (their loading is not counted). Job = epochs ×
@@ -29,7 +29,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from app.core.collectives import DDP_BUCKET_BYTES, Link, bucketed_allreduce
+from app.core.collectives import DDP_BUCKET_BYTES, Link, Topology, bucketed_allreduce
 from app.core.energy import J_PER_KWH
 
 
@@ -56,13 +56,21 @@ class LayerTime:
 
 @dataclass(frozen=True, slots=True)
 class DataParallel:
-    """``device_count`` devices joined by ``link``, each all-reducing ``gradient_bytes`` per step in
-    buckets of ``bucket_bytes`` (DDP's 25 MiB by default)."""
+    """``device_count`` devices, ``nodes`` nodes of ``device_count / nodes`` each: the devices of a node
+    joined by ``link``, the nodes by ``network``; each device all-reduces ``gradient_bytes`` per step in
+    buckets of ``bucket_bytes`` (DDP's 25 MiB by default; hierarchical over nodes,
+    :mod:`app.core.collectives`)."""
 
     device_count: int
     gradient_bytes: float
     link: Link | None
     bucket_bytes: float = DDP_BUCKET_BYTES
+    nodes: int = 1
+    network: Link | None = None
+
+    @property
+    def devices_per_node(self) -> int:
+        return self.device_count // self.nodes
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,8 +193,14 @@ def _check(inp: AggregationInput) -> None:
     if inp.eval_size is not None and inp.dataset_size is None:
         raise InvalidAggregation("an eval_size needs a dataset_size")
     dp = inp.data_parallel
-    if dp is not None and dp.device_count > 1 and dp.link is None:
-        raise InvalidAggregation(f"{dp.device_count} devices need an interconnect (link bandwidth and latency)")
+    if dp is not None:
+        if dp.nodes < 1 or dp.device_count % dp.nodes:
+            raise InvalidAggregation(f"{dp.device_count} devices do not spread evenly over {dp.nodes} node(s)")
+        if dp.devices_per_node > 1 and dp.link is None:
+            raise InvalidAggregation(f"{dp.devices_per_node} devices in a node need an interconnect (link "
+                                     "bandwidth and latency)")
+        if dp.nodes > 1 and dp.network is None:
+            raise InvalidAggregation(f"{dp.nodes} nodes need a network (bandwidth and latency)")
     for name in ("overhead_ms",):
         if getattr(inp, name) < 0:
             raise InvalidAggregation(f"{name} must not be negative")
@@ -209,8 +223,9 @@ def aggregate(inp: AggregationInput) -> Aggregate:
     p90 = sum(layer.total_ms_p90 for layer in inp.layers)
 
     dp = inp.data_parallel
-    if dp is not None and n > 1 and dp.link is not None:
-        ar = bucketed_allreduce(dp.gradient_bytes, n, dp.link, backward_ms=bwd, bucket_bytes=dp.bucket_bytes)
+    if dp is not None and n > 1:
+        topology = Topology(nodes=dp.nodes, devices_per_node=dp.devices_per_node, intra=dp.link, network=dp.network)
+        ar = bucketed_allreduce(dp.gradient_bytes, topology, backward_ms=bwd, bucket_bytes=dp.bucket_bytes)
         ar_total, ar_exposed, buckets = ar.total_ms, ar.exposed_ms, ar.buckets
     else:
         ar_total = ar_exposed = 0.0

@@ -13,6 +13,19 @@ bytes / busBw``, ``nsteps = 2(n-1)`` for a ring all-reduce); :data:`NCCL_BASE_LA
 bandwidth NCCL achieves, the one fitted number: fitted on the Vidur Azure A100-PCIe 4-rank rows
 (PCIe 4.0, messages >= 64 MiB) and tested on the DGX A100 NVLink rows (docs/allreduce_validation.md).
 
+Several nodes (``nodes`` × ``devices_per_node`` = ``n``): the hierarchical all-reduce NCCL and Horovod run
+across nodes (Sergeev & Del Balso 2018, "Horovod", hierarchical allreduce; NCCL's tree/ring over NICs):
+reduce-scatter inside each node over the intra-node link, an all-reduce of each rank's ``1/g`` shard across
+the ``N`` nodes (the ``g`` ranks of a node in parallel, sharing the node's network bandwidth), all-gather
+inside the node:
+
+    t = base_latency + 2(g-1) × intra_step + 2(g-1)/g × bytes / (η × intra_bandwidth)
+                     + 2(N-1) × net_step   + 2(N-1)/N × bytes / (η × node_network_bandwidth)
+
+with ``g = devices_per_node``, ``N = nodes`` and ``node_network_bandwidth`` the per-direction bandwidth of
+all of one node's NICs together. ``N = 1`` is the ring above; ``g = 1`` a ring over the network.
+:data:`DEFAULT_NETWORK` is the network assumed when a request gives none (stated in its warnings).
+
 Overlap with backward (PyTorch DDP, Li et al. VLDB 2020): gradients are all-reduced in buckets
 (``bucket_cap_mb = 25``) as soon as a bucket's gradients are ready, while backward goes on. Only the last
 bucket's all-reduce, which starts when backward ends, is always exposed; the earlier buckets are exposed
@@ -49,6 +62,14 @@ class Link:
     step_latency_s: float
 
 
+#: The network between nodes when a request spreads devices over nodes without naming one: one InfiniBand
+#: HDR 200 Gb/s NIC per node = 25 GB/s per direction (NVIDIA ConnectX-6 datasheet); 6.6 µs per ring step
+#: (the NCCL network step latency scripts/validate_allreduce.py uses). A DGX-class node with one NIC per GPU
+#: has 8 × that: give ``inter_node_bandwidth_bytes_per_s`` then.
+DEFAULT_NETWORK_BANDWIDTH_BYTES_PER_S = 25e9
+DEFAULT_NETWORK_LATENCY_S = 6.6e-6
+
+
 def ring_allreduce_s(nbytes: float, n: int, link: Link) -> float:
     """Seconds of a ring all-reduce of ``nbytes`` over ``n`` ranks joined by ``link`` (module docstring).
 
@@ -65,6 +86,50 @@ def ring_allreduce_s(nbytes: float, n: int, link: Link) -> float:
 
 
 @dataclass(frozen=True, slots=True)
+class Topology:
+    """Where the ``nodes × devices_per_node`` ranks sit: ``intra`` joins the devices of one node (``None``
+    allowed only with one device per node), ``network`` the nodes (``None`` allowed only with one node)."""
+
+    nodes: int
+    devices_per_node: int
+    intra: Link | None
+    network: Link | None = None
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or self.devices_per_node < 1:
+            raise ValueError(f"need at least one node and one device per node, got {self.nodes} x "
+                             f"{self.devices_per_node}")
+        if self.devices_per_node > 1 and self.intra is None:
+            raise ValueError(f"{self.devices_per_node} devices in a node need an intra-node link")
+        if self.nodes > 1 and self.network is None:
+            raise ValueError(f"{self.nodes} nodes need a network between them")
+
+    @property
+    def ranks(self) -> int:
+        return self.nodes * self.devices_per_node
+
+
+def allreduce_s(nbytes: float, topology: Topology) -> float:
+    """Seconds of an all-reduce of ``nbytes`` over ``topology``: the ring of :func:`ring_allreduce_s`
+    inside one node, the hierarchical all-reduce of the module docstring over several. One rank costs
+    nothing. Raises ``ValueError`` for negative ``nbytes``."""
+    if nbytes < 0:
+        raise ValueError(f"negative all-reduce size {nbytes}")
+    g, nodes = topology.devices_per_node, topology.nodes
+    if nodes == 1:
+        return ring_allreduce_s(nbytes, g, topology.intra) if g > 1 and topology.intra is not None else 0.0
+    assert topology.network is not None  # __post_init__
+    if nbytes == 0:
+        return 0.0
+    t = NCCL_BASE_LATENCY_S + 2 * (nodes - 1) * topology.network.step_latency_s + 2 * (nodes - 1) / nodes * (
+        nbytes / (BANDWIDTH_EFFICIENCY * topology.network.bandwidth_bytes_per_s))
+    if g > 1 and topology.intra is not None:
+        t += 2 * (g - 1) * topology.intra.step_latency_s + 2 * (g - 1) / g * nbytes / (
+            BANDWIDTH_EFFICIENCY * topology.intra.bandwidth_bytes_per_s)
+    return t
+
+
+@dataclass(frozen=True, slots=True)
 class AllReduceCost:
     """Gradient all-reduce of one step: ``total_ms`` of all buckets back to back, ``exposed_ms`` what
     backward does not hide, ``buckets`` their number."""
@@ -75,21 +140,22 @@ class AllReduceCost:
 
 
 def bucketed_allreduce(
-    gradient_bytes: float, n: int, link: Link, *, backward_ms: float, bucket_bytes: float = DDP_BUCKET_BYTES
+    gradient_bytes: float, topology: Topology, *, backward_ms: float, bucket_bytes: float = DDP_BUCKET_BYTES
 ) -> AllReduceCost:
-    """All-reduce of ``gradient_bytes`` in buckets of ``bucket_bytes`` overlapped with ``backward_ms``.
+    """All-reduce of ``gradient_bytes`` over ``topology`` in buckets of ``bucket_bytes`` overlapped with
+    ``backward_ms``.
 
-    exposed = t(last bucket) + max(0, Σ t(earlier buckets) − backward_ms) (module docstring). Raises
-    ``ValueError`` for a non-positive bucket size or as :func:`ring_allreduce_s`.
+    exposed = t(last bucket) + max(0, Σ t(earlier buckets) − backward_ms) (module docstring), t from
+    :func:`allreduce_s`. Raises ``ValueError`` for a non-positive bucket size or as :func:`allreduce_s`.
     """
     if bucket_bytes <= 0:
         raise ValueError(f"bucket size must be positive, got {bucket_bytes}")
-    if n == 1 or gradient_bytes <= 0:
-        ring_allreduce_s(gradient_bytes, n, link)  # validates
+    if topology.ranks == 1 or gradient_bytes <= 0:
+        allreduce_s(gradient_bytes, topology)  # validates
         return AllReduceCost(total_ms=0.0, exposed_ms=0.0, buckets=0)
     buckets = math.ceil(gradient_bytes / bucket_bytes)
     last_bytes = gradient_bytes - (buckets - 1) * bucket_bytes
-    earlier_ms = (buckets - 1) * ring_allreduce_s(bucket_bytes, n, link) * 1e3
-    last_ms = ring_allreduce_s(last_bytes, n, link) * 1e3
+    earlier_ms = (buckets - 1) * allreduce_s(bucket_bytes, topology) * 1e3
+    last_ms = allreduce_s(last_bytes, topology) * 1e3
     exposed = last_ms + max(0.0, earlier_ms - max(backward_ms, 0.0))
     return AllReduceCost(total_ms=earlier_ms + last_ms, exposed_ms=exposed, buckets=buckets)

@@ -5,7 +5,9 @@ ONNX file is imported by :func:`app.graphs.service.build_graph`, the device come
 catalog (:func:`app.hardware.catalog.load_catalog`) and the predictor from ``$LAYERCAST_MODELS_DIR``
 (:func:`app.predictor.registry.load_predictor`); the answer is :func:`app.predictions.service.estimate`'s.
 With ``--server URL`` the file is uploaded to ``POST /v1/graphs`` and predicted by ``POST /v1/predictions``
-(httpx), so a pipeline can share one service and its custom hardware.
+(``compare``: one ``POST /v1/comparisons`` for all devices) through httpx, so a pipeline can share one service
+and its custom hardware. ``compare`` answers the comparison's rows either way (job time, cost, energy, fit,
+Pareto front: :func:`app.estimates.service.mark_pareto`), so it needs ``--dataset-size`` and ``--epochs``.
 
 Exit codes: 0 success (gate: within every limit), 1 gate breach, 2 bad arguments or a prediction the
 service refused (unknown hardware, unsupported precision, unreadable model: the problem document's code
@@ -64,9 +66,27 @@ class JobParams:
 
 
 class Backend(Protocol):
-    """Where predictions come from; ``predict`` returns a ``PredictionRead`` as JSON-ready dict."""
+    """Where predictions come from; ``predict`` returns a ``PredictionRead`` and ``compare`` a
+    ``ComparisonRead`` (``rows``, ``unavailable``, ``predictor_version``) as JSON-ready dicts."""
 
     def predict(self, model: Path, hardware_id: str, params: JobParams) -> dict[str, Any]: ...
+
+    def compare(self, model: Path, hardware_ids: Sequence[str], params: JobParams) -> dict[str, Any]: ...
+
+
+def _comparison_row(pred: dict[str, Any]) -> Any:
+    """A ``PredictionRead`` dict with an epoch and a job as the ``ComparisonRow`` the API would answer."""
+    from app.estimates.schemas import ComparisonRow
+
+    it, job, memory = pred["iteration"], pred["job"], pred["memory"]
+    return ComparisonRow(
+        hardware_id=pred["hardware_id"], device_count=it["device_count"], nodes=it["nodes"],
+        per_device_batch_size=it["per_device_batch_size"], iteration_ms=it["time_ms"],
+        iteration_ms_p90=it["time_ms_p90"], samples_per_s=it["samples_per_s"],
+        scaling_efficiency=it["scaling_efficiency"], allreduce_exposed_ms=it["allreduce_exposed_ms"],
+        epoch_s=pred["epoch"]["time_s"], job_s=job["time_s"], job_s_p90=job["time_s_p90"], cost_usd=job["cost_usd"],
+        energy_j=job["energy_j"], co2_kg=job["co2_kg"], peak_memory_bytes=memory["total_bytes"], fits=memory["fits"],
+        largest_batch_size_that_fits=memory["largest_batch_size_that_fits"], pareto=False)
 
 
 class OfflineBackend:
@@ -107,6 +127,23 @@ class OfflineBackend:
             raise PredictionFailed(exc.code, exc.message) from exc
         return answer.model_dump(mode="json")
 
+    def compare(self, model: Path, hardware_ids: Sequence[str], params: JobParams) -> dict[str, Any]:
+        """The ``POST /v1/comparisons`` answer computed in process (rows sorted by job time, Pareto marked);
+        devices that cannot run the job are in ``unavailable`` with their code."""
+        from app.estimates.service import mark_pareto
+
+        rows, unavailable = [], []
+        for hw in hardware_ids:
+            try:
+                rows.append(_comparison_row(self.predict(model, hw, params)))
+            except PredictionFailed as exc:
+                unavailable.append({"hardware_id": hw, "device_count": params.device_count, "code": exc.code,
+                                    "reason": exc.message})
+        mark_pareto(rows)
+        rows.sort(key=lambda r: (r.job_s, r.hardware_id))
+        return {"predictor_version": self.predictor.version, "rows": [r.model_dump(mode="json") for r in rows],
+                "unavailable": unavailable}
+
 
 class ServerBackend:
     """Against a running service: upload to ``POST /v1/graphs`` (once per file), ``POST /v1/predictions``."""
@@ -138,6 +175,17 @@ class ServerBackend:
         """Raises :class:`PredictionFailed` with the server's error code on a 4xx/5xx answer."""
         body = {"graph_id": self.graph_id(model), "hardware_id": hardware_id, **params.body()}
         return self._check(self.client.post("/v1/predictions", json=body))
+
+    def compare(self, model: Path, hardware_ids: Sequence[str], params: JobParams) -> dict[str, Any]:
+        """One ``POST /v1/comparisons`` for every device; raises :class:`PredictionFailed` on a 4xx/5xx."""
+        job = params.body()
+        body: dict[str, Any] = {
+            "graph_id": self.graph_id(model), "hardware_ids": list(hardware_ids),
+            "device_counts": [job.pop("device_count")], **job}
+        price = body.pop("price_usd_per_hour", None)
+        if price is not None:
+            body["price_usd_per_hour"] = dict.fromkeys(hardware_ids, price)
+        return self._check(self.client.post("/v1/comparisons", json=body))
 
 
 # ---------------------------------------------------------------------------------------------- metrics
@@ -221,7 +269,7 @@ def _summary_row(hw: str, pred: dict[str, Any]) -> dict[str, Any]:
         "epoch_s": (pred.get("epoch") or {}).get("time_s"),
         "job_s": (pred.get("job") or {}).get("time_s"),
         "cost_usd": (pred.get("job") or {}).get("cost_usd"),
-        "energy_kwh": (pred.get("job") or {}).get("energy_kwh"),
+        "energy_j": (pred.get("job") or {}).get("energy_j"),
         "device_count": pred["iteration"]["device_count"],
         "scaling_efficiency": pred["iteration"]["scaling_efficiency"],
         "peak_memory_bytes": pred["memory"]["total_bytes"],
@@ -235,12 +283,12 @@ def _print_rows(rows: Sequence[dict[str, Any]]) -> None:
     from app.cli import format_table
 
     headers = ("hardware_id", "devices", "iteration_ms", "epoch_s", "job_s", "cost_usd", "energy_kwh", "peak_gib",
-               "fits", "largest_batch", "error")
+               "fits", "largest_batch", "pareto", "error")
     table = [
         (r["hardware_id"], r.get("device_count"), r.get("iteration_ms"), r.get("epoch_s"), r.get("job_s"),
-         r.get("cost_usd"), r.get("energy_kwh"),
+         r.get("cost_usd"), None if r.get("energy_j") is None else r["energy_j"] / 3.6e6,
          None if r.get("peak_memory_bytes") is None else r["peak_memory_bytes"] / 2**30, r.get("fits"),
-         r.get("largest_batch_size_that_fits"), r.get("error"))
+         r.get("largest_batch_size_that_fits"), r.get("pareto"), r.get("error"))
         for r in rows
     ]
     print(format_table(table, headers))
@@ -271,7 +319,8 @@ def add_parsers(sub: Any) -> None:
     predict = sub.add_parser("predict", help="predict a model's iteration, epoch and job time on one device")
     common(predict, hardware_help="hardware id (see `layercast hardware list`)")
 
-    compare = sub.add_parser("compare", help="predict one model on several devices")
+    compare = sub.add_parser("compare", help="one job on several devices: time, cost, energy, Pareto front "
+                                             "(needs --dataset-size and --epochs)")
     common(compare, hardware_help="comma-separated hardware ids, e.g. v100-sxm2-16gb,a100-sxm4-40gb")
 
     gate = sub.add_parser("gate", help="fail (exit 1) when a model's predicted cost breaches a limit")
@@ -312,17 +361,22 @@ def _predict(args: argparse.Namespace, backend: Backend) -> int:
 
 
 def _compare(args: argparse.Namespace, backend: Backend) -> int:
-    rows: list[dict[str, Any]] = []
-    for hw in [h.strip() for h in args.hardware.split(",") if h.strip()]:
-        try:
-            rows.append(_summary_row(hw, backend.predict(args.model, hw, _params(args))))
-        except PredictionFailed as exc:  # a device that cannot run it is listed with its reason
-            rows.append({"hardware_id": hw, "error": exc.code, "message": exc.message})
+    if args.dataset_size is None or args.epochs is None:
+        print("layercast compare: give --dataset-size and --epochs (rows are whole jobs: time, cost, energy)",
+              file=sys.stderr)
+        return EXIT_ERROR
+    hardware_ids = list(dict.fromkeys(h.strip() for h in args.hardware.split(",") if h.strip()))
+    answer = backend.compare(args.model, hardware_ids, _params(args))
+    rows: list[dict[str, Any]] = [dict(r) for r in answer["rows"]]
+    # a device that cannot run the job is listed with its reason, not dropped
+    rows += [{"hardware_id": u["hardware_id"], "device_count": u["device_count"], "error": u["code"],
+              "message": u["reason"]} for u in answer["unavailable"]]
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
         _print_rows(rows)
-    return EXIT_OK if any("error" not in r for r in rows) else EXIT_ERROR
+        print(f"predictor {answer['predictor_version']}; pareto: not dominated in job time, cost and energy")
+    return EXIT_OK if answer["rows"] else EXIT_ERROR
 
 
 def _gate(args: argparse.Namespace, backend: Backend) -> int:

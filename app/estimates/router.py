@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from fastapi import APIRouter, status
@@ -18,6 +19,7 @@ from app.estimates.schemas import (
     JobEstimatesCreate,
     JobEstimatesRead,
 )
+from app.observability import record_prediction
 from app.schemas import ErrorResponse
 
 router = APIRouter(prefix="/v1")
@@ -40,7 +42,12 @@ _COMPARE_ERRORS: dict[int | str, dict[str, Any]] = {
 def predict_batch(body: BatchPredictionCreate, session: SessionDep, predictor: PredictorDep) -> BatchPredictionRead:
     """Up to 10,000 (graph, hardware, batch, precision, mode) items; the layers of all items go through one
     batched predictor call. Summaries only unless ``detail=layers``."""
-    return service.predict_batch(session, predictor, request=body)
+    answer = service.predict_batch(session, predictor, request=body)
+    methods: Counter[str] = Counter()
+    for item in answer.items:
+        methods.update(item.prediction.methods if item.prediction is not None else {})
+    record_prediction(predictor_version=answer.predictor_version, methods=methods, count=answer.count - answer.failed)
+    return answer
 
 
 @router.post("/job-estimates", response_model=JobEstimatesRead, responses=_BATCH_ERRORS,
@@ -48,7 +55,9 @@ def predict_batch(body: BatchPredictionCreate, session: SessionDep, predictor: P
 def estimate_jobs(body: JobEstimatesCreate, session: SessionDep, predictor: PredictorDep) -> JobEstimatesRead:
     """Up to 1,000 jobs: ``p50_s``, ``p90_s``, ``fits``, calibrated by recorded actuals of the same graph and
     hardware."""
-    return service.estimate_jobs(session, predictor, request=body)
+    answer = service.estimate_jobs(session, predictor, request=body)
+    record_prediction(predictor_version=answer.predictor_version, methods={}, count=answer.count - answer.failed)
+    return answer
 
 
 @router.post("/job-estimates/actuals", response_model=JobActualsRead, responses=_BATCH_ERRORS,
@@ -63,4 +72,7 @@ def record_actuals(body: JobActualsCreate, session: SessionDep, predictor: Predi
 def compare(body: ComparisonCreate, session: SessionDep, predictor: PredictorDep) -> ComparisonRead:
     """One row per device x device count (default: every stored device), devices that cannot run the job in
     ``unavailable`` with their reason; optional batch-size sweep on one device."""
-    return service.compare(session, predictor, request=body)
+    answer = service.compare(session, predictor, request=body)
+    record_prediction(predictor_version=answer.predictor_version, methods={},
+                      count=len(answer.rows) + len(answer.sweep or []))
+    return answer

@@ -105,6 +105,10 @@ class JobSpec(Schema):
     graph_id: Identifier
     hardware_id: Identifier
     device_count: int = Field(default=1, strict=True, ge=1, le=4096)
+    nodes: int = Field(default=1, strict=True, ge=1, le=4096,
+                       description="nodes the devices sit on (as in POST /v1/predictions)")
+    inter_node_bandwidth_bytes_per_s: float | None = Field(default=None, gt=0, le=1e15, allow_inf_nan=False)
+    inter_node_latency_s: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
     batch_size: int = Field(strict=True, gt=0, le=1_000_000)
     dataset_size: int = Field(strict=True, gt=0, le=10**15)
     epochs: float = Field(gt=0, le=1e6, allow_inf_nan=False)
@@ -193,6 +197,13 @@ class ComparisonCreate(Schema):
     dims: dict[Name, PositiveInt32] = Field(default_factory=dict)
     hardware_ids: list[Identifier] | None = Field(default=None, max_length=256)
     device_counts: list[_DeviceCount] = Field(default_factory=lambda: [1], min_length=1, max_length=16)
+    devices_per_node: _DeviceCount | None = Field(
+        default=None, description="devices per node: a count above it spreads evenly over "
+                                  "ceil(count / devices_per_node) nodes (hierarchical all-reduce; a count that "
+                                  "does not spread evenly is unavailable); none = every count in one node")
+    inter_node_bandwidth_bytes_per_s: float | None = Field(default=None, gt=0, le=1e15, allow_inf_nan=False,
+                                                           description="per node (rows over several nodes)")
+    inter_node_latency_s: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
     price_usd_per_hour: dict[Identifier, _Price] = Field(default_factory=dict,
                                                  description="per-device-hour price overrides by hardware id")
     grid_gco2_per_kwh: float | None = Field(default=None, gt=0, le=1e5, allow_inf_nan=False,
@@ -204,6 +215,7 @@ class ComparisonCreate(Schema):
 class ComparisonRow(Schema):
     hardware_id: str
     device_count: int
+    nodes: int = Field(default=1, description="nodes the devices sit on")
     per_device_batch_size: int
     iteration_ms: float
     iteration_ms_p90: float

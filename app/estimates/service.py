@@ -158,7 +158,9 @@ def _job_request(job: JobSpec, **extra: Any) -> PredictionCreate:
     """The single prediction a job is; raises ``ValidationError`` (a batch that does not divide over the
     devices)."""
     return PredictionCreate(
-        graph_id=job.graph_id, hardware_id=job.hardware_id, device_count=job.device_count, batch_size=job.batch_size,
+        graph_id=job.graph_id, hardware_id=job.hardware_id, device_count=job.device_count, nodes=job.nodes,
+        inter_node_bandwidth_bytes_per_s=job.inter_node_bandwidth_bytes_per_s,
+        inter_node_latency_s=job.inter_node_latency_s, batch_size=job.batch_size,
         dataset_size=job.dataset_size, epochs=job.epochs, precision=job.precision, optimizer=job.optimizer,
         software_stack=job.software_stack, dims=job.dims, **extra)
 
@@ -381,6 +383,18 @@ def _sort_key(sort_by: str) -> Callable[[ComparisonRow], Any]:
     return lambda r: (math.inf if getattr(r, sort_by) is None else getattr(r, sort_by), r.hardware_id)
 
 
+def _spread(request: ComparisonCreate, n: int) -> dict[str, Any]:
+    """The node fields of ``n`` devices of a comparison: one node up to ``devices_per_node``, else
+    ``ceil(n / devices_per_node)`` nodes (a count that does not spread evenly is refused by the
+    prediction's own validation, so its row is unavailable)."""
+    per_node = request.devices_per_node
+    if per_node is None or n <= per_node:
+        return {"nodes": 1}
+    return {"nodes": math.ceil(n / per_node),
+            "inter_node_bandwidth_bytes_per_s": request.inter_node_bandwidth_bytes_per_s,
+            "inter_node_latency_s": request.inter_node_latency_s}
+
+
 def compare(session: Session, predictor: Predictor, *, request: ComparisonCreate) -> ComparisonRead:
     """One row per (device, device count) that can run the job; the others in ``unavailable`` with their
     code; Pareto front over job time, cost and energy; optional batch-size sweep on one device.
@@ -399,7 +413,7 @@ def compare(session: Session, predictor: Predictor, *, request: ComparisonCreate
     scenarios: list[Scenario] = []
     for hw_id in dict.fromkeys(hardware_ids):
         for n in request.device_counts:
-            job = base.model_copy(update={"hardware_id": hw_id, "device_count": n})
+            job = base.model_copy(update={"hardware_id": hw_id, "device_count": n, **_spread(request, n)})
             s = _attempt(partial(_job_scenario, cache, job, price_usd_per_hour=request.price_usd_per_hour.get(hw_id),
                                  **extra))
             if isinstance(s, ItemError):
@@ -453,7 +467,8 @@ def _comparison_row(cache: GraphCache, s: Scenario, times: list[LayerTime]) -> C
     assert agg.epoch is not None and agg.job is not None
     it, job = agg.iteration, agg.job
     return ComparisonRow(
-        hardware_id=s.hardware.id, device_count=it.device_count, per_device_batch_size=it.per_device_batch_size,
+        hardware_id=s.hardware.id, device_count=it.device_count, nodes=s.request.nodes,
+        per_device_batch_size=it.per_device_batch_size,
         iteration_ms=it.time_ms, iteration_ms_p90=it.time_ms_p90, samples_per_s=it.samples_per_s,
         scaling_efficiency=it.scaling_efficiency, allreduce_exposed_ms=it.allreduce_exposed_ms,
         epoch_s=agg.epoch.time_s, job_s=job.time_s, job_s_p90=job.time_s_p90, cost_usd=job.cost_usd,

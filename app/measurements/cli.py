@@ -96,6 +96,7 @@ def run_import(args: argparse.Namespace) -> ImportReport:
     from app.hardware.service import seed_builtin
     from app.measurements.service import import_records
     from app.migrate import upgrade
+    from app.progress import bar
 
     url = args.database_url or Settings().database_url
     pairs = _streams(args)
@@ -105,9 +106,13 @@ def run_import(args: argparse.Namespace) -> ImportReport:
         with contextmanager(session_scope)(make_sessionmaker(engine)) as session:
             seed_builtin(session, include_local=getattr(args, "hardware_id", None) == "local")
             report = ImportReport()
+            # progress by bytes of the source files (compressed size), so the ETA weighs big files
+            progress = bar(desc=f"import {args.dataset}", total=sum(p.stat().st_size for p, _ in pairs), unit="B")
             for path, parse in pairs:
                 stream = parse(path, limit=args.limit)
                 report = report.merge(import_records(session, records=stream))
+                progress.update(path.stat().st_size)
+            progress.close()
         return report
     finally:
         engine.dispose()

@@ -50,6 +50,18 @@ class PredictionCreate(Schema):
         default=1, strict=True, ge=1, le=4096,
         description="data-parallel devices; batch_size is the GLOBAL batch and must divide evenly over them. "
                     "Gradients are ring all-reduced over the hardware's interconnect in 25 MiB DDP buckets")
+    nodes: int = Field(
+        default=1, strict=True, ge=1, le=4096,
+        description="nodes the device_count devices sit on (device_count / nodes each, evenly): the all-reduce "
+                    "is hierarchical, inside nodes over the hardware's interconnect and between them over the "
+                    "inter-node network")
+    inter_node_bandwidth_bytes_per_s: float | None = Field(
+        default=None, gt=0, le=1e15, allow_inf_nan=False,
+        description="network bandwidth per node and direction, all its NICs together (nodes > 1); default "
+                    "25e9: one InfiniBand HDR 200 Gb/s NIC per node")
+    inter_node_latency_s: float | None = Field(
+        default=None, gt=0, le=1, allow_inf_nan=False,
+        description="network latency per ring step (nodes > 1); default 6.6e-6")
     iteration_overhead_ms: float = Field(
         default=0.0, ge=0, le=1e9, allow_inf_nan=False,
         description="fixed time per iteration outside the layers (loss, zero_grad, framework glue)")
@@ -87,6 +99,10 @@ class PredictionCreate(Schema):
         if self.batch_size % self.device_count:
             raise ValueError(f"batch_size {self.batch_size} (the global batch) does not divide evenly over "
                              f"device_count {self.device_count}")
+        if self.device_count % self.nodes:
+            raise ValueError(f"device_count {self.device_count} does not spread evenly over nodes {self.nodes}")
+        if self.nodes == 1 and (self.inter_node_bandwidth_bytes_per_s or self.inter_node_latency_s):
+            raise ValueError("'inter_node_bandwidth_bytes_per_s' and 'inter_node_latency_s' need nodes > 1")
         if (self.checkpoint_every_epochs is None) != (self.checkpoint_write_bytes_per_s is None):
             raise ValueError("give 'checkpoint_every_epochs' and 'checkpoint_write_bytes_per_s' together")
         if self.checkpoint_every_epochs is not None and self.epochs is None:
@@ -152,6 +168,8 @@ class IterationPrediction(Schema):
     update_ms: float
     samples_per_s: float = Field(description="global batch / iteration time")
     device_count: int
+    nodes: int = Field(description="nodes the devices sit on")
+    devices_per_node: int
     per_device_batch_size: int
     layers_ms: float = Field(description="sum of the layers' forward + backward + update on one device")
     overhead_ms: float = Field(description="the request's iteration_overhead_ms")

@@ -25,7 +25,12 @@ from app.core.aggregate import (
     aggregate,
 )
 from app.core.analysis import GraphAnalysis, analyze
-from app.core.collectives import BANDWIDTH_EFFICIENCY
+from app.core.collectives import (
+    BANDWIDTH_EFFICIENCY,
+    DEFAULT_NETWORK_BANDWIDTH_BYTES_PER_S,
+    DEFAULT_NETWORK_LATENCY_S,
+    Link,
+)
 from app.core.costs import LayerCost
 from app.core.energy import IDLE_FRACTION_OF_TDP, J_PER_KWH, idle_power_w, power_w, utilisation
 from app.core.hardware import HardwareSpec
@@ -102,7 +107,8 @@ def aggregation_input(
     n = request.device_count
     dp = None
     if n > 1:
-        dp = DataParallel(device_count=n, gradient_bytes=fp.gradients_bytes if training else 0, link=hw.link())
+        dp = DataParallel(device_count=n, gradient_bytes=fp.gradients_bytes if training else 0, link=hw.link(),
+                          nodes=request.nodes, network=network_link(request))
     ck = None
     if request.checkpoint_every_epochs is not None and request.checkpoint_write_bytes_per_s is not None:
         ck = Checkpointing(checkpoint_bytes=fp.weights_bytes + fp.optimizer_state_bytes,
@@ -117,6 +123,36 @@ def aggregation_input(
         epochs=request.epochs, checkpointing=ck, idle_power_w=idle_power_w(hw) if hw.tdp_w is not None else None,
         price_usd_per_hour=price, grid_gco2_per_kwh=request.grid_gco2_per_kwh,
     )
+
+
+def network_link(request: PredictionCreate) -> Link | None:
+    """The inter-node network of ``request`` (``None`` on one node): its bandwidth and latency, each
+    defaulting to :data:`app.core.collectives.DEFAULT_NETWORK_BANDWIDTH_BYTES_PER_S` / ``_LATENCY_S``
+    (the answer's warnings say so)."""
+    if request.nodes == 1:
+        return None
+    return Link(kind="network",
+                bandwidth_bytes_per_s=request.inter_node_bandwidth_bytes_per_s or DEFAULT_NETWORK_BANDWIDTH_BYTES_PER_S,
+                step_latency_s=request.inter_node_latency_s or DEFAULT_NETWORK_LATENCY_S)
+
+
+def _data_parallel_assumption(request: PredictionCreate, hw: HardwareSpec) -> str:
+    if request.device_count == 1:
+        return "one device, no communication"
+    g = request.device_count // request.nodes
+    where = (f"{request.device_count} devices in one node" if request.nodes == 1 else
+             f"{request.nodes} nodes x {g} devices")
+    intra = (f" over {hw.interconnect} ({(hw.interconnect_bandwidth_bytes_per_s or 0) / 1e9:g} GB/s per direction, "
+             f"{(hw.interconnect_latency_s or 0) * 1e6:g} us per step)" if g > 1 else "")
+    net = network_link(request)
+    between = ("" if net is None else f", nodes joined by a {net.bandwidth_bytes_per_s / 1e9:g} GB/s per node, "
+               f"{net.step_latency_s * 1e6:g} us per step network")
+    ring = ("ring all-reduce of the fp32 gradients (8.4 us + 2(n-1) x step latency + 2(n-1)/n x bytes / "
+            f"({BANDWIDTH_EFFICIENCY} x link bandwidth))" if request.nodes == 1 else
+            "hierarchical all-reduce of the fp32 gradients (reduce-scatter in the node, ring all-reduce "
+            "between nodes, all-gather in the node; app/core/collectives.py)")
+    return (f"{where}{intra}{between}: batch_size is the global batch, {request.per_device_batch_size} per device; "
+            f"{ring}; docs/allreduce_validation.md; in 25 MiB DDP buckets overlapped with backward")
 
 
 def _price(request: PredictionCreate, hw: HardwareSpec) -> tuple[float | None, str | None]:
@@ -195,7 +231,8 @@ def _totals_read(
     iteration = IterationPrediction(
         time_ms=it.time_ms, time_ms_p10=it.time_ms_p10, time_ms_p90=it.time_ms_p90, forward_ms=it.forward_ms,
         backward_ms=it.backward_ms, update_ms=it.update_ms, samples_per_s=it.samples_per_s,
-        device_count=it.device_count, per_device_batch_size=it.per_device_batch_size, layers_ms=it.layers_ms,
+        device_count=it.device_count, nodes=request.nodes, devices_per_node=it.device_count // request.nodes,
+        per_device_batch_size=it.per_device_batch_size, layers_ms=it.layers_ms,
         overhead_ms=it.overhead_ms, gradient_bytes=gradient_bytes, allreduce_ms=it.allreduce_ms,
         allreduce_exposed_ms=it.allreduce_exposed_ms, allreduce_buckets=it.allreduce_buckets, input_ms=it.input_ms,
         input_exposed_ms=it.input_exposed_ms, scaling_efficiency=it.scaling_efficiency, energy_j=it.energy_j,
@@ -312,6 +349,14 @@ def estimate(
             "range); their intervals are wider"
         )
     price, price_source = _price(request, hw)
+    if request.nodes > 1 and (request.inter_node_bandwidth_bytes_per_s is None
+                              or request.inter_node_latency_s is None):
+        net = network_link(request)
+        assert net is not None
+        warnings.append(
+            f"{request.nodes} nodes: inter-node network assumed {net.bandwidth_bytes_per_s / 1e9:.3g} GB/s per node "
+            f"and {net.step_latency_s * 1e6:.3g} us per step (default: one InfiniBand HDR 200 Gb/s NIC per node); "
+            "give inter_node_bandwidth_bytes_per_s and inter_node_latency_s for yours")
     if it.energy_j is None:
         warnings.append(f"hardware {hw.id!r} lists no tdp_w: energy and CO2 are not estimated")
     if agg.job is not None and price is None:
@@ -384,14 +429,7 @@ def estimate(
                          "per-device batch, no inter-layer overlap, + iteration_overhead_ms + the exposed "
                          "all-reduce; input loading (when loading_samples_per_s is given) is max'ed with that "
                          "when loading_overlapped, added otherwise (app/core/aggregate.py)",
-            "data_parallel": (
-                f"{request.device_count} devices in one node over {hw.interconnect} "
-                f"({(hw.interconnect_bandwidth_bytes_per_s or 0) / 1e9:g} GB/s per direction, "
-                f"{(hw.interconnect_latency_s or 0) * 1e6:g} us per step): batch_size is the global batch, "
-                f"{request.per_device_batch_size} per device; ring all-reduce of the fp32 gradients "
-                f"(8.4 us + 2(n-1) x step latency + 2(n-1)/n x bytes / ({BANDWIDTH_EFFICIENCY} x link "
-                "bandwidth); docs/allreduce_validation.md) in 25 MiB DDP buckets overlapped with backward"
-                if request.device_count > 1 else "one device, no communication"),
+            "data_parallel": _data_parallel_assumption(request, hw),
             "fusion": "layers fused as the software stack fuses them (attention core, erf-GELU chains, bias "
                       "adds, and activation epilogues under compiled graphs); a fused layer keeps its members' "
                       "FLOPs and moves only its external tensors",

@@ -64,6 +64,8 @@ from app.profiler.sampler import (
     propose_neighbours,
     sample_configs,
 )
+from app.progress import bar
+from app.progress import enabled as progress_enabled
 
 
 def _fraction_pick(config_id: str, salt: str, fraction: float) -> bool:
@@ -110,13 +112,14 @@ def _load_refine(path: Path, n: int, seed: int, max_train_ms: float, exclude: se
 
 
 class Progress:
-    """A one-line progress report on stderr (redrawn in place on a terminal, a line every
-    ``every_s`` seconds otherwise, e.g. under nohup)."""
+    """Progress of a campaign on stderr: a tqdm bar with ETA where bars are shown (:mod:`app.progress`: a
+    terminal, or ``LAYERCAST_PROGRESS=1``), otherwise a plain line every ``every_s`` seconds (log files,
+    e.g. under nohup)."""
 
     def __init__(self, total: int, *, stream: TextIO | None = None, every_s: float = 15.0) -> None:
         self.total, self.stream = total, stream or sys.stderr
-        self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
-        self.every_s = 0.5 if self.tty else every_s
+        self.bar = bar(desc="profile", total=total, unit="meas") if progress_enabled() else None
+        self.every_s = every_s
         self.t0 = time.monotonic()
         self.last = 0.0
         self.done = self.ok = self.err = self.skipped = 0
@@ -129,6 +132,10 @@ class Progress:
             self.err += 1
         else:
             self.skipped += 1
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"ok {self.ok} err {self.err} skipped {self.skipped} {label}", refresh=False)
+            self.bar.update(1)
+            return
         now = time.monotonic()
         if not force and now - self.last < self.every_s and self.done < self.total:
             return
@@ -137,15 +144,14 @@ class Progress:
         measured = self.ok + self.err
         rate = el / measured if measured else 0.0
         eta = rate * (self.total - self.done)
-        msg = (f"[{self.done:>6}/{self.total}] {100 * self.done / max(1, self.total):5.1f}%  ok {self.ok}"
-               f"  err {self.err}  skipped {self.skipped}  {label:<28.28}  elapsed {_hms(el)}  eta {_hms(eta)}")
-        self.stream.write(("\r" + msg) if self.tty else (msg + "\n"))
+        self.stream.write(f"[{self.done:>6}/{self.total}] {100 * self.done / max(1, self.total):5.1f}%  ok {self.ok}"
+                          f"  err {self.err}  skipped {self.skipped}  {label:<28.28}  elapsed {_hms(el)}  "
+                          f"eta {_hms(eta)}\n")
         self.stream.flush()
 
     def close(self) -> None:
-        if self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
+        if self.bar is not None:
+            self.bar.close()
 
 
 def _hms(s: float) -> str:

@@ -49,6 +49,7 @@ from app.core.hardware import hardware_from_dict
 from app.predictor.base import LayerTimeEstimate, LayerTimeQuery
 from app.predictor.onnx_model import LearnedPredictor, read_metadata
 from app.predictor.registry import current_stem, load_predictor
+from app.progress import bar
 from app.training.dataset import TrainingRows, iterations_from_database
 from app.training.metrics import (
     below_floor_pct,
@@ -223,7 +224,7 @@ def e2e_predictions(
     roof = RooflinePredictor(RooflineConstants.from_dict(predictor.learned.metadata["roofline"]))
     cache: dict[str, bytes] = {}
     out = []
-    for r in records:
+    for r in bar(records, desc="end-to-end iterations", unit="record"):
         arch = str(r["arch"])
         try:
             if arch not in cache:
@@ -564,6 +565,13 @@ def run(
         "environment": {"python": platform.python_version(), "onnxruntime": ort.__version__, "threads": threads},
     }
     log(f"held-out: learned {report['held_out']['learned']['mape_pct']:.1f} % MAPE")
+    from app.training.plots import error_plots
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plot = error_plots(out_dir / "evaluation_errors.png", hardware=te.gpu, measured_ms=te.time_ms,
+                       predicted_ms=np.exp(learned.run_features(te.features)[:, 1].astype(np.float64)),
+                       title=f"{stem}: held-out layers, predicted vs measured per device")
+    log(f"wrote {plot}")
     if logo:
         report["logo"] = logo_block(tr, va, te, meta, previous, recipe_override=logo_recipe, seed=split_seed, log=log)
     if e2e:

@@ -62,6 +62,7 @@ from app.db import make_engine, make_sessionmaker, utcnow
 from app.estimates.service import refit_job_calibration
 from app.measurements.importers import IMPORT_SOURCES
 from app.measurements.models import Measurement
+from app.observability import record_retrain
 from app.predictor.metadata import ArtifactMetadata, Watermark, sha256_file, write_atomic
 from app.predictor.onnx_model import LearnedPredictor
 from app.predictor.registry import load_from_store
@@ -261,6 +262,7 @@ def run_retrain(*, database_url: str, store_dir: Path, cfg: RetrainConfig, trigg
                 run.gate = {"passed": passed, "checks": checks}
                 result = _run_dict(run)
             log(f"retrain run {run_id}: {meta.version} {result['status']} ({reason})")
+            record_retrain("promoted" if passed else "rejected")
             return result
         except BaseException as exc:
             with factory.begin() as session:
@@ -268,6 +270,7 @@ def run_retrain(*, database_url: str, store_dir: Path, cfg: RetrainConfig, trigg
                 if run is not None:
                     run.status, run.finished_at = "failed", utcnow()
                     run.error = "".join(traceback.format_exception_only(type(exc), exc)).strip()[:4000]
+            record_retrain("failed")
             raise
     finally:
         if tmp is not None:

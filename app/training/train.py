@@ -60,6 +60,7 @@ from app.core.hardware import HardwareSpec
 from app.hardware.catalog import load_catalog
 from app.measurements.importers import SOURCE_JUSTUS, SOURCE_NEUSIGHT, SOURCE_PROFILER, SOURCE_VIDUR
 from app.predictor.roofline import fit_roofline_constants
+from app.progress import bar
 from app.training.dataset import TrainingRows, load_from_database, split_by_config, split_by_hash
 from app.training.metrics import metrics, source_of
 
@@ -213,6 +214,8 @@ class LayerTimeNet(nn.Module):
         self.cpu_ln_ineff = nn.Parameter(torch.tensor(0.0))
         self.cpu_ln_ovh = nn.Parameter(torch.tensor(0.0))
         self.cpu_ln_ovh_train = nn.Parameter(torch.tensor(0.0))
+        #: mean training loss of each epoch of :func:`train_model` (the loss curve; not saved with the weights)
+        self.loss_history: list[float] = []
 
     def _is_cpu(self, x: torch.Tensor) -> torch.Tensor:
         return x[:, self.cpu_i] if self.cpu_i >= 0 else torch.zeros_like(x[:, 0])
@@ -350,7 +353,8 @@ def train_model(
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=epochs * steps_per_epoch)
     gen = torch.Generator().manual_seed(seed)
     model.train()
-    for epoch in range(epochs):
+    epochs_bar = bar(range(epochs), desc=f"train (seed {seed})", unit="epoch", leave=False)
+    for epoch in epochs_bar:
         perm = torch.randperm(len(y), generator=gen)
         total = 0.0
         for i in range(steps_per_epoch):
@@ -361,6 +365,8 @@ def train_model(
             opt.step()
             sched.step()
             total += float(loss.detach()) * len(idx)
+        model.loss_history.append(total / len(y))
+        epochs_bar.set_postfix(loss=f"{total / len(y):.4f}", refresh=False)
         if epoch == epochs - 1 or epoch % max(1, epochs // 5) == 0:
             log(f"  epoch {epoch + 1}/{epochs} pinball {total / len(y):.4f}")
     model.eval()
@@ -601,7 +607,7 @@ def leave_one_gpu_out(
     g_tr, g_va, g_te = (gpu_group(d.gpu, catalog) for d in (gtr, gva, gte))
     groups = list(groups) if groups is not None else sorted(set(g_te.tolist()))
     out: dict[str, Any] = {}
-    for g in groups:
+    for g in bar(groups, desc="leave-one-GPU-out", unit="fold"):
         t0 = time.time()
         model, _ = fit_recipe(gtr.subset(g_tr != g), gva.subset(g_va != g), recipe=recipe, seed=seed,
                               ensemble=int(recipe.get("logo_ensemble", 1)), log=lambda s: None)  # fmt: skip
@@ -805,6 +811,13 @@ def run(
     model, q_scale = fit_recipe(tr, va, recipe=recipe, seed=seed, log=log)
     train_s = time.time() - t1
     log(f"trained in {train_s:.1f}s; in-distribution conformal scales {q_scale}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    from app.training.plots import loss_curve
+
+    curve = loss_curve(out_dir / f"{MODEL_NAME}-{version}.loss.png", title=f"{MODEL_NAME}-{version}: pinball loss",
+                       curves={f"{kind} head, member {i + 1}": m.loss_history
+                               for kind, head in model.heads().items() for i, m in enumerate(_members(head))})
+    log(f"wrote the loss curve {curve}")
 
     logo_summary: dict[str, Any] = {}
     factor = (1.0, 1.0)

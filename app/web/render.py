@@ -1,4 +1,5 @@
-"""Pure HTML/SVG rendering of the web page (no request to any outside host: SVG drawn here, inline CSS).
+"""Pure HTML/SVG rendering of the web page (no request to any outside host: SVG drawn here, inline CSS and
+one inline script, :data:`_PROGRESS_JS`, that shows a progress bar while a form's request runs).
 
 Every value that comes from a user or the database goes through :func:`html.escape`.
 """
@@ -11,6 +12,7 @@ import math
 from html import escape
 from typing import Any
 
+from app.estimates.schemas import ComparisonRead, ComparisonRow
 from app.hardware.schemas import HardwareRead
 from app.predictions.schemas import LayerPrediction, PredictionRead
 
@@ -22,7 +24,17 @@ _CSS = """body{font-family:system-ui,sans-serif;margin:1.5rem;max-width:1100px;c
 form{display:flex;flex-wrap:wrap;gap:.6rem;align-items:end;margin-bottom:1rem}
 label{display:flex;flex-direction:column;font-size:.85rem}
 table{border-collapse:collapse;margin:.5rem 0}td,th{border:1px solid #ccc;padding:.2rem .5rem;text-align:right}
-th{background:#f3f3f3}.error{color:#a00;font-weight:bold}svg{background:#fafafa;border:1px solid #ddd}"""
+th{background:#f3f3f3}.error{color:#a00;font-weight:bold}svg{background:#fafafa;border:1px solid #ddd}
+#progress{display:none;margin:.5rem 0}#progress.busy{display:block}tr.pareto td{font-weight:bold}"""
+
+#: While an upload or a prediction runs (a full-page request, seconds for a large ONNX file or the whole
+#: catalog's comparison), show an indeterminate progress bar and the elapsed time, and disable the buttons.
+_PROGRESS_JS = """document.querySelectorAll('form').forEach(function(f){f.addEventListener('submit',function(){
+var p=document.getElementById('progress'),t=document.getElementById('progress-s'),t0=Date.now();
+p.classList.add('busy');f.querySelectorAll('button').forEach(function(b){b.disabled=true;});
+setInterval(function(){t.textContent=((Date.now()-t0)/1000).toFixed(1);},100);});});"""
+_PROGRESS = ('<div id="progress" role="status"><progress></progress> working… <span id="progress-s">0.0</span> s'
+             '</div>')
 
 
 def _select(name: str, options: list[tuple[str, str]], selected: str | None) -> str:
@@ -159,6 +171,93 @@ def roofline(layers: list[LayerPrediction], hardware: HardwareRead, precision: s
     )
 
 
+def _log_scale(lo: float, hi: float, start: float, end: float) -> Any:
+    """Map [lo, hi] (positive) to [start, end] on a log axis, with a margin of 0.1 decade."""
+    a, b = math.log10(lo) - 0.1, math.log10(hi) + 0.1
+    return lambda v: start + (math.log10(v) - a) / (b - a) * (end - start)
+
+
+def comparison(read: ComparisonRead) -> str:
+    """Scatter of job time (x, log) against cost (y, log), one dot per device × count that fits, the Pareto
+    front (``pareto``: over job time, cost and energy) as red dots joined in job-time order, rows without a
+    price in a band above the plot (unknown cost counts as worst, as in the front); then the rows as a table.
+    """
+    rows = [r for r in read.rows if r.fits]
+    if not rows:
+        return '<h2>Hardware comparison</h2><p id="comparison">No device fits this job.</p>' + _unavailable(read)
+    width, height, pad, band = 700, 420, 60, 40
+    priced = [r for r in rows if r.cost_usd]
+    sx = _log_scale(min(r.job_s for r in rows), max(r.job_s for r in rows), pad, width - 20)
+    sy = (_log_scale(min(r.cost_usd or 0 for r in priced), max(r.cost_usd or 0 for r in priced), height - pad,
+                     band + 10) if priced else None)
+
+    def y(r: ComparisonRow) -> float:
+        return band / 2 if sy is None or not r.cost_usd else float(sy(r.cost_usd))
+
+    dots = "".join(
+        f'<circle class="device{" pareto" if r.pareto else ""}" cx="{sx(r.job_s):.1f}" cy="{y(r):.1f}" '
+        f'r="{5 if r.pareto else 4}" fill="{"#c00" if r.pareto else "#4878d0"}" fill-opacity=".75">'
+        f"<title>{escape(r.hardware_id)} ×{r.device_count}: {r.job_s:.4g} s, "
+        f"{'no price' if r.cost_usd is None else f'${r.cost_usd:.4g}'}, {_fmt(r.energy_j)} J</title></circle>"
+        f'<text x="{sx(r.job_s) + 6:.1f}" y="{y(r) + 3:.1f}" font-size="9">{escape(r.hardware_id)}'
+        f"{f' ×{r.device_count}' if r.device_count > 1 else ''}</text>"
+        for r in rows
+    )
+    front = sorted((r for r in rows if r.pareto), key=lambda r: r.job_s)
+    line = " ".join(f"{sx(r.job_s):.1f},{y(r):.1f}" for r in front)
+    ticks = ""
+    if priced and sy is not None:
+        lo, hi = min(r.cost_usd or 0 for r in priced), max(r.cost_usd or 0 for r in priced)
+        ticks = "".join(f'<text x="{pad - 4}" y="{sy(v) + 3:.1f}" font-size="9" text-anchor="end">${v:.3g}</text>'
+                        for v in sorted({lo, hi}))
+    t_lo, t_hi = min(r.job_s for r in rows), max(r.job_s for r in rows)
+    ticks += "".join(f'<text x="{sx(v):.1f}" y="{height - pad + 14}" font-size="9" text-anchor="middle">'
+                     f"{v:.3g} s</text>" for v in sorted({t_lo, t_hi}))
+    svg = (
+        f'<svg id="comparison-chart" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">'
+        f'<line x1="{pad}" y1="{band}" x2="{width - 20}" y2="{band}" stroke="#bbb" stroke-dasharray="4 3"/>'
+        f'<text x="{pad}" y="12" font-size="10">no price (cost unknown)</text>'
+        f'<polyline id="pareto-front" points="{line}" fill="none" stroke="#c00" stroke-width="1.5"/>{dots}{ticks}'
+        f'<text x="{width / 2}" y="{height - 15}" font-size="11" text-anchor="middle">job time (s, log)</text>'
+        f'<text x="14" y="{height / 2}" font-size="11" transform="rotate(-90 14 {height / 2})" '
+        f'text-anchor="middle">job cost (USD, log)</text></svg>'
+    )
+    return (f"<h2>Hardware comparison ({len(rows)} fitting rows; red: Pareto front over time, cost and energy)</h2>"
+            + svg + _comparison_table(read) + _unavailable(read))
+
+
+def _comparison_table(read: ComparisonRead) -> str:
+    head = ("device", "devices", "iteration (ms)", "job (s)", "cost (USD)", "energy (kWh)", "fits", "Pareto")
+    body = "".join(
+        f'<tr class="{"pareto" if r.pareto else ""}"><td>{escape(r.hardware_id)}</td><td>{r.device_count}</td>'
+        f"<td>{r.iteration_ms:.4g}</td><td>{r.job_s:.4g}</td><td>{_fmt(r.cost_usd, 4)}</td>"
+        f"<td>{_fmt(None if r.energy_j is None else r.energy_j / 3.6e6, 4)}</td><td>{'yes' if r.fits else 'no'}</td>"
+        f"<td>{'yes' if r.pareto else ''}</td></tr>"
+        for r in read.rows
+    )
+    return ('<table id="comparison"><tr>' + "".join(f"<th>{h}</th>" for h in head) + f"</tr>{body}</table>")
+
+
+def _unavailable(read: ComparisonRead) -> str:
+    if not read.unavailable:
+        return ""
+    items = "".join(f"<li>{escape(u.hardware_id)} ×{u.device_count}: {escape(u.code)}</li>" for u in read.unavailable)
+    return (f'<details id="unavailable"><summary>{len(read.unavailable)} not comparable</summary><ul>{items}</ul>'
+            "</details>")
+
+
+def comparison_csv(read: ComparisonRead) -> str:
+    """Every row of ``read`` as CSV (the ``ComparisonRow`` fields; unknown values empty)."""
+    columns = list(ComparisonRow.model_fields)
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(columns)
+    for row in read.rows:
+        values = row.model_dump()
+        writer.writerow(["" if values[c] is None else values[c] for c in columns])
+    return out.getvalue()
+
+
 def layers_csv(prediction: PredictionRead) -> str:
     """Every layer of ``prediction`` as CSV (one header row; times in ms, null times empty)."""
     columns = ["name", "op_type", "kind", "method", "params", "forward_flops", "backward_flops", "bytes_read",
@@ -176,7 +275,8 @@ def layers_csv(prediction: PredictionRead) -> str:
 def page(body: str) -> str:
     """The whole document."""
     return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>layercast</title>'
-            f"<style>{_CSS}</style></head><body><h1>layercast</h1>{body}</body></html>")
+            f"<style>{_CSS}</style></head><body><h1>layercast</h1>{_PROGRESS}{body}"
+            f"<script>{_PROGRESS_JS}</script></body></html>")
 
 
 def error(code: str, message: str) -> str:

@@ -1,6 +1,7 @@
-"""The web page: ``GET /`` (form, totals, per-layer chart, roofline, memory), ``GET /ui/layers.csv`` and
-``POST /ui/graphs`` (upload from the page). Server-rendered HTML with inline SVG (:mod:`app.web.render`):
-no script, no request to any outside host.
+"""The web page: ``GET /`` (form, totals, per-layer chart, roofline, memory and, with a dataset size and
+epochs, the hardware comparison with its Pareto front), ``GET /ui/layers.csv``, ``GET /ui/comparison.csv``
+and ``POST /ui/graphs`` (upload from the page). Server-rendered HTML with inline SVG (:mod:`app.web.render`):
+no request to any outside host; the one inline script only shows progress while a form's request runs.
 
 The page takes the parameters of ``POST /v1/predictions`` as query parameters; a bad one is shown on the
 page with its problem code (and the response carries the matching 4xx status).
@@ -16,6 +17,8 @@ from pydantic import ValidationError
 
 from app.deps import PredictorDep, SessionDep, SettingsDep
 from app.errors import LayercastError
+from app.estimates import service as estimates
+from app.estimates.schemas import ComparisonCreate, ComparisonRead
 from app.graphs import router as graphs_router
 from app.graphs import service as graphs
 from app.hardware import service as hardware_service
@@ -41,6 +44,18 @@ def _predict(session: Any, predictor: Any, query: dict[str, Any]) -> PredictionR
     prediction = predictions.predict(session, predictor, request=PredictionCreate.model_validate(fields))
     record_prediction(predictor_version=prediction.predictor_version, methods=prediction.methods)
     return prediction
+
+
+def _compare(session: Any, predictor: Any, query: dict[str, Any]) -> ComparisonRead:
+    """The whole catalog's comparison of the page's job at its device count (``POST /v1/comparisons``).
+    Raises :class:`LayercastError` or ``ValidationError`` (e.g. without ``dataset_size`` or ``epochs``)."""
+    request = ComparisonCreate.model_validate({
+        "graph_id": query["graph_id"], "batch_size": query["batch_size"], "dataset_size": query["dataset_size"],
+        "epochs": query["epochs"], "mode": query["mode"], "precision": query["precision"],
+        "device_counts": [query["device_count"]]})
+    answer = estimates.compare(session, predictor, request=request)
+    record_prediction(predictor_version=answer.predictor_version, methods={}, count=len(answer.rows))
+    return answer
 
 
 def _problem(exc: Exception) -> tuple[int, str, str]:
@@ -80,8 +95,20 @@ def index(
                      + render.layer_bars(prediction.layers)
                      + render.roofline(prediction.layers, device, prediction.precision.value,
                                        training=prediction.mode == "training")
-                     + render.memory(prediction))
+                     + render.memory(prediction) + _comparison_section(session, predictor, query, params))
     return HTMLResponse(render.page(body), status_code=status)
+
+
+def _comparison_section(session: Any, predictor: Any, query: dict[str, Any], params: str) -> str:
+    if query["dataset_size"] is None or query["epochs"] is None:
+        return '<p id="comparison-hint">Give dataset_size and epochs to compare every device.</p>'
+    try:
+        read = _compare(session, predictor, query)
+    except (LayercastError, ValidationError) as exc:
+        _status, code, message = _problem(exc)
+        return render.error(code, message).replace('id="error"', 'id="comparison-error"')
+    return (render.comparison(read)
+            + f'<p><a id="comparison-csv" href="/ui/comparison.csv?{params}">comparison as CSV</a></p>')
 
 
 @router.get("/ui/layers.csv")
@@ -99,6 +126,23 @@ def layers_csv(
         return Response(f"{code}: {message}\n", status_code=status, media_type="text/plain")
     return Response(render.layers_csv(prediction), media_type="text/csv",
                     headers={"content-disposition": 'attachment; filename="layers.csv"'})
+
+
+@router.get("/ui/comparison.csv")
+def comparison_csv(
+    session: SessionDep, predictor: PredictorDep, graph_id: str, dataset_size: Annotated[int, Query(ge=1)],
+    epochs: Annotated[float, Query(gt=0)], hardware_id: str | None = None, batch_size: Int = 32,
+    mode: str = "training", precision: str = "fp32", device_count: Int = 1,
+) -> Response:
+    """The page's hardware comparison as CSV, one row per device (errors: the API's problem documents)."""
+    query = _query(graph_id, hardware_id, batch_size, mode, precision, device_count, dataset_size, epochs)
+    try:
+        read = _compare(session, predictor, query)
+    except ValidationError as exc:
+        status, code, message = _problem(exc)
+        return Response(f"{code}: {message}\n", status_code=status, media_type="text/plain")
+    return Response(render.comparison_csv(read), media_type="text/csv",
+                    headers={"content-disposition": 'attachment; filename="comparison.csv"'})
 
 
 @router.post("/ui/graphs", response_class=HTMLResponse)

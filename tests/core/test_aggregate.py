@@ -20,11 +20,15 @@ from app.core.collectives import (
     DDP_BUCKET_BYTES,
     NCCL_BASE_LATENCY_S,
     Link,
+    Topology,
+    allreduce_s,
     bucketed_allreduce,
     ring_allreduce_s,
 )
 
 NVLINK = Link(kind="nvlink", bandwidth_bytes_per_s=300e9, step_latency_s=5e-6)
+IB = Link(kind="network", bandwidth_bytes_per_s=25e9, step_latency_s=6.6e-6)
+ONE_NODE = Topology(nodes=1, devices_per_node=8, intra=NVLINK)
 LAYERS = [LayerTime(forward_ms=1.0, backward_ms=2.0, update_ms=0.5, total_ms_p10=3.0, total_ms_p90=4.5,
                     power_w=300.0)] * 10
 
@@ -87,13 +91,52 @@ def test_ring_allreduce_formula() -> None:
 
 def test_buckets_hide_all_but_the_last_behind_backward() -> None:
     grad = 4 * DDP_BUCKET_BYTES
-    long_backward = bucketed_allreduce(grad, 8, NVLINK, backward_ms=1e3)
+    long_backward = bucketed_allreduce(grad, ONE_NODE, backward_ms=1e3)
     last = ring_allreduce_s(DDP_BUCKET_BYTES, 8, NVLINK) * 1e3
     assert long_backward.buckets == 4
     assert long_backward.exposed_ms == pytest.approx(last)
     assert long_backward.total_ms == pytest.approx(4 * last)
-    no_backward = bucketed_allreduce(grad, 8, NVLINK, backward_ms=0.0)
+    no_backward = bucketed_allreduce(grad, ONE_NODE, backward_ms=0.0)
     assert no_backward.exposed_ms == pytest.approx(no_backward.total_ms)
+
+
+def test_hierarchical_allreduce_over_nodes() -> None:
+    nbytes = 1e9
+    # one node: the ring; one device per node: a ring over the network
+    assert allreduce_s(nbytes, ONE_NODE) == ring_allreduce_s(nbytes, 8, NVLINK)
+    assert allreduce_s(nbytes, Topology(nodes=4, devices_per_node=1, intra=None, network=IB)) == pytest.approx(
+        ring_allreduce_s(nbytes, 4, IB))
+    # 2 nodes x 8: in-node reduce-scatter + all-gather over NVLink, 2-node all-reduce over the network
+    two = allreduce_s(nbytes, Topology(nodes=2, devices_per_node=8, intra=NVLINK, network=IB))
+    expected = (NCCL_BASE_LATENCY_S + 2 * 7 * 5e-6 + 2 * 7 / 8 * nbytes / (BANDWIDTH_EFFICIENCY * 300e9)
+                + 2 * 1 * 6.6e-6 + 2 * 1 / 2 * nbytes / (BANDWIDTH_EFFICIENCY * 25e9))
+    assert two == pytest.approx(expected)
+    # the network dominates: far slower than 16 devices on one NVLink ring, faster than a flat ring over IB
+    assert ring_allreduce_s(nbytes, 16, NVLINK) < two < ring_allreduce_s(nbytes, 16, IB)
+    with pytest.raises(ValueError, match="network"):
+        Topology(nodes=2, devices_per_node=8, intra=NVLINK)
+    with pytest.raises(ValueError, match="intra-node"):
+        Topology(nodes=2, devices_per_node=8, intra=None, network=IB)
+
+
+def test_data_parallel_over_nodes_in_the_aggregation() -> None:
+    one_node = aggregate(AggregationInput(layers=LAYERS, global_batch_size=64, data_parallel=DataParallel(
+        device_count=16, gradient_bytes=4 * DDP_BUCKET_BYTES, link=NVLINK)))
+    two_nodes = aggregate(AggregationInput(layers=LAYERS, global_batch_size=64, data_parallel=DataParallel(
+        device_count=16, gradient_bytes=4 * DDP_BUCKET_BYTES, link=NVLINK, nodes=2, network=IB)))
+    topology = Topology(nodes=2, devices_per_node=8, intra=NVLINK, network=IB)
+    expected = bucketed_allreduce(4 * DDP_BUCKET_BYTES, topology, backward_ms=20.0)
+    assert two_nodes.iteration.allreduce_ms == pytest.approx(expected.total_ms)
+    assert two_nodes.iteration.allreduce_ms > one_node.iteration.allreduce_ms
+    assert two_nodes.iteration.scaling_efficiency < one_node.iteration.scaling_efficiency
+    for bad, match in ((DataParallel(device_count=16, gradient_bytes=1e6, link=NVLINK, nodes=3, network=IB), "evenly"),
+                       (DataParallel(device_count=16, gradient_bytes=1e6, link=NVLINK, nodes=2), "network")):
+        with pytest.raises(InvalidAggregation, match=match):
+            aggregate(AggregationInput(layers=LAYERS, global_batch_size=64, data_parallel=bad))
+    # one device per node needs no intra-node link
+    spread = aggregate(AggregationInput(layers=LAYERS, global_batch_size=64, data_parallel=DataParallel(
+        device_count=4, gradient_bytes=1e6, link=None, nodes=4, network=IB)))
+    assert spread.iteration.allreduce_ms > 0
 
 
 def test_data_parallel_splits_the_batch_and_reports_scaling_efficiency() -> None:

@@ -61,11 +61,36 @@ def test_server_backend_gives_the_offline_answer(models: dict[str, Path], client
 
 def test_compare_lists_refusals_with_their_code(models: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["compare", str(models["small"]), "--hardware", f"{A100},k80,nope", "--batch-size", "64",
-                 "--precision", "bf16", "--json"]) == 0
+                 "--dataset-size", "6400", "--epochs", "1", "--precision", "bf16", "--json"]) == 0
     rows = {r["hardware_id"]: r for r in json.loads(capsys.readouterr().out)}
-    assert rows[A100]["iteration_ms"] > 0 and rows[A100]["fits"] is True
+    assert rows[A100]["iteration_ms"] > 0 and rows[A100]["fits"] is True and rows[A100]["pareto"] is True
     assert rows["k80"]["error"] == "precision_not_supported"  # Kepler has no bf16: listed, not dropped
     assert rows["nope"]["error"] == "hardware_not_found"
+    assert main(["compare", str(models["small"]), "--hardware", A100, "--batch-size", "64"]) == ci.EXIT_ERROR
+    assert "--dataset-size and --epochs" in capsys.readouterr().err
+
+
+def test_compare_against_a_server_is_one_comparisons_call(models: dict[str, Path], client: TestClient) -> None:
+    backend = ci.ServerBackend("http://testserver")
+    backend.client = client
+    paths: list[str] = []
+    client.event_hooks["request"].append(lambda request: paths.append(request.url.path))
+    hardware = [A100, "v100-sxm2-16gb", "t4", "k80", "nope"]
+    params = ci.JobParams(batch_size=64, dataset_size=6400, epochs=2, precision="fp16", device_count=2,
+                          price_usd_per_hour=2.5)
+    served = backend.compare(models["resnet"], hardware, params)
+    assert paths == ["/v1/graphs", "/v1/comparisons"]  # one upload, one call for every device
+    offline = ci.OfflineBackend(REPO / "models").compare(models["resnet"], hardware, params)
+    assert len(served["rows"]) >= 3 and any(r["pareto"] for r in served["rows"])
+    for key in ("hardware_id", "device_count", "fits", "pareto"):
+        assert [r[key] for r in served["rows"]] == [r[key] for r in offline["rows"]]
+    for key in ("job_s", "cost_usd", "energy_j"):
+        assert [r[key] for r in served["rows"]] == pytest.approx([r[key] for r in offline["rows"]], rel=1e-9)
+    for row in served["rows"]:  # the price override reached the server: 2 devices x hours x 2.5 USD
+        assert row["cost_usd"] == pytest.approx(2 * 2.5 * row["job_s"] / 3600, rel=1e-6)
+    refused = {u["hardware_id"]: u["code"] for u in served["unavailable"]}
+    assert refused == {u["hardware_id"]: u["code"] for u in offline["unavailable"]}
+    assert refused["nope"] == "hardware_not_found"
 
 
 def test_gate_fails_on_growth_and_names_the_layer(models: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:

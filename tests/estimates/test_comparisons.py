@@ -84,3 +84,20 @@ def test_errors(client: TestClient, resnet_id: str) -> None:
     assert r.status_code == 404 and r.json()["error"]["code"] == "graph_not_found"
     r = client.post("/v1/comparisons", json={"graph_id": resnet_id, **JOB, "sort_by": "price"})
     assert r.status_code == 422
+
+
+def test_rows_over_several_nodes(client: TestClient, resnet_id: str) -> None:
+    body = _compare(client, resnet_id, hardware_ids=["a100-sxm4-80gb"], device_counts=[8, 16, 12, 20],
+                    devices_per_node=8, inter_node_bandwidth_bytes_per_s=100e9, inter_node_latency_s=5e-6,
+                    sort_by="hardware_id", batch_size=480)
+    rows = {r["device_count"]: r for r in body["rows"]}
+    assert {n: r["nodes"] for n, r in rows.items()} == {8: 1, 12: 2, 16: 2}  # 12: 2 nodes x 6
+    assert [(u["device_count"], u["code"]) for u in body["unavailable"]] == [(20, "validation_error")]  # 3 x 6.67
+    for n, r in rows.items():  # each row is the POST /v1/predictions answer for that layout
+        single = client.post("/v1/predictions", json={
+            "graph_id": resnet_id, "hardware_id": "a100-sxm4-80gb", **JOB, "batch_size": 480, "device_count": n,
+            "nodes": r["nodes"],
+            **({"inter_node_bandwidth_bytes_per_s": 100e9, "inter_node_latency_s": 5e-6} if r["nodes"] > 1 else {}),
+        }).json()
+        assert r["job_s"] == pytest.approx(single["job"]["time_s"], rel=1e-9)
+    assert rows[16]["scaling_efficiency"] < rows[8]["scaling_efficiency"]

@@ -146,6 +146,18 @@ def test_calibrate_clips_stored_ratios_that_bypassed_the_check() -> None:
     assert math.isfinite(p90) and p90 >= p50
 
 
+def test_jobs_over_several_nodes(client: TestClient, resnet_id: str) -> None:
+    job = {"graph_id": resnet_id, "hardware_id": "a100-sxm4-80gb", "device_count": 16, "batch_size": 512,
+           "dataset_size": 100_000, "epochs": 1}
+    r = client.post("/v1/job-estimates", json={"jobs": [job, {**job, "nodes": 2},
+                                                       {**job, "nodes": 2, "inter_node_bandwidth_bytes_per_s": 2e9},
+                                                       {**job, "nodes": 3}]})
+    assert r.status_code == 200, r.text
+    one_node, default_net, slow_net, uneven = r.json()["estimates"]
+    assert one_node["p50_s"] < default_net["p50_s"] < slow_net["p50_s"]  # a slower network, a longer job
+    assert uneven["error"]["code"] == "validation_error"
+
+
 def test_calibration_from_stats_adds_up_to_the_calibration_of_all_ratios() -> None:
     """What a retrain stores (the stats of the actuals up to its watermark) plus the actuals recorded since
     calibrate exactly as all ratios together would."""

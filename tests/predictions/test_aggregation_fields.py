@@ -8,7 +8,7 @@ import math
 import pytest
 from fastapi.testclient import TestClient
 
-from app.core.collectives import bucketed_allreduce
+from app.core.collectives import Link, Topology, bucketed_allreduce
 from app.core.energy import IDLE_FRACTION_OF_TDP
 from app.hardware.catalog import load_catalog
 from tests.helpers import light_model
@@ -40,7 +40,8 @@ def test_data_parallel_splits_the_batch_and_all_reduces_the_gradients(client: Te
     assert it["gradient_bytes"] == eight["memory"]["gradients_bytes"] >= eight["totals"]["params"] * 4
     link = load_catalog()["a100-sxm4-80gb"].link()
     assert link is not None and link.kind == "nvlink"
-    expected = bucketed_allreduce(it["gradient_bytes"], 8, link, backward_ms=it["backward_ms"])
+    expected = bucketed_allreduce(it["gradient_bytes"], Topology(nodes=1, devices_per_node=8, intra=link),
+                                  backward_ms=it["backward_ms"])
     assert math.isclose(it["allreduce_ms"], expected.total_ms, rel_tol=1e-9)
     assert math.isclose(it["allreduce_exposed_ms"], expected.exposed_ms, rel_tol=1e-9)
     assert it["allreduce_buckets"] == expected.buckets >= 4  # ~100 MB of ResNet-50 gradients in 25 MiB buckets
@@ -152,3 +153,24 @@ def test_no_price_or_tdp_is_said_not_zeroed(client: TestClient, resnet_id: str) 
     assert bare["iteration"]["energy_j"] is None and bare["job"]["energy_kwh"] is None
     assert bare["job"]["cost_usd"] is None
     assert any("tdp_w" in w for w in bare["warnings"])
+
+
+def test_data_parallel_over_nodes_is_hierarchical(client: TestClient, resnet_id: str) -> None:
+    job = {"graph_id": resnet_id, "hardware_id": "a100-sxm4-80gb", "batch_size": 512, "device_count": 16}
+    one_node = _predict(client, **job)
+    default_net = _predict(client, **job, nodes=2)
+    given = _predict(client, **job, nodes=2, inter_node_bandwidth_bytes_per_s=200e9, inter_node_latency_s=5e-6)
+    it = default_net["iteration"]
+    assert (it["nodes"], it["devices_per_node"]) == (2, 8) and one_node["iteration"]["nodes"] == 1
+    link = load_catalog()["a100-sxm4-80gb"].link()
+    net = Link(kind="network", bandwidth_bytes_per_s=25e9, step_latency_s=6.6e-6)
+    expected = bucketed_allreduce(it["gradient_bytes"], Topology(nodes=2, devices_per_node=8, intra=link,
+                                                                 network=net), backward_ms=it["backward_ms"])
+    assert math.isclose(it["allreduce_ms"], expected.total_ms, rel_tol=1e-9)
+    assert one_node["iteration"]["allreduce_ms"] < given["iteration"]["allreduce_ms"] < it["allreduce_ms"]
+    assert any("inter-node network assumed 25 GB/s" in w for w in default_net["warnings"])
+    assert not any("inter-node network assumed" in w for w in given["warnings"])
+    assert "2 nodes x 8 devices" in default_net["assumptions"]["data_parallel"]
+    for bad in ({"nodes": 3}, {"nodes": 1, "inter_node_bandwidth_bytes_per_s": 1e9}):
+        r = client.post("/v1/predictions", json={**job, **bad})
+        assert r.status_code == 422 and r.json()["error"]["code"] == "validation_error", r.text

@@ -21,6 +21,7 @@ from app.db import make_engine, make_sessionmaker  # noqa: E402
 from app.main import create_app  # noqa: E402
 from app.measurements.models import Measurement  # noqa: E402
 from app.migrate import upgrade  # noqa: E402
+from app.observability import REGISTRY  # noqa: E402
 from app.predictors import service  # noqa: E402
 from app.predictors.models import RetrainRun  # noqa: E402
 from app.training import retrain  # noqa: E402
@@ -97,8 +98,13 @@ def test_benchmark_membership_depends_on_the_key_only() -> None:
     assert 0.1 < alone.mean() < 0.3
 
 
+def _runs_counted(outcome: str) -> float:
+    return REGISTRY.get_sample_value("layercast_retrain_runs_total", {"outcome": outcome}) or 0.0
+
+
 def test_corrupted_candidate_is_rejected_and_production_kept(db: str, tmp_path: Path) -> None:
     store = tmp_path / "store"
+    promoted, rejected = _runs_counted("promoted"), _runs_counted("rejected")
     first = run_retrain(database_url=db, store_dir=store, cfg=TINY, log=lambda s: None)
     _promote(db, first["candidate_version"])  # an operator accepts a clean tiny model as production
     good = first["candidate_version"]
@@ -113,6 +119,9 @@ def test_corrupted_candidate_is_rejected_and_production_kept(db: str, tmp_path: 
     failed = [c for c in result["gate"]["checks"] if not c["passed"]]
     assert any(c["split"] == "benchmark" and c["group"] == "hardware:p100" for c in failed)
     assert "worse than production" in result["reason"]
+    outcomes = [first["status"], result["status"]]  # both runs are counted for /metrics
+    assert _runs_counted("promoted") == promoted + outcomes.count("promoted")
+    assert _runs_counted("rejected") == rejected + outcomes.count("rejected")
     engine = make_engine(db)
     try:
         with make_sessionmaker(engine)() as session:
@@ -154,7 +163,7 @@ def _graph(client: TestClient) -> str:
 
 
 def test_a_crash_during_training_leaves_production(db: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    before = _production(db)
+    before, failed = _production(db), _runs_counted("failed")
 
     def crash(**_kwargs: object) -> dict[str, object]:
         raise RuntimeError("killed mid-training")
@@ -162,7 +171,7 @@ def test_a_crash_during_training_leaves_production(db: str, tmp_path: Path, monk
     monkeypatch.setattr(retrain, "train_run", crash)
     with pytest.raises(RuntimeError, match="mid-training"):
         run_retrain(database_url=db, store_dir=tmp_path / "store", cfg=TINY, log=lambda s: None)
-    assert _production(db) == before
+    assert _production(db) == before and _runs_counted("failed") == failed + 1
     assert not [p for p in (tmp_path / "store").iterdir() if p.name.startswith(".retrain-")]
     engine = make_engine(db)
     try:

@@ -88,10 +88,12 @@ def test_evaluate_writes_report_with_targets_and_baselines(tmp_path: Path, kerne
     assert train_main(["--database-url", kernels_training_db, "--out-dir", str(models), "--epochs", "1",
                        "--ensemble", "1", "--hidden", "8", "--depth", "1", "--version", "t",
                        "--no-logo"]) == 0  # fmt: skip
+    assert (models / "layer-time-mlp-t.loss.png").read_bytes()[:4] == b"\x89PNG"  # the loss curve, beside the JSON
     out = tmp_path / "reports"
     assert evaluate_main(["--models-dir", str(models), "--previous", "", "--database-url", kernels_training_db,
                           "--out-dir", str(out), "--logo-epochs", "1", "--no-e2e"]) == 0  # fmt: skip
     rep = json.loads((out / "evaluation.json").read_text())
+    assert (out / "evaluation_errors.png").read_bytes()[:4] == b"\x89PNG"  # predicted vs measured per device
     held = rep["held_out"]
     assert {"learned", "roofline", "flops50", "lookup"} <= set(held)
     assert held["learned"]["n"] == held["n"] and held["roofline"]["answered_pct"] > 95  # the same rows
