@@ -9,6 +9,8 @@ Subcommands::
     layercast retrain|worker ...                                   gated retraining (app.training.retrain/worker)
     layercast import justus|deepbench                              import public measurements
     layercast hardware list                                        print the built-in hardware catalog
+    layercast keys create NAME --scope S [--scope S]               make an API key (shown once; app.auth)
+    layercast keys list | keys revoke KEY_ID                       list keys (no secrets) / revoke one
     layercast predict|compare|gate MODEL.onnx --hardware ID ...    cost predictions for CI (app.estimates.cli)
     layercast version                                              print the version
 
@@ -50,6 +52,17 @@ def _build_parser() -> argparse.ArgumentParser:
     hardware = sub.add_parser("hardware", help="hardware catalog")
     hw_sub = hardware.add_subparsers(dest="hardware_command", required=True, metavar="ACTION")
     hw_sub.add_parser("list", help="print the built-in hardware catalog")
+
+    keys = sub.add_parser("keys", help="API keys (app.auth): create, list, revoke")
+    keys.add_argument("--database-url", default=None, help="database (default $LAYERCAST_DATABASE_URL)")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
+    create = keys_sub.add_parser("create", help="create a key and print it (it is shown only once)")
+    create.add_argument("name", help="who or what uses the key (e.g. ci-pipeline)")
+    create.add_argument("--scope", action="append", required=True, dest="scopes",
+                        help="read, graphs, measurements, hardware or admin (repeat for several)")
+    keys_sub.add_parser("list", help="list keys: id, name, scopes, created, revoked")
+    revoke = keys_sub.add_parser("revoke", help="revoke a key (requests with it answer 401 from then on)")
+    revoke.add_argument("key_id", help="the key's public id (second part of lck_<id>_<secret>)")
 
     sub.add_parser("version", help="print the version")
 
@@ -150,6 +163,43 @@ def _hardware_list() -> int:
     return 0
 
 
+def _keys(args: argparse.Namespace, settings: Settings) -> int:
+    """``layercast keys create|list|revoke`` on the (migrated) database."""
+    from app.auth import ApiKeyNotFound, create_key, list_keys, revoke_key
+    from app.db import make_engine, make_sessionmaker
+    from app.migrate import upgrade
+
+    url = args.database_url or settings.database_url
+    upgrade(url)
+    engine = make_engine(url, pool_size=1)
+    try:
+        with make_sessionmaker(engine).begin() as session:
+            if args.keys_command == "create":
+                try:
+                    row, key = create_key(session, name=args.name, scopes=args.scopes)
+                except ValueError as exc:
+                    print(f"layercast keys create: {exc}", file=sys.stderr)
+                    return 2
+                print(key)
+                print(f"key id {row.id}, scopes {','.join(row.scopes)}: store it now, it is not shown again "
+                      "(send it as 'Authorization: Bearer <key>')", file=sys.stderr)
+            elif args.keys_command == "list":
+                rows = [(k.id, k.name, ",".join(k.scopes), k.created_at.isoformat(timespec="seconds"),
+                         k.revoked_at.isoformat(timespec="seconds") if k.revoked_at else "")
+                        for k in list_keys(session)]  # fmt: skip
+                print(format_table(rows, ("id", "name", "scopes", "created_at", "revoked_at")))
+            else:
+                try:
+                    revoke_key(session, key_id=args.key_id)
+                except ApiKeyNotFound as exc:
+                    print(f"layercast keys revoke: {exc.message}", file=sys.stderr)
+                    return 2
+                print(f"revoked {args.key_id}")
+    finally:
+        engine.dispose()
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``layercast`` console script; returns the process exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -172,6 +222,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "hardware":
         return _hardware_list()
+    if args.command == "keys":
+        return _keys(args, settings)
     if args.command in ("predict", "compare", "gate"):
         from app.estimates.cli import run
 

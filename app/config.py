@@ -2,15 +2,31 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from limits import parse_many
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app.auth import Scope, parse_scopes
 from app.core.limits import DEFAULT_LIMITS, Limits
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+#: ``Host`` names of a loopback-bound server (the default allow-list, :meth:`Settings.host_allow_list`).
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1", "[::1]")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether the bind address ``host`` is a loopback address or ``localhost``."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 class Settings(BaseSettings):
@@ -19,8 +35,9 @@ class Settings(BaseSettings):
     ``database_url``: SQLAlchemy URL; default an SQLite file under ``./var``.
     ``models_dir``: folder of predictor artifacts (ONNX + metadata JSON); default the shipped ``models/``.
     ``artifact_store``: directory of registered predictor artifacts that every replica can read (a shared
-    volume); default ``models_dir``. ``admin_key``: the key of the admin routes (promote, rollback, retrain
-    requests); unset = those routes answer 403 ``admin_key_not_configured``. ``predictor_poll_s``: how
+    volume); default ``models_dir``. ``admin_key``: a bootstrap key with the ``admin`` scope (:mod:`app.auth`:
+    promote, rollback, retrain, hardware and graphs of any owner), for deployments that cannot run
+    ``layercast keys create`` first; unset = only stored API keys are accepted. ``predictor_poll_s``: how
     often (s) a running API re-reads the production version from the database (0 = on every request): the
     bound on how long a promotion takes to be served.
     ``max_upload_bytes``: largest accepted request body, 2 GiB by default (GPT-2 XL-sized ONNX files
@@ -31,6 +48,15 @@ class Settings(BaseSettings):
     ``max_json_depth``, ``import_timeout_s``: import bounds (:class:`app.core.limits.Limits`, where the
     defaults are explained). ``db_pool_size``: database connections, one per worker thread (anyio's
     default thread limiter runs 40 sync routes at once).
+
+    Access control (:mod:`app.auth`): ``open_scopes``, the scopes of requests without an API key
+    (comma-separated; default ``read,graphs``; ``admin`` is refused); ``rate_limit``, each key's or
+    anonymous client address's budget in the ``limits`` notation (``100/second``; empty = none).
+    ``allowed_hosts``: accepted ``Host`` headers, comma-separated (Starlette ``TrustedHostMiddleware``:
+    a DNS-rebinding page names its own host); unset = the loopback names when ``host`` is a loopback
+    address, else any. ``cors_origins``: origins allowed to call the API from a browser script,
+    comma-separated (default none: no cross-origin access). ``db_retry_after_s``: the ``Retry-After``
+    of a 503 ``database_unavailable``.
     """
 
     model_config = SettingsConfigDict(env_prefix="LAYERCAST_", extra="ignore")
@@ -55,6 +81,42 @@ class Settings(BaseSettings):
     max_json_depth: int = DEFAULT_LIMITS.max_json_depth
     import_timeout_s: float = DEFAULT_LIMITS.import_timeout_s
     db_pool_size: int = 40
+    open_scopes: str = "read,graphs"
+    rate_limit: str = "100/second"
+    allowed_hosts: str | None = None
+    cors_origins: str = ""
+    db_retry_after_s: int = Field(default=5, ge=1)
+
+    @field_validator("open_scopes")
+    @classmethod
+    def _no_open_admin(cls, value: str) -> str:
+        if Scope.ADMIN in parse_scopes(value):
+            raise ValueError("open_scopes must not include 'admin': admin actions always need a key")
+        return value
+
+    @field_validator("rate_limit")
+    @classmethod
+    def _valid_rate_limit(cls, value: str) -> str:
+        if value.strip():
+            parse_many(value)  # ValueError on bad notation
+        return value
+
+    @property
+    def open_scope_set(self) -> frozenset[Scope]:
+        """``open_scopes`` parsed."""
+        return parse_scopes(self.open_scopes)
+
+    def host_allow_list(self) -> list[str]:
+        """The ``Host`` names the API answers (see ``allowed_hosts``)."""
+        if self.allowed_hosts is not None:
+            return [h.strip() for h in self.allowed_hosts.split(",") if h.strip()]
+        if is_loopback(self.host):
+            return list(LOOPBACK_NAMES)
+        return ["*"]
+
+    def cors_origin_list(self) -> list[str]:
+        """``cors_origins`` as a list."""
+        return [o.strip() for o in self.cors_origins.split(",") if o.strip()]
 
     def limits(self) -> Limits:
         """The import bounds these settings configure."""

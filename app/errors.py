@@ -80,6 +80,19 @@ class HardwareExists(Conflict):
     code = "hardware_exists"
 
 
+class HardwareInUse(Conflict):
+    """Measurements refer to the device: changing or deleting its spec would change what they mean."""
+
+    code = "hardware_in_use"
+
+
+class BuiltinHardware(LayercastError):
+    """The datasheet catalog and ``local`` are maintained by the service, not through the API."""
+
+    status_code = 403
+    code = "builtin_hardware"
+
+
 class PayloadTooLarge(LayercastError):
     status_code = 413
     code = "payload_too_large"

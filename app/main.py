@@ -33,26 +33,35 @@ from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as package_version
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from sqlalchemy import exc as sa_exc
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.config import Settings
+from app.auth import AUTH_ERRORS, BOOTSTRAP_OWNER, RateLimiter, active_key_count, authorize, sends_key
+from app.config import Settings, is_loopback
 from app.core.limits import Limits, json_bytes_depth, use_limits
 from app.db import make_engine, make_sessionmaker, write_intent
 from app.errors import LayercastError, LimitExceeded, PayloadTooLarge
 from app.migrate import ensure_sqlite_dir
 from app.observability import RequestContext
+from app.predictors.service import PredictorUnavailable
 from app.schemas import ErrorResponse
 
 logger = logging.getLogger("layercast")
 
-#: Routers included by :func:`create_app`, as ``(module, attribute)``.
+#: Routers included by :func:`create_app`, as ``(module, attribute)``; every one but the probes
+#: (:data:`OPEN_ROUTERS`) runs :func:`app.auth.authorize` (key, scope, rate limit) before its routes.
+OPEN_ROUTERS: tuple[tuple[str, str], ...] = (("app.observability", "router"),)
 ROUTERS: tuple[tuple[str, str], ...] = (
-    ("app.observability", "router"),
+    *OPEN_ROUTERS,
     ("app.web.router", "router"),
     ("app.hardware.router", "router"),
     ("app.graphs.router", "router"),
@@ -139,12 +148,65 @@ async def _handle_validation_error(_request: Request, exc: Exception) -> JSONRes
     return problem(422, "validation_error", message, {"errors": errors})
 
 
-async def _handle_http_exception(_request: Request, exc: Exception) -> JSONResponse:
+async def _handle_layercast_error_with_headers(request: Request, exc: Exception) -> JSONResponse:
+    """:class:`app.auth.RateLimited` carries ``Retry-After``; 401s name the scheme (RFC 6750)."""
+    response = await _handle_layercast_error(request, exc)
+    assert isinstance(exc, LayercastError)
+    if exc.status_code == 429 and "retry_after_s" in exc.detail:
+        response.headers["Retry-After"] = str(exc.detail["retry_after_s"])
+    elif exc.status_code == 401:
+        response.headers["WWW-Authenticate"] = "Bearer"
+    return response
+
+
+def module_routes() -> list[APIRoute]:
+    """Every route of :data:`ROUTERS` (full paths: the routers' prefixes included). FastAPI 0.16x keeps
+    included routers as opaque branches of ``app.routes``, so this reads the routers themselves."""
+    routes: list[APIRoute] = []
+    for module_name, attribute in ROUTERS:
+        router = getattr(importlib.import_module(module_name), attribute)
+        routes.extend(r for r in router.routes if isinstance(r, APIRoute))
+    return routes
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method some route of the app accepts at this path: Starlette's own ``Allow`` names only the
+    first route whose path matched (``GET`` of ``/v1/graphs/{graph_id}``, not its ``DELETE``)."""
+    methods: set[str] = set()
+    path = request.scope.get("path", "")
+    route: Route
+    for route in request.app.state.route_table:
+        if route.path_regex.match(path):
+            methods |= set(route.methods or ())
+    if "GET" in methods:
+        methods.add("HEAD")
+    return sorted(methods)
+
+
+async def _handle_http_exception(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     code = _HTTP_CODES.get(exc.status_code, "client_error" if exc.status_code < 500 else "server_error")
     message = exc.detail if isinstance(exc.detail, str) else code.replace("_", " ")
     detail: dict[str, Any] = exc.detail if isinstance(exc.detail, dict) else {}
-    return problem(exc.status_code, code, message, detail, headers=getattr(exc, "headers", None))
+    headers = dict(getattr(exc, "headers", None) or {})
+    if exc.status_code == 405:
+        headers["Allow"] = ", ".join(_allowed_methods(request))
+        detail = {**detail, "allow": headers["Allow"].split(", ")}
+    return problem(exc.status_code, code, message, detail, headers=headers or None)
+
+
+#: Database errors that mean "the database cannot serve now" (server gone, refused, locked past the
+#: busy timeout, pool exhausted), answered 503 ``database_unavailable`` with ``Retry-After``.
+DATABASE_DOWN: tuple[type[Exception], ...] = (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.TimeoutError)
+
+
+async def _handle_database_down(request: Request, exc: Exception) -> JSONResponse:
+    logger.error("database unavailable on %s %s: %s", request.method, request.url.path,
+                 str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    retry = request.app.state.settings.db_retry_after_s
+    return problem(503, "database_unavailable",
+                   f"the database is unavailable; retry in {retry} s (predictions with inline graphs and "
+                   "hardware keep working)", {"retry_after_s": retry}, headers={"Retry-After": str(retry)})
 
 
 async def _handle_unexpected(request: Request, exc: Exception) -> JSONResponse:
@@ -279,6 +341,89 @@ class RequestGuard:
         return body, None
 
 
+# --------------------------------------------------------------------------------- hosts, cross-site
+
+
+class HostAllowList:
+    """ASGI middleware: Starlette's :class:`TrustedHostMiddleware` (``Host`` parsing and ``*.domain``
+    patterns), with its plain-text refusal replaced by a 400 ``host_not_allowed`` problem document.
+    Against DNS rebinding: a page on ``evil.example`` whose name now resolves to 127.0.0.1 still sends
+    ``Host: evil.example``."""
+
+    _PASSED = "layercast.host_allowed"
+
+    def __init__(self, app: ASGIApp, allowed_hosts: list[str]) -> None:
+        self.app = app
+        self.allowed_hosts = allowed_hosts
+        self._check = TrustedHostMiddleware(self._accepted, allowed_hosts=allowed_hosts, www_redirect=False)
+
+    async def _accepted(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope[self._PASSED] = True
+        await self.app(scope, receive, send)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        refused = False
+
+        async def refuse(message: Message) -> None:
+            nonlocal refused
+            if refused or scope.get(self._PASSED):
+                if not refused:
+                    await send(message)
+                return
+            refused = True  # TrustedHostMiddleware's own 400: send ours instead, drop its body
+            host = dict(scope.get("headers") or []).get(b"host", b"").decode("latin-1")
+            err = LayercastError(f"Host {host!r} is not served here (LAYERCAST_ALLOWED_HOSTS)",
+                                 detail={"host": host, "allowed_hosts": self.allowed_hosts})
+            err.code = "host_not_allowed"
+            await ProblemResponse(err.to_problem(), status_code=400)(scope, receive, send)
+
+        await self._check(scope, receive, refuse)
+
+
+class CrossSiteGuard:
+    """ASGI middleware refusing cross-site writes (CSRF) with 403 ``cross_site_request``.
+
+    A request with a method other than GET/HEAD/OPTIONS and no API key header is refused when its
+    ``Origin`` is present and is neither this server's own origin (same scheme-less host and port as the
+    ``Host`` header) nor one of ``allowed_origins`` (the CORS list), or, without ``Origin``, when
+    ``Sec-Fetch-Site`` says ``cross-site`` or ``same-site`` (another port of localhost is same-site).
+    Browsers send ``Origin`` with every cross-origin POST, including the "simple" form and multipart ones
+    that need no CORS preflight, and can never add an ``Authorization`` or ``X-API-Key`` header to
+    those, so a request with a key is not a forged one. Clients that are not browsers send neither
+    header and pass.
+    """
+
+    def __init__(self, app: ASGIApp, allowed_origins: list[str]) -> None:
+        self.app = app
+        self.allowed_origins = frozenset(o.rstrip("/").lower() for o in allowed_origins)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            await self.app(scope, receive, send)
+            return
+        raw = scope.get("headers") or []
+        if not sends_key(raw):
+            headers = dict(raw)
+            origin = headers.get(b"origin", b"").decode("latin-1").rstrip("/").lower()
+            site = headers.get(b"sec-fetch-site", b"").decode("latin-1").lower()
+            host = headers.get(b"host", b"").decode("latin-1").lower()
+            same = origin.split("://", 1)[-1] == host if origin and origin != "null" else False
+            if (origin and not same and origin not in self.allowed_origins) or (
+                not origin and site in ("cross-site", "same-site")
+            ):
+                err = LayercastError(
+                    "cross-site write refused: send an API key header, or list the origin in LAYERCAST_CORS_ORIGINS",
+                    detail={"origin": origin or None, "sec_fetch_site": site or None},
+                )
+                err.code = "cross_site_request"
+                await ProblemResponse(err.to_problem(), status_code=403)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 # ------------------------------------------------------------------------------------------ lifespan
 
 
@@ -321,10 +466,16 @@ def _make_lifespan(settings: Settings, run_migrations: bool) -> Callable[[FastAP
         app.state.engine = engine
         app.state.sessionmaker = make_sessionmaker(engine)
         app.state.predictors = None
+        app.state.rate_limiter = RateLimiter(settings.rate_limit)
         try:
             if settings.seed_catalog:
                 _seed_catalog(app)
-            app.state.predictors = _predictor_holder(app, settings)
+            _log_access_policy(app, settings)
+            try:
+                app.state.predictors = _predictor_holder(app, settings)
+            except PredictorUnavailable as exc:
+                logger.critical("%s", exc)
+                raise
             logger.info(
                 "layercast %s ready (database %s, predictor %s, polled every %s s)",
                 service_version(), engine.url.render_as_string(hide_password=True),
@@ -335,6 +486,23 @@ def _make_lifespan(settings: Settings, run_migrations: bool) -> Callable[[FastAP
             engine.dispose()
 
     return lifespan
+
+
+def _log_access_policy(app: FastAPI, settings: Settings) -> None:
+    """One startup line saying who may do what, and how to create the first key when none exists."""
+    with app.state.sessionmaker() as session:
+        keys = active_key_count(session)
+    open_scopes = ",".join(sorted(s.value for s in settings.open_scope_set)) or "none"
+    admin = f"{keys} active API key(s)"
+    if settings.admin_key is not None:
+        admin += f" + the {BOOTSTRAP_OWNER} key LAYERCAST_ADMIN_KEY"
+    logger.info("access: requests without a key may use scopes [%s]; %s; hosts %s; rate limit %s",
+                open_scopes, admin, ",".join(settings.host_allow_list()), settings.rate_limit or "none")
+    if not keys and settings.admin_key is None:
+        logger.warning("no API key exists: measurements, hardware changes and admin actions are refused until "
+                       "you create one: `layercast keys create NAME --scope admin`")
+    if not is_loopback(settings.host) and "*" in settings.host_allow_list():
+        logger.warning("serving on %s with any Host header accepted: set LAYERCAST_ALLOWED_HOSTS", settings.host)
 
 
 # ------------------------------------------------------------------------------------------- factory
@@ -358,51 +526,75 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = False
         raw_paths=frozenset({"/v1/graphs"}),
     )
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_upload_bytes)
-    app.add_middleware(RequestContext)  # added last = outermost: ids and timing cover the size guard too
+    app.add_middleware(CrossSiteGuard, allowed_origins=settings.cors_origin_list())
+    if settings.cors_origin_list():
+        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origin_list(),
+                           allow_methods=["GET", "POST", "PUT", "DELETE"],
+                           allow_headers=["Authorization", "X-API-Key", "Content-Type", "Idempotency-Key"])
+    app.add_middleware(HostAllowList, allowed_hosts=settings.host_allow_list())
+    app.add_middleware(RequestContext)  # added last = outermost: ids and timing cover the guards too
 
-    app.add_exception_handler(LayercastError, _handle_layercast_error)
+    app.add_exception_handler(LayercastError, _handle_layercast_error_with_headers)
+    for db_error in DATABASE_DOWN:
+        app.add_exception_handler(db_error, _handle_database_down)
     app.add_exception_handler(RequestValidationError, _handle_validation_error)
     app.add_exception_handler(StarletteHTTPException, _handle_http_exception)
     app.add_exception_handler(Exception, _handle_unexpected)
 
     for module_name, attribute in ROUTERS:
-        app.include_router(getattr(importlib.import_module(module_name), attribute))
+        guard = [] if (module_name, attribute) in OPEN_ROUTERS else [Depends(authorize)]
+        app.include_router(getattr(importlib.import_module(module_name), attribute), dependencies=guard)
+    app.state.route_table = [*module_routes(), *(r for r in app.routes if isinstance(r, Route))]
     _document_common_errors(app)
     return app
 
 
 #: Statuses any route can answer, whatever its own ``responses=`` say: 400 (a body that cannot be
-#: parsed: broken multipart), 413 (a body over ``max_upload_bytes``/``max_json_bytes``), 422 (validation,
-#: ``limit_exceeded``), 500 (``internal_error``, with ``Connection: close``).
+#: parsed: broken multipart; a ``Host`` not allowed), 403 (a cross-site write), 413 (a body over
+#: ``max_upload_bytes``/``max_json_bytes``), 422 (validation, ``limit_exceeded``), 503 (the database is
+#: unavailable), 500 (``internal_error``, with ``Connection: close``); guarded routes add
+#: :data:`app.auth.AUTH_ERRORS`.
 _COMMON_ERRORS: dict[str, str] = {
-    "400": "bad_request: the body cannot be parsed",
+    "400": "bad_request: the body cannot be parsed; host_not_allowed",
     "413": "payload_too_large: body over max_upload_bytes or max_json_bytes",
     "422": "validation_error or limit_exceeded (json_depth...)",
+    "503": "database_unavailable (Retry-After)",
     "500": "internal_error (never caused by input; sent with Connection: close)",
 }
 
 
 def _document_common_errors(app: FastAPI) -> None:
     """Make the OpenAPI document list, on every operation, the error statuses the middleware and the
-    handlers of this module can answer (400/413 only where the operation takes a body)."""
+    handlers of this module can answer (413 only where the operation takes a body, the access-control
+    ones on guarded routes, 403 ``cross_site_request`` on writes)."""
     build = app.openapi
+    open_paths = {
+        getattr(route, "path", None)
+        for module_name, attribute in OPEN_ROUTERS
+        for route in getattr(importlib.import_module(module_name), attribute).routes
+    }
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema:
             return app.openapi_schema
         schema = build()
         ref = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}}
-        for operations in schema.get("paths", {}).values():
-            for operation in operations.values():
+        for path, operations in schema.get("paths", {}).items():
+            for method, operation in operations.items():
                 responses = operation.setdefault("responses", {})
-                for status_code, description in _COMMON_ERRORS.items():
+                common = dict(_COMMON_ERRORS)
+                if path not in open_paths:
+                    common.update(AUTH_ERRORS)
+                if method.upper() not in ("GET", "HEAD", "OPTIONS"):
+                    common["403"] = common.get("403", "") + ", cross_site_request"
+                for status_code, description in common.items():
                     takes_input = "requestBody" in operation or operation.get("parameters")
-                    if (status_code in ("400", "413") and "requestBody" not in operation) or (
+                    if (status_code == "413" and "requestBody" not in operation) or (
                         status_code == "422" and not takes_input
                     ):
                         continue
                     if status_code not in responses:
-                        responses[status_code] = {"description": description, "content": ref}
+                        responses[status_code] = {"description": description.lstrip(", "), "content": ref}
         schema.setdefault("components", {}).setdefault("schemas", {}).setdefault(
             "ErrorResponse", ErrorResponse.model_json_schema(ref_template="#/components/schemas/{model}")
         )

@@ -266,7 +266,9 @@ def healthz(request: Request) -> dict[str, Any]:
     responses={503: {"description": "not_ready: detail.database / detail.predictor say what is missing"}},
 )
 def readyz(request: Request, engine: EngineDep) -> dict[str, Any]:
-    """200 ``{"status": "ready", "database": "ok", "predictor_version": ...}``, or 503 ``not_ready``."""
+    """200 ``{"status": "ready", "database": "ok", "predictor_version": ..., "predictor_problem": null}``,
+    ``status`` ``degraded`` with ``predictor_problem`` saying why when the served version is not the
+    production one (it failed to load: the last good one serves), or 503 ``not_ready``."""
     database = "ok"
     try:
         with engine.connect() as conn:
@@ -281,7 +283,10 @@ def readyz(request: Request, engine: EngineDep) -> dict[str, Any]:
             f"not ready: database {database}, predictor {predictor_state}",
             detail={"database": database, "predictor": predictor_state},
         )
-    return {"status": "ready", "database": database, "predictor_version": getattr(predictor, "version", None)}
+    holder = request.app.state.predictors
+    problem = getattr(holder, "problem", None)
+    return {"status": "degraded" if problem else "ready", "database": database,
+            "predictor_version": getattr(predictor, "version", None), "predictor_problem": problem}
 
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response)

@@ -6,6 +6,12 @@ PostgreSQL: ``$LAYERCAST_TEST_POSTGRES_URL`` (a SQLAlchemy URL to any database o
 127.0.0.1:5432 (trust auth, database ``test``, user ``postgres`` then ``root``). Each test gets its own
 uniquely named database, created and dropped around it, so concurrent runs do not clash. Without a
 reachable server the PostgreSQL cases are skipped, except under ``CI=true`` where they fail: CI has one.
+
+Access control: the suite runs with every scope but ``admin`` open to requests without a key, the
+TestClient's ``testserver`` host allowed and no rate limit (``LAYERCAST_OPEN_SCOPES``,
+``LAYERCAST_ALLOWED_HOSTS``, ``LAYERCAST_RATE_LIMIT`` set below unless the environment sets them), so
+tests of other features need no key; the access-control tests (``tests/security/test_auth.py``) build
+their apps with the shipped defaults passed explicitly.
 """
 
 from __future__ import annotations
@@ -25,6 +31,15 @@ from sqlalchemy.orm import Session
 from app.config import REPO_ROOT, Settings
 from app.main import create_app
 from app.migrate import upgrade
+
+#: Settings the whole suite runs under (see the module doc).
+TEST_ENV = {
+    "LAYERCAST_OPEN_SCOPES": "read,graphs,measurements,hardware",
+    "LAYERCAST_ALLOWED_HOSTS": "testserver,test,localhost,127.0.0.1",
+    "LAYERCAST_RATE_LIMIT": "",
+}
+for _name, _value in TEST_ENV.items():
+    os.environ.setdefault(_name, _value)
 
 POSTGRES_ENV = "LAYERCAST_TEST_POSTGRES_URL"
 LOCAL_POSTGRES = ("127.0.0.1", 5432)

@@ -11,7 +11,7 @@ import app.models_registry  # noqa: F401  (fills Base.metadata)
 from app.db import Base
 from app.migrate import current_heads, downgrade, upgrade
 
-TABLES = {"hardware", "graphs", "measurements", "measurement_batches", "predictor_versions", "retrain_runs",
+TABLES = {"api_keys", "hardware", "graphs", "measurements", "measurement_batches", "predictor_versions", "retrain_runs",
           "lease_locks"}
 
 
@@ -24,7 +24,7 @@ def _tables(url: str) -> set[str]:
 
 
 def test_single_head() -> None:
-    assert current_heads() == ("0005",)
+    assert current_heads() == ("0006",)
 
 
 def test_upgrade_downgrade_upgrade(database_url: str) -> None:
@@ -46,7 +46,7 @@ def test_upgrade_downgrade_upgrade(database_url: str) -> None:
             "ix_measurements_source",
         }
         with engine.connect() as conn:
-            assert MigrationContext.configure(conn).get_current_revision() == "0005"
+            assert MigrationContext.configure(conn).get_current_revision() == "0006"
     finally:
         engine.dispose()
 

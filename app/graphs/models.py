@@ -19,7 +19,8 @@ class StoredGraph(Base):
     request: for ONNX the model with the data of weight-sized tensors removed (names, dims and dtypes
     kept; :func:`app.core.onnx_weights.strip_weights`), for JSON the canonical layer list.
     ``structure_sha256``: sha256 of ``content`` (equal for two uploads that differ only in the values
-    of weight-sized tensors; ``None`` for rows stored before migration 0003). ``size_bytes``: the upload's
+    of weight-sized tensors; ``None`` for rows stored before migration 0003). ``owner``: the API key that first
+uploaded it (:mod:`app.auth`; ``None``: anonymous). ``size_bytes``: the upload's
     size; ``stored_bytes``: ``len(content)``; ``weights_stored``: whether ``content`` still holds weight
     data (only rows from before migration 0003); ``stripped_weight_bytes``: declared bytes of the weight
     data not stored (inline data removed plus external data never read).
@@ -37,4 +38,5 @@ class StoredGraph(Base):
     structure_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
     content: Mapped[bytes] = mapped_column(LargeBinary)
     summary: Mapped[dict[str, Any]] = mapped_column(JSON)
+    owner: Mapped[str | None] = mapped_column(String(32), nullable=True)  # API key id (app.auth), None: anonymous
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

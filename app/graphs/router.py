@@ -11,6 +11,7 @@ from fastapi import APIRouter, Query, Request, Response, status
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
+from app.auth import PrincipalDep, get_principal
 from app.core.ir import Tensor
 from app.deps import SessionDep, SettingsDep
 from app.errors import InvalidGraph, InvalidRequest, LimitExceeded, PayloadTooLarge
@@ -25,6 +26,7 @@ _SPOOL_IN_MEMORY_BYTES = 8 * 2**20  # an upload larger than this is spooled to d
 _CHUNK_BYTES = 2**20
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
+    403: {"model": ErrorResponse, "description": "not_owner: the graph belongs to another key"},
     404: {"model": ErrorResponse, "description": "graph_not_found"},
     413: {"model": ErrorResponse, "description": "payload_too_large"},
     422: {
@@ -88,6 +90,7 @@ def _read(row: StoredGraph, *, notices: list[str] | None = None) -> GraphRead:
                 "structure_sha256": row.structure_sha256,
             },
             "summary": row.summary,
+            "owner": row.owner,
             "notices": notices or [],
         }
     )
@@ -131,7 +134,8 @@ async def create_graph(
     being hashed, never held whole as a request body; the file is read once, to parse it. External-data
     references in the model are never opened. Stored by the sha256 of the upload, without weight data;
     the same content twice returns the stored graph with 200 and ``notices`` saying what was done with
-    this request's ``name``, ``batch_size`` and ``dims``.
+    this request's ``name``, ``batch_size`` and ``dims``. The graph's ``owner`` is the API key of its first
+    upload (null: anonymous); only the owner or an admin may delete it.
     """
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     limit = settings.max_upload_bytes
@@ -203,6 +207,7 @@ async def create_graph(
             batch_size=batch_size,
             dims=binding,
             upload_sha256=digest.hexdigest(),
+            owner=get_principal(request).key_id,
         )
     if not result.created:
         response.status_code = status.HTTP_200_OK
@@ -210,11 +215,13 @@ async def create_graph(
 
 
 @router.delete(
-    "/{graph_id}", status_code=status.HTTP_204_NO_CONTENT, response_class=Response, responses={404: _ERRORS[404]}
+    "/{graph_id}", status_code=status.HTTP_204_NO_CONTENT, response_class=Response,
+    responses={k: _ERRORS[k] for k in (403, 404)},
 )
-def delete_graph(graph_id: str, session: SessionDep) -> Response:
-    """Delete a stored graph (204); 404 ``graph_not_found`` if there is none with this id."""
-    service.delete_graph(session, graph_id=graph_id)
+def delete_graph(graph_id: str, session: SessionDep, principal: PrincipalDep) -> Response:
+    """Delete a stored graph (204); 404 ``graph_not_found`` if there is none with this id, 403
+    ``not_owner`` when another key uploaded it (admins may delete any)."""
+    service.delete_graph(session, graph_id=graph_id, principal=principal)
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 

@@ -66,6 +66,7 @@ class GraphRead(Schema):
     created_at: datetime
     storage: GraphStorage
     summary: GraphSummary
+    owner: str | None = Field(default=None, description="id of the API key that first uploaded it; null: anonymous")
     notices: list[str] = Field(
         default_factory=list,
         description="on a re-upload of stored content (200): what was done with this request's name, "

@@ -22,6 +22,7 @@ from typing import IO, Any
 
 from sqlalchemy.orm import Session
 
+from app.auth import Principal, check_owner
 from app.core.analysis import GraphAnalysis, analyze
 from app.core.ir import Graph
 from app.core.json_import import import_json
@@ -140,6 +141,7 @@ def create_graph(
     batch_size: int = 1,
     dims: Mapping[str, int] | None = None,
     upload_sha256: str | None = None,
+    owner: str | None = None,
 ) -> CreateResult:
     """Validate, analyse and store a graph by content hash, without its weight data.
 
@@ -153,6 +155,7 @@ def create_graph(
     one that fails (:class:`InvalidGraph`, :class:`UnboundDimension`, :class:`UnknownDimension`)
     leaves the database untouched. An identical upload returns the stored row with ``created=False``,
     changes nothing, and says in ``notices`` what it did with a different ``name``/``batch_size``/``dims``.
+    ``owner``: the API key id recorded on a new row (:mod:`app.auth`; None: anonymous).
     """
     if isinstance(content, bytes):
         gid = upload_sha256 or content_id(content)
@@ -193,16 +196,19 @@ def create_graph(
         structure_sha256=content_id(stored),
         content=stored,
         summary=summary,
+        owner=owner,
     )
     return CreateResult(repo.add(row), True)
 
 
-def delete_graph(session: Session, *, graph_id: str) -> None:
-    """Delete the stored graph ``graph_id``; raises :class:`GraphNotFound` (404). Flushes."""
+def delete_graph(session: Session, *, graph_id: str, principal: Principal) -> None:
+    """Delete the stored graph ``graph_id`` on behalf of ``principal``; raises :class:`GraphNotFound`
+    (404) or :class:`app.auth.NotOwner` (403: another key owns it, :func:`app.auth.check_owner`). Flushes."""
     repo = GraphRepository(session)
     row = repo.get(graph_id)
     if row is None:
         raise GraphNotFound(f"no graph with id '{graph_id}'", detail={"graph_id": graph_id})
+    check_owner(principal, row.owner, what="graph", ident=graph_id)
     repo.delete(row)
 
 

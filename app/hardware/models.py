@@ -26,4 +26,5 @@ class Hardware(Base):
     peak_fp32_flops_per_s: Mapped[float] = mapped_column(Float)
     memory_bandwidth_bytes_per_s: Mapped[float] = mapped_column(Float)
     compute_units: Mapped[int] = mapped_column(Integer)
+    owner: Mapped[str | None] = mapped_column(String(32), nullable=True)  # API key id (app.auth), None: anonymous
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

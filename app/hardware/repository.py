@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.hardware.models import Hardware
+from app.measurements.models import Measurement
 
 
 class HardwareRepository:
@@ -30,6 +31,16 @@ class HardwareRepository:
     def ids(self) -> set[str]:
         """Ids of all stored rows."""
         return set(self.session.scalars(select(Hardware.id)).all())
+
+    def measurement_count(self, hardware_id: str) -> int:
+        """Measurements stored for ``hardware_id``."""
+        stmt = select(func.count()).select_from(Measurement).where(Measurement.hardware_id == hardware_id)
+        return int(self.session.scalar(stmt) or 0)
+
+    def delete(self, row: Hardware) -> None:
+        """Delete ``row`` and flush."""
+        self.session.delete(row)
+        self.session.flush()
 
     def add(self, row: Hardware) -> Hardware:
         """Insert ``row`` and flush (raises ``sqlalchemy.exc.IntegrityError`` on a duplicate id)."""

@@ -103,6 +103,7 @@ class HardwareRead(HardwareCreate):
     """A stored device; ``builtin`` is true for the datasheet catalog and ``local``."""
 
     builtin: bool
+    owner: str | None = Field(default=None, description="id of the API key that added it; null: anonymous or built-in")
 
     @model_validator(mode="after")
     def _gpu_features_complete(self) -> HardwareRead:

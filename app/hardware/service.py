@@ -12,8 +12,9 @@ from typing import Any
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from app.auth import Principal, check_owner
 from app.core.hardware import HardwareSpec
-from app.errors import HardwareExists, HardwareNotFound, InvalidRequest
+from app.errors import BuiltinHardware, HardwareExists, HardwareInUse, HardwareNotFound, InvalidRequest
 from app.hardware.catalog import (
     InvalidHardwareSpec,
     load_catalog,
@@ -42,7 +43,7 @@ def _columns(spec: HardwareSpec) -> dict[str, Any]:
 
 
 def _to_read(row: Hardware) -> HardwareRead:
-    return HardwareRead(**row.spec, builtin=row.builtin)
+    return HardwareRead(**row.spec, builtin=row.builtin, owner=row.owner)
 
 
 def builtin_ids() -> set[str]:
@@ -133,8 +134,8 @@ def spec_from_inline(data: HardwareCreate) -> HardwareSpec:
         raise InvalidRequest(str(exc), detail={"hardware_id": data.id}) from exc
 
 
-def create_custom(session: Session, *, data: HardwareCreate) -> HardwareRead:
-    """Store a custom device (``builtin=False``) and return it.
+def create_custom(session: Session, *, data: HardwareCreate, owner: str | None = None) -> HardwareRead:
+    """Store a custom device (``builtin=False``, owned by the API key id ``owner``) and return it.
 
     Never overwrites: raises :class:`app.errors.HardwareExists` (409, detail ``{"hardware_id": ...}``)
     if the id is stored already or is reserved for a built-in entry (catalog id or ``local``), even
@@ -147,10 +148,53 @@ def create_custom(session: Session, *, data: HardwareCreate) -> HardwareRead:
     )
     if spec.id in builtin_ids() or repo.get(spec.id) is not None:
         raise exists
-    row = Hardware(id=spec.id, builtin=False, **_columns(spec))
+    row = Hardware(id=spec.id, builtin=False, owner=owner, **_columns(spec))
     try:
         with session.begin_nested():  # savepoint: a concurrent insert must not spoil the transaction
             repo.add(row)
     except IntegrityError as exc:
         raise exists from exc
     return _to_read(row)
+
+
+def _custom_row(session: Session, hardware_id: str, principal: Principal) -> Hardware:
+    """The custom row ``hardware_id`` that ``principal`` may change, with no measurements on it."""
+    repo = HardwareRepository(session)
+    row = repo.get(hardware_id)
+    if row is None:
+        raise HardwareNotFound(f"unknown hardware id {hardware_id!r}", detail={"hardware_id": hardware_id})
+    if row.builtin or hardware_id in builtin_ids():
+        raise BuiltinHardware(f"{hardware_id!r} is a built-in catalog entry; it cannot be changed through the API",
+                              detail={"hardware_id": hardware_id})
+    check_owner(principal, row.owner, what="hardware", ident=hardware_id)
+    count = repo.measurement_count(hardware_id)
+    if count:
+        raise HardwareInUse(
+            f"{count} measurement(s) refer to {hardware_id!r}: changing its spec would change what they mean; "
+            "add the corrected device under a new id",
+            detail={"hardware_id": hardware_id, "measurements": count},
+        )
+    return row
+
+
+def update_custom(session: Session, *, hardware_id: str, data: HardwareCreate, principal: Principal) -> HardwareRead:
+    """Replace the spec of custom device ``hardware_id`` (``data.id`` must equal it) and return it.
+
+    Raises :class:`HardwareNotFound` (404), :class:`BuiltinHardware` (403), :class:`app.auth.NotOwner`
+    (403: another key added it), :class:`HardwareInUse` (409: measurements refer to it) and
+    :class:`InvalidRequest` (422: a different ``id`` in the body, an invalid spec). Flushes.
+    """
+    if data.id != hardware_id:
+        raise InvalidRequest(f"the body's id {data.id!r} differs from the path's {hardware_id!r}",
+                             detail={"hardware_id": hardware_id, "body_id": data.id})
+    row = _custom_row(session, hardware_id, principal)
+    for key, value in _columns(spec_from_inline(data)).items():
+        setattr(row, key, value)
+    HardwareRepository(session).flush()
+    return _to_read(row)
+
+
+def delete_custom(session: Session, *, hardware_id: str, principal: Principal) -> None:
+    """Delete custom device ``hardware_id``. Raises as :func:`update_custom` (but for the body). Flushes."""
+    repo = HardwareRepository(session)
+    repo.delete(_custom_row(session, hardware_id, principal))

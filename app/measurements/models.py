@@ -38,11 +38,14 @@ class Measurement(Base):
     repetitions: Mapped[int | None] = mapped_column(Integer, nullable=True)
     context: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     measured_at: Mapped[datetime | None] = mapped_column(nullable=True, index=True)
+    # the API key that reported it (app.auth); None for imports, anonymous reports and older rows
+    submitter: Mapped[str | None] = mapped_column(String(32), nullable=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class MeasurementBatch(Base):
-    """One ingested batch of ``POST /v1/measurements`` sent with an ``Idempotency-Key``.
+    """One ingested batch of ``POST /v1/measurements`` sent with an ``Idempotency-Key``; ``idempotency_key``
+    holds :func:`app.measurements.service.stored_key` of it (the caller's key scoped to its API key id).
 
     ``request_sha256`` is the SHA-256 of the batch's canonical JSON (:func:`app.measurements.service.batch_sha256`)
     and ``measurement_ids`` the ids it stored, in batch order: a retry with the same key and body is answered

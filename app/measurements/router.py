@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, Header, Query, Response, status
 from fastapi.responses import StreamingResponse
 from pydantic import AwareDatetime
 
+from app.auth import PrincipalDep
 from app.core.vocab import Granularity, Pass
 from app.deps import SessionDep, SessionFactoryDep
 from app.measurements import service
@@ -22,7 +23,9 @@ router = APIRouter(prefix="/v1/measurements", tags=["measurements"])
 _CREATE_ERRORS: dict[int | str, dict[str, Any]] = {
     409: {"model": ErrorResponse, "description": "idempotency_key_reused: the key was sent with another body"},
     422: {"model": ErrorResponse, "description": "validation_error (detail.errors[].loc names the row index), "
-          "invalid_measurements (detail.errors[]: index, code hardware_not_found | reserved_source, field), "
+          "invalid_measurements (detail.errors[]: index, code hardware_not_found | reserved_source | "
+          "implausible_measurement (below 100 ns, above the bound of its granularity, below 0.25x the layer's "
+          "roofline floor), field), "
           "invalid_idempotency_key"},
 }
 _LIST_ERRORS: dict[int | str, dict[str, Any]] = {
@@ -62,11 +65,13 @@ def create_measurements(
     data: MeasurementBatchCreate,
     session: SessionDep,
     response: Response,
+    principal: PrincipalDep,
     idempotency_key: Annotated[str | None, Header(description="retry-safe: same key + same body = same "
                                                   "answer, nothing stored twice; another body = 409")] = None,
 ) -> MeasurementBatchRead:
     """Store 1-5000 measured times (ms) atomically; answers their ids in batch order."""
-    result = service.create_measurements(session, data=data, idempotency_key=idempotency_key)
+    result = service.create_measurements(session, data=data, idempotency_key=idempotency_key,
+                                         submitter=principal.key_id)
     if result.replayed:
         response.headers["Idempotent-Replayed"] = "true"
     else:

@@ -82,7 +82,8 @@ class MeasurementBatchRead(Schema):
 
 class RowError(Schema):
     """One bad row of a batch (``detail.errors`` of 422 ``invalid_measurements``): its 0-based ``index``
-    in ``measurements``, a machine-readable ``code`` (``hardware_not_found``, ``reserved_source``), the
+    in ``measurements``, a machine-readable ``code`` (``hardware_not_found``, ``reserved_source``,
+    ``implausible_measurement``), the
     ``field`` at fault and a message."""
 
     index: int
@@ -112,6 +113,8 @@ class MeasurementRead(Schema):
     repetitions: int | None
     context: dict[str, Any]
     measured_at: datetime | None
+    submitter: str | None = Field(default=None, description="id of the API key that reported it; null: "
+                                  "imported, anonymous or stored before keys existed")
     created_at: datetime
 
 

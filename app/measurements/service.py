@@ -20,7 +20,9 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.core.hardware import HardwareSpec
 from app.errors import Conflict, HardwareNotFound, InvalidRequest, LayercastError
+from app.hardware.service import get_spec
 from app.measurements.importers import IMPORT_SOURCES, MeasurementRecord, RecordStream
 from app.measurements.models import Measurement, MeasurementBatch
 from app.measurements.repository import MeasurementFilter, MeasurementRepository
@@ -33,6 +35,7 @@ from app.measurements.schemas import (
     MeasurementRead,
     RowError,
 )
+from app.measurements.validation import ImplausibleMeasurement, check_plausible
 
 MAX_PAGE = 1000
 
@@ -174,9 +177,12 @@ def batch_sha256(data: MeasurementBatchCreate) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _row_errors(repo: MeasurementRepository, rows: Sequence[MeasurementCreate]) -> list[RowError]:
-    """Every row a stored measurement cannot be made of: a reserved import source, an unknown device."""
+def _row_errors(session: Session, repo: MeasurementRepository, rows: Sequence[MeasurementCreate]) -> list[RowError]:
+    """Every row a stored measurement cannot be made of: a reserved import source, an unknown device, a
+    time the device cannot have taken (``implausible_measurement``:
+    :func:`app.measurements.validation.check_plausible`)."""
     known = repo.hardware_ids()
+    specs: dict[str, HardwareSpec] = {}
     errors: list[RowError] = []
     for i, row in enumerate(rows):
         if row.source in IMPORT_SOURCES:
@@ -185,27 +191,44 @@ def _row_errors(repo: MeasurementRepository, rows: Sequence[MeasurementCreate]) 
         if row.hardware_id not in known:
             errors.append(RowError(index=i, code="hardware_not_found", field="hardware_id",
                                    message=f"unknown hardware id {row.hardware_id!r}: register it first"))  # fmt: skip
+            continue
+        if row.hardware_id not in specs:
+            specs[row.hardware_id] = get_spec(session, hardware_id=row.hardware_id)
+        try:
+            check_plausible(time_ms=row.time_ms_median, granularity=row.granularity, config=dict(row.config),
+                            batch_size=row.batch_size, spec=specs[row.hardware_id], precision=str(row.precision),
+                            pass_=row.pass_.value, optimizer=row.optimizer)  # fmt: skip
+        except ImplausibleMeasurement as exc:
+            errors.append(RowError(index=i, code=exc.code, field="time_ms_median", message=exc.message))
     return errors
 
 
-def _replay(row: MeasurementBatch, digest: str) -> MeasurementBatchRead:
+def stored_key(idempotency_key: str, submitter: str | None) -> str:
+    """The ``measurement_batches`` key of a client's ``Idempotency-Key``: SHA-256 (hex) of the submitting API
+    key's id and the key, so two callers' keys never meet (no replay of, or 409 on, another caller's batch)."""
+    return hashlib.sha256(f"{submitter or ''}\n{idempotency_key}".encode()).hexdigest()
+
+
+def _replay(row: MeasurementBatch, digest: str, idempotency_key: str) -> MeasurementBatchRead:
     if row.request_sha256 != digest:
         raise IdempotencyKeyReused(
             "this Idempotency-Key was used with another body; use a new key for a new batch",
-            detail={"idempotency_key": row.idempotency_key})
+            detail={"idempotency_key": idempotency_key})
     ids = [int(i) for i in row.measurement_ids]
-    return MeasurementBatchRead(count=len(ids), ids=ids, idempotency_key=row.idempotency_key, replayed=True)
+    return MeasurementBatchRead(count=len(ids), ids=ids, idempotency_key=idempotency_key, replayed=True)
 
 
 def create_measurements(
-    session: Session, *, data: MeasurementBatchCreate, idempotency_key: str | None = None
+    session: Session, *, data: MeasurementBatchCreate, idempotency_key: str | None = None,
+    submitter: str | None = None,
 ) -> MeasurementBatchRead:
-    """Store every measurement of ``data`` or none; returns their ids in batch order.
+    """Store every measurement of ``data`` or none, recorded as sent by the API key id ``submitter``;
+    returns their ids in batch order.
 
-    With ``idempotency_key``: a batch stored before under the key with the same body (:func:`batch_sha256`)
-    is answered again (``replayed``, nothing stored), one with another body raises
-    :class:`IdempotencyKeyReused` (409); two concurrent requests with one key store once (the key is claimed
-    in a savepoint first; the loser replays the winner's answer once it committed). Raises
+    With ``idempotency_key`` (scoped to ``submitter``: :func:`stored_key`): a batch stored before under the key
+    with the same body (:func:`batch_sha256`) is answered again (``replayed``, nothing stored), one with
+    another body raises :class:`IdempotencyKeyReused` (409); two concurrent requests with one key store once
+    (the key is claimed in a savepoint first; the loser replays the winner's answer once it committed). Raises
     :class:`InvalidIdempotencyKey` (422: not 1-255 printable ASCII characters) and
     :class:`InvalidMeasurements` (422, ``detail.errors``: a :class:`RowError` per bad row, at most
     :data:`MAX_ROW_ERRORS`, plus ``invalid_rows`` and ``rows``). ``measured_at`` is stored in UTC. Flushes.
@@ -216,24 +239,26 @@ def create_measurements(
     repo = MeasurementRepository(session)
     digest = batch_sha256(data)
     claim: MeasurementBatch | None = None
-    if idempotency_key is not None:
-        seen = repo.batch(idempotency_key)
+    key = None if idempotency_key is None else stored_key(idempotency_key, submitter)
+    if key is not None and idempotency_key is not None:
+        seen = repo.batch(key)
         if seen is not None:
-            return _replay(seen, digest)
-    errors = _row_errors(repo, data.measurements)
+            return _replay(seen, digest, idempotency_key)
+    errors = _row_errors(session, repo, data.measurements)
     if errors:
         raise InvalidMeasurements(
             f"{len({e.index for e in errors})} of {len(data.measurements)} rows cannot be stored "
             f"(first: row {errors[0].index}, {errors[0].code}); nothing was stored",
             detail={"errors": [e.model_dump() for e in errors[:MAX_ROW_ERRORS]],
                     "invalid_rows": len({e.index for e in errors}), "rows": len(data.measurements)})  # fmt: skip
-    if idempotency_key is not None:
-        claim = MeasurementBatch(idempotency_key=idempotency_key, request_sha256=digest, measurement_ids=[])
+    if key is not None and idempotency_key is not None:
+        claim = MeasurementBatch(idempotency_key=key, request_sha256=digest, measurement_ids=[])
         if not repo.add_batch(claim):
-            winner = repo.batch(idempotency_key)
+            winner = repo.batch(key)
             assert winner is not None  # the conflict was this key's committed row
-            return _replay(winner, digest)
-    ids = repo.insert_returning_ids([reported_record(m).to_row() for m in data.measurements])
+            return _replay(winner, digest, idempotency_key)
+    ids = repo.insert_returning_ids([{**reported_record(m).to_row(), "submitter": submitter}
+                                     for m in data.measurements])  # fmt: skip
     if claim is not None:
         claim.measurement_ids = ids
         session.flush()

@@ -10,7 +10,6 @@ APIs pick the change up through :class:`PredictorHolder` within ``predictor_poll
 
 from __future__ import annotations
 
-import hmac
 import logging
 import threading
 import time
@@ -23,7 +22,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.db import utcnow
-from app.errors import Conflict, LayercastError, NotFoundError
+from app.errors import Conflict, NotFoundError
 from app.measurements.models import PredictorVersion
 from app.predictor.metadata import ArtifactMetadata, sha256_file, write_atomic
 from app.predictor.onnx_model import read_metadata
@@ -46,25 +45,6 @@ class NotProduction(Conflict):
 
 class NoPreviousVersion(Conflict):
     code = "no_previous_version"
-
-
-class AdminKeyNotConfigured(LayercastError):
-    status_code = 403
-    code = "admin_key_not_configured"
-
-
-class AdminKeyInvalid(LayercastError):
-    status_code = 401
-    code = "admin_key_invalid"
-
-
-def check_admin_key(configured: str | None, given: str | None) -> None:
-    """Raise :class:`AdminKeyNotConfigured` (403) when no admin key is configured and
-    :class:`AdminKeyInvalid` (401) when ``given`` differs from it (constant-time ``hmac.compare_digest``)."""
-    if not configured:
-        raise AdminKeyNotConfigured("admin routes are disabled: set LAYERCAST_ADMIN_KEY")
-    if given is None or not hmac.compare_digest(given.encode(), configured.encode()):
-        raise AdminKeyInvalid("missing or wrong admin key (Authorization: Bearer <LAYERCAST_ADMIN_KEY>)")
 
 
 # ------------------------------------------------------------------------------------------- queries
@@ -193,6 +173,11 @@ def seed_from_models_dir(session: Session, models_dir: Path, store_dir: Path) ->
 # ------------------------------------------------------------------------------------------- serving
 
 
+class PredictorUnavailable(RuntimeError):
+    """No registered predictor version can be loaded: the API refuses to start (the message names each
+    version tried and why it failed)."""
+
+
 class PredictorHolder:
     """The production predictor of a running API, re-read from the database at most every ``poll_s``.
 
@@ -201,6 +186,12 @@ class PredictorHolder:
     request. A new production version is loaded from the store (checksum verified) before it replaces
     the old one; if it cannot be loaded (missing or torn file, database down) the old one keeps serving
     and the failure is logged, retried at the next poll. ``clock`` is injectable for tests.
+
+    At start-up (nothing loaded yet), a production version that cannot be loaded is never skipped
+    silently: the versions promoted before it are tried newest first, the first that loads is served,
+    and an error is logged; :attr:`problem` says what happened (``/readyz`` reports it, status
+    ``degraded``) until the production version loads at a later poll. When none loads,
+    :class:`PredictorUnavailable` is raised and the API does not start.
     """
 
     def __init__(self, factory: sessionmaker[Session], store_dir: Path, *, poll_s: float, threads: int = 1,
@@ -213,6 +204,8 @@ class PredictorHolder:
         self._lock = threading.Lock()
         self._predictor: CompositePredictor | None = None
         self._checked_at = float("-inf")
+        #: Why the served version is not the production one (None when it is).
+        self.problem: str | None = None
 
     @property
     def loaded(self) -> CompositePredictor | None:
@@ -232,6 +225,7 @@ class PredictorHolder:
     def refresh(self) -> None:
         """Compare the production row with the loaded version and swap when they differ (see class doc)."""
         self._checked_at = self._clock()
+        meta = None
         try:
             with self._factory() as session:
                 row = production(session)
@@ -239,16 +233,43 @@ class PredictorHolder:
             if meta is None:
                 raise FileNotFoundError("no production predictor version is registered")
             if self._predictor is not None and self._predictor.version == meta.version:
+                self.problem = None
                 return
             new = load_from_store(self._store, meta, threads=self._threads)
-        except Exception:
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {exc}"
             if self._predictor is None:
-                raise
+                self._start_with_fallback(meta, reason)
+                return
+            self.problem = (f"production version {getattr(meta, 'version', '?')} cannot be loaded ({reason}); "
+                            f"still serving {self._predictor.version}")
             logger.exception("predictor refresh failed; still serving %s", self._predictor.version)
             return
         old = None if self._predictor is None else self._predictor.version
         self._predictor = new
+        self.problem = None
         logger.info("serving predictor %s (was %s)", new.version, old)
+
+    def _start_with_fallback(self, meta: ArtifactMetadata | None, reason: str) -> None:
+        """First load failed for production ``meta``: serve the newest earlier promoted version that loads
+        (logged as an error, kept in :attr:`problem`), else raise :class:`PredictorUnavailable`."""
+        tried = [f"{getattr(meta, 'version', 'production')}: {reason}"]
+        with self._factory() as session:
+            stmt = select(PredictorVersion).where(PredictorVersion.promoted_at.is_not(None))
+            if meta is not None:
+                stmt = stmt.where(PredictorVersion.version != meta.version)
+            candidates = [metadata_of(r) for r in session.scalars(stmt.order_by(PredictorVersion.promoted_at.desc()))]
+        for candidate in candidates:
+            try:
+                self._predictor = load_from_store(self._store, candidate, threads=self._threads)
+            except Exception as exc:  # noqa: BLE001 - each failure is named in the refusal
+                tried.append(f"{candidate.version}: {type(exc).__name__}: {exc}")
+                continue
+            self.problem = (f"production version {getattr(meta, 'version', '?')} cannot be loaded ({reason}); "
+                            f"serving the previous good version {candidate.version} instead")
+            logger.error("PREDICTOR FALLBACK: %s", self.problem)
+            return
+        raise PredictorUnavailable("no predictor version can be loaded, refusing to start: " + "; ".join(tried))
 
 
 def version_summary(row: PredictorVersion) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.auth import Principal, Scope, authorize
 from app.errors import LayercastError
 from app.hardware import service
 from app.hardware.catalog import load_catalog
@@ -23,6 +24,7 @@ def client(hw_sessionmaker: sessionmaker[Session]) -> Iterator[TestClient]:
     app = FastAPI()
     app.state.sessionmaker = hw_sessionmaker
     app.include_router(router)
+    app.dependency_overrides[authorize] = lambda: Principal(None, frozenset({Scope.READ, Scope.HARDWARE}))
 
     @app.exception_handler(LayercastError)
     async def _problem(_request: Request, exc: LayercastError) -> JSONResponse:

@@ -394,7 +394,8 @@ def _drive(application: Any, path: str, headers: list[tuple[bytes, bytes]], chun
             status.append(message["status"])
 
     scope = {"type": "http", "method": "POST", "path": path, "raw_path": path.encode(), "query_string": b"",
-             "headers": headers, "http_version": "1.1", "scheme": "http", "server": ("t", 80),
+             "headers": [(b"host", b"testserver"), *headers], "http_version": "1.1", "scheme": "http",
+             "server": ("t", 80),
              "client": ("c", 1), "root_path": "", "app": application}
     asyncio.run(application(scope, receive, send))
     return status[0], pulled

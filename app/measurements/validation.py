@@ -1,0 +1,102 @@
+"""Physical plausibility of a reported measurement: what a client says it measured must be a time the
+device could have taken, or it would poison retraining (issue 11: 1e-12 ms and 1e300 ms were accepted).
+
+Three bounds; :func:`check_plausible` raises :class:`ImplausibleMeasurement` (``detail.reason`` names the
+bound), which ``POST /v1/measurements`` reports as row code ``implausible_measurement`` of its 422
+``invalid_measurements`` (nothing of the batch is stored):
+
+* ``below_minimum``: under :data:`MIN_TIME_MS` (100 ns). No timed piece of device work completes faster:
+  a CUDA kernel launch alone costs ~2-5 µs, a CPU timer call tens of ns.
+* ``above_maximum``: over :data:`MAX_TIME_MS` of its granularity (a kernel or layer over an hour, an
+  iteration over a day, a job over a year): no benchmark or scheduler reports such a thing by design,
+  while an overflowed or unit-confused value does.
+* ``below_physics_floor``: a layer in the JSON layer vocabulary (``config`` ``{"input_shape", "layer"}``,
+  granularity ``kernel`` or ``layer``) timed under :data:`FLOOR_TOLERANCE` × its roofline floor on the
+  device (:func:`app.core.precision.physics_floor_ms`: the cheapest algorithm's FLOPs at the peak of the
+  precision, or its DRAM bytes at the datasheet bandwidth, whichever is slower). The tolerance is 0.25,
+  not 1, because real measurements do beat that floor: its byte term counts DRAM traffic while a working
+  set that fits in L2 (40 MB on an A100) is read at 2-3x DRAM bandwidth, boost clocks run above the
+  datasheet clock, and cuDNN's FFT convolutions do fewer FLOPs than the cheapest algorithm the cost model
+  knows. Measured on 19,400 kernel/layer rows of the public data sets that rebuild (Justus, NeuSight,
+  Vidur, DeepBench, imported with ``layercast import`` from ``../shared/data``; 2026-12-01) and on the
+  3,000 Justus rows of the test suite: the smallest time/floor ratio was 0.32 (a 7x7 Justus conv on a
+  P100, 3.7 ms for 105 GFLOP: 28 TFLOP/s on a 9.3 TFLOP/s device, an FFT algorithm), a handful were
+  under 0.5. A factor of 4 below the floor is refused; the issue's poisoned model was 18x too fast.
+  Configs that cannot be rebuilt (other vocabularies, whole models, jobs) and precisions or passes
+  without a floor (``fp8``, ``backward_input``) get only the first two bounds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.core.costs import layer_cost
+from app.core.hardware import HardwareSpec
+from app.core.json_import import import_json
+from app.core.precision import physics_floor_ms
+from app.core.vocab import Granularity
+from app.errors import LayercastError
+
+#: Shortest time accepted, ms (100 ns; module doc).
+MIN_TIME_MS = 1e-4
+#: Longest time accepted per granularity, ms: 1 h for a kernel or a layer, 1 day for an iteration,
+#: 365 days for a job.
+MAX_TIME_MS: dict[Granularity, float] = {
+    Granularity.KERNEL: 3.6e6,
+    Granularity.LAYER: 3.6e6,
+    Granularity.ITERATION: 8.64e7,
+    Granularity.JOB: 3.1536e10,
+}
+#: A layer time under this fraction of its roofline floor is refused (module doc).
+FLOOR_TOLERANCE = 0.25
+
+_DTYPE = {"fp16": "float16", "bf16": "bfloat16", "fp64": "float64"}
+
+
+class ImplausibleMeasurement(LayercastError):
+    """A reported time the device cannot have taken (module doc); ``detail.reason`` says which bound."""
+
+    status_code = 422
+    code = "implausible_measurement"
+
+
+def floor_ms(*, config: dict[str, Any], batch_size: int, spec: HardwareSpec, precision: str, pass_: str,
+             optimizer: str = "none") -> float | None:  # fmt: skip
+    """The roofline floor (ms) of a JSON-vocabulary layer ``config`` on ``spec``, or None when the config
+    does not rebuild into exactly one layer or the precision/pass has no floor."""
+    layer_spec = config.get("layer")
+    if not isinstance(layer_spec, dict) or "input_shape" not in config:
+        return None
+    doc = {"input_shape": config["input_shape"], "input_dtype": _DTYPE.get(precision, "float32"),
+           "layers": [layer_spec]}  # fmt: skip
+    try:
+        layers = import_json(doc, batch_size=batch_size).layers
+        if len(layers) != 1:
+            return None
+        return physics_floor_ms(layers[0], layer_cost(layers[0]), spec, precision, pass_, optimizer=optimizer)
+    except (LayercastError, KeyError, TypeError, ValueError):  # not a layer we can cost: no floor
+        return None
+
+
+def check_plausible(*, time_ms: float, granularity: Granularity | str, config: dict[str, Any], batch_size: int,
+                    spec: HardwareSpec, precision: str, pass_: str, optimizer: str = "none") -> None:  # fmt: skip
+    """Raise :class:`ImplausibleMeasurement` (422) when ``time_ms`` breaks a bound of the module doc."""
+    gran = Granularity(granularity)
+    detail: dict[str, Any] = {"time_ms": time_ms, "hardware_id": spec.id}
+    if time_ms < MIN_TIME_MS:
+        raise ImplausibleMeasurement(
+            f"time_ms_median {time_ms:g} ms is below {MIN_TIME_MS:g} ms: no timed device work is that short",
+            detail={**detail, "reason": "below_minimum", "min_ms": MIN_TIME_MS})
+    if time_ms > MAX_TIME_MS[gran]:
+        raise ImplausibleMeasurement(
+            f"time_ms_median {time_ms:g} ms is above {MAX_TIME_MS[gran]:g} ms, the bound for a {gran.value}",
+            detail={**detail, "reason": "above_maximum", "max_ms": MAX_TIME_MS[gran]})
+    if gran not in (Granularity.KERNEL, Granularity.LAYER):
+        return
+    floor = floor_ms(config=config, batch_size=batch_size, spec=spec, precision=precision, pass_=pass_,
+                     optimizer=optimizer)  # fmt: skip
+    if floor is not None and time_ms < FLOOR_TOLERANCE * floor:
+        raise ImplausibleMeasurement(
+            f"time_ms_median {time_ms:g} ms is below the roofline floor of this layer on {spec.id} "
+            f"({floor:.4g} ms; at most a factor {1 / FLOOR_TOLERANCE:g} below it is accepted)",
+            detail={**detail, "reason": "below_physics_floor", "floor_ms": floor, "tolerance": FLOOR_TOLERANCE})

@@ -1,0 +1,100 @@
+"""Physical plausibility of reported measurements (app.measurements.validation): the bounds, the roofline
+floor of a rebuilt layer, real published measurements all accepted, and the API refusing the issue's
+poisoned rows (1e-12 ms, 1e300 ms, 18x faster than physics) with nothing stored."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, select
+from sqlalchemy.orm import Session
+
+from app.core.vocab import Granularity
+from app.hardware.catalog import load_catalog, spec_from_dict
+from app.hardware.models import Hardware
+from app.measurements.models import Measurement
+from app.measurements.validation import FLOOR_TOLERANCE, ImplausibleMeasurement, check_plausible, floor_ms
+
+A100 = load_catalog()["a100-sxm4-40gb"]
+CONV: dict[str, Any] = {"input_shape": [64, 56, 56], "layer": {"op": "conv2d", "out_channels": 64, "kernel_size": 3,
+                                                             "padding": 1}}
+LAYER: dict[str, Any] = {"hardware_id": "a100-sxm4-40gb", "source": "ci", "op_kind": "conv", "pass": "forward",
+                         "software_stack": "pytorch-eager", "granularity": "layer", "batch_size": 64, "config": CONV}
+
+
+def _check(time_ms: float, granularity: str = "layer", config: dict[str, Any] | None = None) -> None:
+    check_plausible(time_ms=time_ms, granularity=granularity, config=config or CONV, batch_size=64, spec=A100,
+                    precision="fp32", pass_="forward")
+
+
+def test_floor_of_a_conv_is_its_roofline_time() -> None:
+    floor = floor_ms(config=CONV, batch_size=64, spec=A100, precision="fp32", pass_="forward")
+    assert floor is not None
+    # 2*MACs at the TF32 peak is an upper bound of the floor (Winograd may do fewer FLOPs); bytes/bandwidth a lower one
+    macs = 64 * 64 * 56 * 56 * 64 * 9
+    assert 2 * macs / A100.peak_flops_per_s["tf32"] * 1e3 >= floor
+    assert floor >= 4 * (2 * 64 * 64 * 56 * 56) / A100.memory_bandwidth_bytes_per_s * 1e3
+    assert floor_ms(config={"model": "resnet50"}, batch_size=64, spec=A100, precision="fp32", pass_="forward") is None
+
+
+@pytest.mark.parametrize(
+    ("time_ms", "granularity", "reason"),
+    [(1e-12, "layer", "below_minimum"), (1e300, "layer", "above_maximum"), (2e6, "iteration", None),
+     (1e8, "iteration", "above_maximum"), (1e10, "job", None), (1e11, "job", "above_maximum")],
+)
+def test_bounds(time_ms: float, granularity: str, reason: str | None) -> None:
+    config = {"model": "resnet50"}  # no floor: only the bounds apply
+    if reason is None:
+        _check(time_ms, granularity, config)
+        return
+    with pytest.raises(ImplausibleMeasurement) as info:
+        _check(time_ms, granularity, config)
+    assert info.value.detail["reason"] == reason
+
+
+def test_below_the_floor_is_refused_and_just_above_the_tolerance_is_not() -> None:
+    floor = floor_ms(config=CONV, batch_size=64, spec=A100, precision="fp32", pass_="forward")
+    assert floor is not None
+    _check(floor * FLOOR_TOLERANCE * 1.01)
+    with pytest.raises(ImplausibleMeasurement) as info:
+        _check(floor / 18)  # the issue's poisoned model was 18x too fast
+    assert info.value.detail["reason"] == "below_physics_floor" and info.value.detail["floor_ms"] == floor
+    # an iteration is not a layer: no floor from its config
+    _check(floor / 18, "iteration")
+
+
+def test_published_layer_measurements_are_all_plausible(justus_db: str) -> None:
+    """Every stored Justus row (3,000: conv and dense layers on 6 GPUs) passes the floor check: the
+    tolerance does not refuse real measurements."""
+    engine = create_engine(justus_db)
+    refused = checked = 0
+    with Session(engine) as session:
+        specs = {i: spec_from_dict(s) for i, s in session.execute(select(Hardware.id, Hardware.spec))}
+        for m in session.scalars(select(Measurement)):
+            floor = floor_ms(config=m.config, batch_size=m.batch_size, spec=specs[m.hardware_id],
+                             precision=m.precision, pass_=m.pass_, optimizer=m.optimizer)
+            checked += floor is not None
+            try:
+                check_plausible(time_ms=m.time_ms_median, granularity=m.granularity or Granularity.LAYER,
+                                config=m.config, batch_size=m.batch_size, spec=specs[m.hardware_id],
+                                precision=m.precision, pass_=m.pass_, optimizer=m.optimizer)
+            except ImplausibleMeasurement:
+                refused += 1
+    engine.dispose()
+    assert checked > 2000 and refused == 0
+
+
+def test_api_refuses_implausible_rows_and_stores_nothing(client: TestClient) -> None:
+    floor = floor_ms(config=CONV, batch_size=64, spec=A100, precision="fp32", pass_="forward")
+    assert floor is not None
+    rows = [{**LAYER, "time_ms_median": floor * 3}, {**LAYER, "time_ms_median": 1e-12},
+            {**LAYER, "time_ms_median": 1e300}, {**LAYER, "time_ms_median": floor / 18}]
+    r = client.post("/v1/measurements", json={"measurements": rows})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_measurements"
+    errors = r.json()["error"]["detail"]["errors"]
+    assert [(e["index"], e["code"], e["field"]) for e in errors] == [
+        (i, "implausible_measurement", "time_ms_median") for i in (1, 2, 3)]
+    assert client.get("/v1/measurements", params={"source": "ci"}).json()["total"] == 0
+    assert client.post("/v1/measurements", json={"measurements": rows[:1]}).status_code == 201
