@@ -53,7 +53,8 @@ def bench(url: str, repeats: int) -> dict[str, Any]:
     """Timings on the database at ``url`` (migrated here)."""
     upgrade(url)
     # anonymous callers may report measurements here (the default needs a key with the measurements scope)
-    settings = Settings(database_url=url, models_dir=REPO / "models", open_scopes="read,graphs,measurements")
+    settings = Settings(database_url=url, models_dir=REPO / "models", open_scopes="read,graphs,measurements",
+                        allowed_hosts="testserver", rate_limit="")
     post, replay, page, export = [], [], [], []
     with TestClient(create_app(settings)) as client:
         for run in range(repeats):
