@@ -116,6 +116,7 @@ def resolve_profiler_hardware(
     A spec (given or the folder's) and ``local`` are checked against the rows' context
     (:func:`app.measurements.profiler_rows.mismatches`: model name, SIMD width, logical CPUs for
     ``local``); a catalog or stored id is checked once the database is open (:func:`check_stored`).
+    Shards whose rows carry no context (hand-made test shards) cannot be checked and go to ``local``.
     Raises ``ValueError`` naming both machines when they differ, for GPU rows without an id, and
     :class:`app.measurements.importers.ImportFormatError` for an unreadable spec file or shards of several
     machines."""
