@@ -20,11 +20,11 @@ version, clocks) plus ``q1_ms``/``q3_ms``/``min_ms`` of the pass, ``load_avg_1m`
   ``onnx`` export recipe (how to rebuild the graph).
 
 ``hardware_id`` is given by the caller: the rows name their CPU or GPU (``context.device_name``,
-``cpu_model``, ``logical_cpus``, ``cpu_capability``) but not a catalog entry. Which entry is
-:func:`app.measurements.cli.resolve_profiler_hardware`'s job: the spec of the *measuring* machine, from the shard folder's
-``hardware.json`` (:data:`HARDWARE_FILE`, written by the profiler; :func:`read_machine_spec`), a given spec
-or catalog id, or ``local`` only when the importing machine is the one that measured
-(:func:`machine_of`, :func:`spec_matches`). Skips (counted per ``context.device``): rows whose
+``cpu_model``, ``logical_cpus``, ``cpu_capability``) but not a catalog entry. Which entry is the job of
+:func:`app.measurements.cli.resolve_profiler_hardware`: the spec of the *measuring* machine, from the shard
+folder's ``hardware.json`` (:data:`HARDWARE_FILE`, written by the profiler; :func:`read_machine_spec`), a
+given spec or catalog id, or ``local`` only when the importing machine is the one that measured
+(:func:`machine_of`, :func:`mismatches`). Skips (counted per ``context.device``): rows whose
 ``status`` is not ``ok`` (``profiler_error``), unparsable lines (``unparsable_line``, e.g. a torn last
 line of an interrupted campaign), passes without a positive median.
 """
