@@ -42,10 +42,10 @@ def _bearer(key: str) -> dict[str, str]:
 
 
 @pytest.fixture
-def db_url(tmp_path: Path) -> str:
-    url = f"sqlite:///{tmp_path / 'auth.db'}"
-    upgrade(url)
-    return url
+def db_url(settings: Settings) -> str:
+    """This test's migrated database (SQLite, or PostgreSQL under ``LAYERCAST_TEST_BACKEND=postgresql``)."""
+    upgrade(settings.database_url)
+    return settings.database_url
 
 
 def _client(db_url: str, **overrides: Any) -> TestClient:
