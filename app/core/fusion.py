@@ -20,7 +20,9 @@ Pure (no I/O, no torch). Two parts:
      runs ``scaled_dot_product_attention`` (flash / memory-efficient kernels) for ``nn.MultiheadAttention`` and
      the ``transformers`` default ``attn_implementation="sdpa"``; it is costed at the attention roofline
      (both products on the tensor-core peak, Q, K, V and the output moved once), not as two batched GEMMs
-     at a convolution efficiency. Every stack but ``tf1-session``.
+     at a convolution efficiency. The ``Transpose`` nodes that split Q, K and V into heads and feed only
+     the attention join it: in PyTorch they are views SDPA reads strided (the merge of the heads after it
+     stays, a real copy). Every stack but ``tf1-session``.
   2. ``gelu``: the exporter's decomposition of ``F.gelu`` (erf form: ``Div``/``Mul`` → ``Erf`` → ``Add`` →
      ``Mul`` by x → ``Mul`` by 0.5, in either order of the two products) is one GELU kernel in every
      framework. Every stack.
@@ -29,6 +31,10 @@ Pure (no I/O, no torch). Two parts:
   4. ``activation epilogue``: the activation right after a GEMM/conv (Relu, GELU, SiLU, ...) fuses into its
      epilogue only under ``pytorch-compiled`` (Inductor / cuBLASLt epilogues); eager PyTorch, CUDA graphs of
      eager ops, TF1 and bare library calls launch it as its own kernel.
+  5. ``pointwise``: under ``pytorch-compiled`` a connected group of element-wise and activation ops whose
+     intermediates only the group reads (GPT-2's Python tanh-GELU, a residual add after an activation) is one
+     generated Triton kernel (Inductor's pointwise fusion), with the group's external tensors as its traffic.
+     Reductions (norms, softmax) are not merged into it: an under-estimate of what Inductor fuses.
 
   A group fuses only when each intermediate tensor is read by members of the group alone and is not a graph
   output (otherwise it must be written to memory anyway).
@@ -73,7 +79,7 @@ def update_kernel_launches(param_tensors: int, optimizer: str) -> float:
 # Graph fusion
 # ---------------------------------------------------------------------------------------------------
 
-FUSION_RULES: tuple[str, ...] = ("attention", "gelu", "bias", "activation_epilogue")
+FUSION_RULES: tuple[str, ...] = ("attention", "gelu", "bias", "activation_epilogue", "pointwise")
 
 
 def rules_for_stack(stack: SoftwareStack | str) -> tuple[str, ...]:
@@ -223,9 +229,26 @@ def _attention_groups(ix: _Index) -> list[list[int]]:
             continue
         last = ix.entries[chain[-1]].layer
         if len(last.inputs) == 2 and _attention_attrs(e.layer.inputs[0], e.layer.inputs[1], last.inputs[1]):
-            groups.append(chain)
-            claimed.update(chain)
+            views = _head_split_views(ix, (e.layer.inputs[0], e.layer.inputs[1], last.inputs[1]),
+                                      (chain[0], chain[0], chain[-1]))  # fmt: skip
+            group = [*chain, *(v for v in views if v not in claimed)]
+            groups.append(group)
+            claimed.update(group)
     return groups
+
+
+def _head_split_views(ix: _Index, operands: tuple[Tensor, ...], readers: tuple[int, ...]) -> list[int]:
+    """The ``Transpose`` layers that produce the attention's Q, Kᵀ and V and feed only it: the head split
+    (``view(…).permute(0, 2, 1, 3)``, ``k.transpose(-1, -2)``) is a view that
+    ``scaled_dot_product_attention`` reads strided, so no copy runs (the exporter writes it as a node)."""
+    out: list[int] = []
+    for t, reader in zip(operands, readers, strict=True):
+        p = ix.producer.get(t.name)
+        if p is None or p in out or _op(ix.entries[p]) != "Transpose" or ix.entries[p].fused_from:
+            continue
+        if ix.sole_consumer(p) == reader:
+            out.append(p)
+    return out
 
 
 def _attention_attrs(q: Tensor, kt: Tensor, v: Tensor) -> AttentionAttrs | None:
@@ -244,7 +267,8 @@ def _attention_attrs(q: Tensor, kt: Tensor, v: Tensor) -> AttentionAttrs | None:
 
 
 def _build_attention(members: list[FusedLayer]) -> FusedLayer:
-    first, last = members[0].layer, members[-1].layer
+    products = [m.layer for m in members if m.layer.kind is OpKind.MATMUL]
+    first, last = products[0], products[-1]
     q, kt = first.inputs[0], first.inputs[1]
     v = last.inputs[1]
     attrs = _attention_attrs(q, kt, v)
@@ -363,6 +387,57 @@ def _build_epilogue(members: list[FusedLayer]) -> FusedLayer:
     return _merge(members, layer, "activation_epilogue" if acts else "bias")
 
 
+_POINTWISE_KINDS = frozenset({OpKind.ELEMENTWISE, OpKind.ACTIVATION})
+
+
+def _pointwise_groups(ix: _Index) -> list[list[int]]:
+    """Connected groups of element-wise/activation layers joined by tensors that only group members read
+    (and that are not graph outputs); a group is kept when only its last member's output leaves it, so the
+    fused kernel can stand where that member stood."""
+    entries = ix.entries
+    pw = {i for i, e in enumerate(entries) if _kind(e) in _POINTWISE_KINDS and e.cost.supported}
+    parent = {i: i for i in pw}
+
+    def find(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for i in pw:
+        for t in entries[i].layer.outputs:
+            readers = ix.consumers.get(t.name, [])
+            if t.name not in ix.graph_outputs and readers and all(r in pw for r in readers):
+                for r in readers:
+                    parent[find(r)] = find(i)
+    comps: dict[int, list[int]] = {}
+    for i in sorted(pw):
+        comps.setdefault(find(i), []).append(i)
+    groups: list[list[int]] = []
+    for members in comps.values():
+        if len(members) < 2:
+            continue
+        inside, last = set(members), members[-1]
+        leaves = [i for i in members for t in entries[i].layer.outputs
+                  if t.name in ix.graph_outputs or any(r not in inside for r in ix.consumers.get(t.name, []))]
+        if all(i == last for i in leaves):
+            groups.append(members)
+    return groups
+
+
+def _build_pointwise(members: list[FusedLayer]) -> FusedLayer:
+    last = members[-1].layer
+    layer = Layer(
+        name=f"{last.name}+pointwise",
+        op_type="Pointwise",
+        kind=OpKind.ELEMENTWISE,
+        inputs=_external_inputs(members),
+        outputs=last.outputs,
+        needs_input_grad=_needs_input_grad(members),
+    )
+    return _merge(members, layer, "pointwise")
+
+
 def fuse_graph(graph: Graph, *, software_stack: SoftwareStack | str = SoftwareStack.PYTORCH_EAGER,
                costs: Sequence[LayerCost] | None = None) -> FusionResult:
     """Fuse what ``software_stack`` fuses (module docstring; :func:`rules_for_stack`) in ``graph``.
@@ -387,5 +462,7 @@ def fuse_graph(graph: Graph, *, software_stack: SoftwareStack | str = SoftwareSt
         groups = _epilogue_groups(_Index(entries, outs), bias="bias" in rules,
                                   activation="activation_epilogue" in rules)
         entries = _apply(entries, supported(groups), _build_epilogue)
+    if "pointwise" in rules:
+        entries = _apply(entries, supported(_pointwise_groups(_Index(entries, outs))), _build_pointwise)
     fused = replace(graph, layers=tuple(e.layer for e in entries))
     return FusionResult(fused, tuple(entries), rules)

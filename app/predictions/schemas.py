@@ -138,7 +138,7 @@ class LayerPrediction(Schema):
                     "update")
     floor_clamped: bool = Field(default=False, description="a pass was raised to its physics floor")
     fused_from: list[str] = Field(default_factory=list, description="graph nodes this layer was fused from")
-    fusion_rule: str | None = Field(default=None, description="attention, gelu, bias or activation_epilogue")
+    fusion_rule: str | None = Field(default=None, description="attention, gelu, bias, activation_epilogue or pointwise")
     forward_ms: float | None
     backward_ms: float | None
     update_ms: float | None

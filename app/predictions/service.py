@@ -60,7 +60,7 @@ from app.predictions.schemas import (
     Totals,
     UnsupportedLayers,
 )
-from app.predictor.base import LayerTimeEstimate, LayerTimeQuery, Predictor
+from app.predictor.base import BACKWARD_SEMANTICS, LayerTimeEstimate, LayerTimeQuery, Predictor
 
 
 @dataclass(frozen=True, slots=True)
@@ -434,6 +434,7 @@ def estimate(
                       "adds, and activation epilogues under compiled graphs); a fused layer keeps its members' "
                       "FLOPs and moves only its external tensors",
             "interval": "p10/p90 of the iteration are sums of per-layer p10/p90 (errors assumed correlated)",
+            "backward": BACKWARD_SEMANTICS,
             "epoch": "ceil(dataset_size / batch_size) iterations (last partial batch counted as full) + "
                      "ceil(eval_size / batch_size) forward-only passes when eval_size is given; job = epochs x "
                      "epoch + floor(epochs / checkpoint_every_epochs) writes of weights + optimizer state at "

@@ -7,9 +7,10 @@ of :mod:`app.predictor.registry`. No torch anywhere under ``app/predictor``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from app.core.costs import LayerCost
 from app.core.hardware import HardwareSpec
@@ -103,3 +104,92 @@ def split_training_step(
     denom = forward_ms + update_ms
     scale = (total_ms - bmin) / denom if denom > 0 else 0.0
     return forward_ms * scale, total_ms - (forward_ms + update_ms) * scale, update_ms * scale
+
+
+# ----------------------------------------------------------------------------------------- whole-model assembly
+
+#: How the served backward and precision of a layer were obtained (the ``backward`` entry of a prediction's
+#: ``assumptions``): the rules of :mod:`app.predictor.onnx_model` and :mod:`app.predictor.roofline`.
+BACKWARD_SEMANTICS = (
+    "learned GPU layers under PyTorch stacks: backward = the forward's work x (backward / forward physics "
+    "floor) x the family's measured backward excess (convolutions: DeepBench (bwd_data + bwd_filter) / fwd "
+    "median 2.62 over its FLOP ratio 2; other families 1.0) + the stack's per-kernel cost per backward kernel; "
+    "tf1-session requests and CPU layers: measured training steps minus the forward; ops never measured on "
+    "tensor cores: predicted in strict fp32 and carried to the precision by the physics floors; roofline "
+    "fallback layers: bytes and FLOPs of each pass at their peak (app/predictor/onnx_model.py, roofline.py)"
+)
+
+#: Baidu DeepBench's convolution training rows time ``bwd_data`` and ``bwd_filter`` of the same configuration
+#: as ``fwd``; with the direct algorithm each backward product has the forward's MACs, so their FLOP (and
+#: physics-floor) ratio is 2 and a measured time ratio ``r`` means the backward runs ``r / 2`` times less
+#: efficiently than the forward.
+DEEPBENCH_CONV_FLOP_RATIO = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class BackwardExcess:
+    """How much slower than its forward, per unit of physics floor, a family's backward runs: the median
+    measured backward/forward time ratio divided by the family's floor ratio (1.0 = the backward reaches the
+    forward's efficiency); ``source`` says where the ratio was measured (or that none was)."""
+
+    median: float
+    source: str
+
+
+#: No paired measurement: the backward kernels (input and weight gradient GEMMs, or the element-wise
+#: backward) run at their forward's efficiency.
+PHYSICS_EXCESS = BackwardExcess(1.0, "no paired measurement: the backward runs at its forward's efficiency")
+
+
+def backward_excess_from_ratios(ratios: Mapping[str, Any] | None) -> BackwardExcess | None:
+    """The convolution :class:`BackwardExcess` from an artifact's ``backward_forward_ratio`` metadata
+    (``{"conv": {"median", "q25", "q75", "n"}, "source": ...}``, written by the trainer from DeepBench): the
+    median over :data:`DEEPBENCH_CONV_FLOP_RATIO`; ``None`` when the artifact has no convolution ratio.
+    Raises ``ValueError`` for a median that is not a positive finite number."""
+    ratios = ratios or {}
+    conv = ratios.get("conv")
+    if not isinstance(conv, Mapping):
+        return None
+    median = float(conv.get("median", math.nan))
+    if not (math.isfinite(median) and median > 0):
+        raise ValueError(f"backward_forward_ratio.conv.median must be a positive finite ratio, got {dict(conv)!r}")
+    src = (f"{ratios.get('source', 'artifact metadata')}: conv (bwd_data + bwd_filter) / fwd median {median:.3g}, "
+           f"n={conv.get('n')}")
+    return BackwardExcess(median / DEEPBENCH_CONV_FLOP_RATIO, src)
+
+
+def backward_from_forward_ms(
+    *, forward_ms: float, floor_forward_ms: float, floor_backward_ms: float, kernels: int, kernel_ms: float,
+    excess: float,
+) -> float:
+    """Backward time (ms) of a layer from its forward time: per-kernel overhead plus scaled forward work.
+
+    ``kernels × kernel_ms + max(forward_ms − kernel_ms, 0) × excess × floor_backward_ms / floor_forward_ms``:
+    the forward's work above its one launch, scaled by how much more physics the backward has (its floor over
+    the forward's, at the same precision: 2 for a convolution or GEMM with both gradients, 1 without the input
+    gradient, the byte ratio for memory-bound ops) and by the family's measured ``excess``
+    (:class:`BackwardExcess`); each backward kernel (``kernels``: input and weight gradients, or one) pays the
+    stack's fixed cost ``kernel_ms``. When the forward floor is 0 (no work), the backward is its floor plus its
+    launches. Raises ``ValueError`` for a negative input.
+    """
+    if min(forward_ms, floor_forward_ms, floor_backward_ms, kernels, kernel_ms, excess) < 0:
+        raise ValueError("backward_from_forward_ms takes non-negative times, counts and ratios")
+    if floor_backward_ms == 0 and kernels == 0:
+        return 0.0
+    if floor_forward_ms <= 0:
+        return kernels * kernel_ms + floor_backward_ms
+    return kernels * kernel_ms + max(forward_ms - kernel_ms, 0.0) * excess * floor_backward_ms / floor_forward_ms
+
+
+def transfer_precision_ms(*, time_ms: float, floor_from_ms: float, floor_to_ms: float, overhead_ms: float) -> float:
+    """A time measured (or predicted) at one precision carried to another at the same efficiency (ms).
+
+    ``overhead_ms + max(time_ms − overhead_ms, 0) × floor_to_ms / floor_from_ms``, never below ``floor_to_ms``:
+    the fixed launch cost stays, the work above it scales with the physics floor (peak at the precision, bytes
+    at its storage type). ``floor_from_ms`` must be > 0. Raises ``ValueError`` otherwise or for a negative input.
+    """
+    if not floor_from_ms > 0:
+        raise ValueError(f"floor_from_ms must be > 0, got {floor_from_ms!r}")
+    if min(time_ms, floor_to_ms, overhead_ms) < 0:
+        raise ValueError("transfer_precision_ms takes non-negative times")
+    return max(overhead_ms + max(time_ms - overhead_ms, 0.0) * floor_to_ms / floor_from_ms, floor_to_ms)

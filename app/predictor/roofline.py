@@ -174,6 +174,23 @@ def predict_total_ms(roofline_ms: np.ndarray, is_train: np.ndarray, constants: R
     return np.asarray(roofline_ms, dtype=np.float64) / constants.efficiency + floor
 
 
+def streaming_update_ms(q: LayerTimeQuery) -> float:
+    """The optimizer step over ``q``'s parameters (ms) as PyTorch's foreach optimizers run it: a streaming
+    kernel over the fp32 master weights, gradients and state (``max(F / P, B / (W · STREAM_EFFICIENCY))`` at
+    the fp32 vector peak ``P``) plus the layer's share of the step's launches
+    (:func:`app.core.fusion.update_kernel_launches`) at the stack's per-kernel floor. 0 without parameters or
+    in inference. Raises ``KeyError`` for an unknown optimizer or a device without an fp32 peak."""
+    if q.mode != "training" or not q.cost.params:
+        return 0.0
+    flops, nbytes = optimizer_update_cost(q.cost.params, q.optimizer, bytes_per_param=UPDATE_BYTES_PER_PARAM)
+    if flops == 0 and nbytes == 0:
+        return 0.0
+    peak = op_precision(q.hardware, q.precision, OpKind.ELEMENTWISE).peak_flops_per_s
+    bw = float(q.hardware.memory_bandwidth_bytes_per_s) * STREAM_EFFICIENCY
+    launches = update_kernel_launches(len(q.layer.weights), q.optimizer)
+    return max(flops / peak, nbytes / bw) * 1e3 + KERNEL_FLOOR_MS_BY_STACK[SoftwareStack(q.software_stack)] * launches
+
+
 class RooflinePredictor:
     """Fallback :class:`~app.predictor.base.Predictor` for every supported op kind and any device.
 
@@ -269,9 +286,7 @@ class RooflinePredictor:
         bwd = upd = 0.0
         if q.mode == "training":
             bwd = t_ms(c.backward_flops, c.backward_bytes)
-            if c.params:
-                upd = t_ms(*optimizer_update_cost(c.params, q.optimizer, bytes_per_param=UPDATE_BYTES_PER_PARAM),
-                           kernels=update_kernel_launches(len(q.layer.weights), q.optimizer))
+            upd = streaming_update_ms(q)
         elif q.mode != "inference":
             raise ValueError(f"mode must be 'training' or 'inference', got {q.mode!r}")
         total = fwd + bwd + upd

@@ -1,8 +1,8 @@
 """Profiler: measured per-layer and per-iteration training times (``layercast profile``).
 
-Modules (torch is imported only inside :mod:`app.profiler.timing`, :mod:`app.profiler.run` and
-:mod:`app.profiler.e2e`, and only when they run; this package root and :mod:`app.profiler.sampler` are
-torch-free so the API and the trainer can read the data without it):
+Modules (torch is imported only inside :mod:`app.profiler.timing`, :mod:`app.profiler.run`,
+:mod:`app.profiler.e2e` and :mod:`app.profiler.gpu_bench`, and only when they run; this package root and
+:mod:`app.profiler.sampler` are torch-free so the API and the trainer can read the data without it):
 
 * :mod:`app.profiler.sampler` — layer configurations drawn from the shapes real architectures use
   (ResNet, VGG, MobileNet, EfficientNet, ConvNeXt, BERT, GPT-2, ViT, LLaMA-style, LSTM/GRU LMs...) plus a
@@ -12,6 +12,8 @@ torch-free so the API and the trainer can read the data without it):
   backward, optimizer update timed separately; CPU ``perf_counter_ns`` or CUDA events).
 * :mod:`app.profiler.run` — the resumable campaign writing one JSON line per (config, precision).
 * :mod:`app.profiler.e2e` — whole training iterations of real architectures.
+* :mod:`app.profiler.gpu_bench` — one ~8-minute GPU session (kernels in fp32/tf32/bf16 and six whole
+  ``torch.nn`` models) written in the same row format.
 
 This module holds the torch-free readers of the files they write (``data/seed/*.jsonl.gz``).
 """

@@ -46,7 +46,10 @@ def test_bert_eager_fuses_attention_gelu_and_bias_keeping_flops() -> None:
     attn = next(f for f in r.layers if f.rule == "attention")
     assert attn.layer.kind is OpKind.ATTENTION
     members = [name.rsplit("/", 1)[-1] for name in attn.fused_from]
-    assert members[0] == "MatMul" and "Softmax" in members and members[-1] == "MatMul_1"
+    assert [m for m in members if m.startswith("MatMul")] == ["MatMul", "MatMul_1"] and "Softmax" in members
+    # the head-split permutes of Q, K (to Kᵀ) and V are views SDPA reads strided; the head merge is a copy
+    assert sorted(m for m in members if m.startswith("Transpose")) == ["Transpose", "Transpose_1", "Transpose_2"]
+    assert ops["Transpose"] == N_LAYERS
     # the fused layer moves Q, K, V and the output once: no score matrix in its bytes
     assert attn.cost.forward_bytes == sum(t.nbytes for t in (*attn.layer.inputs, *attn.layer.outputs))
     gelu = next(f for f in r.layers if f.rule == "gelu")
@@ -121,3 +124,38 @@ def test_fused_attention_is_costed_at_the_attention_roofline() -> None:
     unfused = RooflinePredictor().estimate(
         [LayerTimeQuery(m.layer, m.cost, hw, "inference", "none", precision="bf16") for m in members])
     assert est.forward_ms < sum(e.forward_ms for e in unfused)
+
+
+def test_compiled_graphs_fuse_pointwise_chains_into_one_kernel() -> None:
+    """Inductor generates one kernel for GPT-2's Python tanh-GELU (8 ops) that eager runs op by op."""
+    g = _graph("gpt2")
+    eager = fuse_graph(g, software_stack=SoftwareStack.PYTORCH_EAGER)
+    compiled = fuse_graph(g, software_stack=SoftwareStack.PYTORCH_COMPILED)
+    assert Counter(x.op_type for x in compiled.graph.layers)["Tanh"] == 0
+    gelus = [f for f in compiled.layers if f.rule == "pointwise"
+             and "Tanh" in [n.rsplit("/", 1)[-1] for n in f.fused_from]]  # fmt: skip
+    assert len(gelus) == N_LAYERS
+    members = [n.rsplit("/", 1)[-1] for n in gelus[0].fused_from]
+    assert "Pow" in members and len(members) == 8
+    assert gelus[0].layer.kind is OpKind.ELEMENTWISE and len(gelus[0].layer.inputs) == 1
+    assert sum(c.forward_flops for c in compiled.costs) == sum(c.forward_flops for c in eager.costs)
+    assert sum(c.forward_bytes for c in compiled.costs) < sum(c.forward_bytes for c in eager.costs)
+    assert len(compiled.graph.layers) < len(eager.graph.layers)
+
+
+def test_a_pointwise_group_whose_middle_is_read_outside_stays_unfused() -> None:
+    """The fused kernel stands where its last member stood, so only that member's output may leave it."""
+    x, a, b, c = (Tensor(n, (8, 64)) for n in "xabc")
+
+    def graph(middle_read_outside: bool) -> Graph:
+        layers = [Layer("relu", "Relu", OpKind.ACTIVATION, (x,), (a,)),
+                  Layer("mul", "Mul", OpKind.ELEMENTWISE, (a,), (b,))]
+        if middle_read_outside:
+            layers.append(Layer("sm", "Softmax", OpKind.SOFTMAX, (a,), (c,)))
+        return Graph("g", tuple(layers), (x,), (b, c) if middle_read_outside else (b,), batch_size=8)
+
+    fused = fuse_graph(graph(False), software_stack="pytorch-compiled")
+    assert [f.rule for f in fused.layers] == ["pointwise"]
+    assert fused.layers[0].cost.forward_bytes == x.nbytes + b.nbytes  # the intermediate never reaches DRAM
+    assert all(f.rule is None for f in fuse_graph(graph(True), software_stack="pytorch-compiled").layers)
+    assert all(f.rule is None for f in fuse_graph(graph(False), software_stack="pytorch-eager").layers)

@@ -57,9 +57,11 @@ def test_summaries_match_single_predictions_and_use_one_predictor_call(
         assert answer["prediction"] is None  # summaries only by default
         single = client.post("/v1/predictions", json=item).json()
         s = answer["summary"]
-        assert s["iteration_ms"] == pytest.approx(single["iteration"]["time_ms"], rel=1e-9)
-        assert s["iteration_ms_p90"] == pytest.approx(single["iteration"]["time_ms_p90"], rel=1e-9)
-        assert s["backward_ms"] == pytest.approx(single["iteration"]["backward_ms"], rel=1e-9)
+        # the learned model runs in float32 and onnxruntime's GEMM kernels depend on how many rows one call
+        # holds (the batch deduplicates repeated layers): equal up to float32 round-off, not bit for bit
+        assert s["iteration_ms"] == pytest.approx(single["iteration"]["time_ms"], rel=1e-6)
+        assert s["iteration_ms_p90"] == pytest.approx(single["iteration"]["time_ms_p90"], rel=1e-6)
+        assert s["backward_ms"] == pytest.approx(single["iteration"]["backward_ms"], rel=1e-6)
         assert s["peak_memory_bytes"] == single["memory"]["total_bytes"]
         assert s["fits"] == single["memory"]["fits"]
         assert s["energy_j"] > 0

@@ -91,8 +91,9 @@ def test_every_served_pass_is_at_least_its_floor_on_every_device_and_precision()
                     checked += 1
                     clamped += est.floor_clamped
     assert refused > 0 and checked > 5000
-    # the clamp is live: some answers of the shipped predictor were below physics before it
-    assert clamped > 0
+    # the learned model predicts above its row's floor (softplus) and derives the backward from the forward by
+    # floor ratios, so few or no passes need the clamp any more (test_clamp_raises_each_pass... tests the clamp)
+    assert clamped <= checked // 100
 
 
 def test_clamp_raises_each_pass_and_moves_the_interval() -> None:

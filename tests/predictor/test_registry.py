@@ -266,3 +266,50 @@ def test_split_training_step_keeps_components_positive() -> None:
         1.5,
         0.5,
     )
+
+
+def test_pytorch_backward_comes_from_the_forward_at_the_deepbench_ratio(predictor) -> None:
+    """Under PyTorch eager on a GPU the conv backward is the forward's work x 2 (both gradients) x the DeepBench
+    excess 2.62 / 2, not the TF1 train-step split (~4x); a first layer (no input gradient) gets half of it; a
+    TF1 request keeps the learned train step."""
+    from app.core.vocab import SoftwareStack
+    from app.predictor.base import backward_excess_from_ratios
+
+    excess = backward_excess_from_ratios(predictor.learned.metadata["backward_forward_ratio"])
+    assert excess is not None and excess.median == pytest.approx(2.619 / 2, rel=1e-3)
+    big = justus_conv_layer(batch=128, size=56, kernel=3, stride=1, c_in=128, c_out=128, padding="same",
+                            use_bias=False, activation="none")  # fmt: skip
+    first = Layer(big.name, big.op_type, big.kind, big.inputs, big.outputs, weights=big.weights, attrs=big.attrs,
+                  needs_input_grad=False)  # fmt: skip
+    hw = load_catalog()["v100-sxm2-16gb"]
+    eager, stem, tf1 = predictor.estimate([
+        LayerTimeQuery(big, layer_cost(big), hw, "training", "sgd"),
+        LayerTimeQuery(first, layer_cost(first), hw, "training", "sgd"),
+        LayerTimeQuery(big, layer_cost(big), hw, "training", "sgd", software_stack=SoftwareStack.TF1_SESSION),
+    ])  # fmt: skip
+    assert eager.method == stem.method == tf1.method == "learned"
+    assert eager.backward_ms / eager.forward_ms == pytest.approx(2.619, rel=0.02)
+    assert stem.backward_ms / stem.forward_ms == pytest.approx(2.619 / 2, rel=0.02)
+    assert any("backward from the forward" in n for n in eager.notes)
+    assert not any("backward from the forward" in n for n in tf1.notes)
+
+
+def test_conv_never_measured_on_tensor_cores_is_carried_from_strict_fp32(predictor) -> None:
+    """An A100 fp16 conv is the strict-fp32 prediction carried by the floors: much faster, never below its floor,
+    and flagged (no conv was measured on tensor cores)."""
+    from app.core.precision import Precision, physics_floor_ms
+    from app.core.vocab import Pass
+
+    layer = justus_conv_layer(batch=64, size=56, kernel=3, stride=1, c_in=256, c_out=256, padding="same",
+                              use_bias=False, activation="none")  # fmt: skip
+    hw = load_catalog()["a100-sxm4-80gb"]
+    cost = layer_cost(layer)
+    strict, fp16 = predictor.estimate([LayerTimeQuery(layer, cost, hw, "inference", "none", precision=p)
+                                       for p in (Precision.FP32_STRICT, Precision.FP16)])  # fmt: skip
+    f_strict = physics_floor_ms(layer, cost, hw, Precision.FP32_STRICT, Pass.FORWARD)
+    f_half = physics_floor_ms(layer, cost, hw, Precision.FP16, Pass.FORWARD)
+    assert fp16.out_of_distribution and any("not measured on tensor cores" in n for n in fp16.notes)
+    assert not any("tensor cores" in n for n in strict.notes)
+    expected = 0.010 + (strict.forward_ms - 0.010) * f_half / f_strict
+    assert fp16.forward_ms == pytest.approx(expected, rel=1e-6)
+    assert fp16.forward_ms >= f_half and strict.forward_ms > 4 * fp16.forward_ms

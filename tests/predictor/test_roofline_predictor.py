@@ -87,3 +87,27 @@ def test_compute_bound_fused_attention_runs_at_the_flash_attention_fraction_of_t
     (est,) = RooflinePredictor().estimate([LayerTimeQuery(layer, cost, hw, "inference", "none", precision="bf16")])
     compute_ms = cost.forward_flops / (hw.peak_flops_per_s["bf16"] * ATTENTION_EFFICIENCY) * 1e3
     assert est.forward_ms == pytest.approx(compute_ms + KERNEL_FLOOR_MS)
+
+
+def test_backward_from_forward_scales_work_not_launches() -> None:
+    from app.predictor.base import backward_from_forward_ms, transfer_precision_ms
+
+    # 1 ms forward with a 10 us launch, backward floor twice the forward's, excess 1.31, two backward kernels
+    b = backward_from_forward_ms(forward_ms=1.0, floor_forward_ms=0.5, floor_backward_ms=1.0, kernels=2,
+                                 kernel_ms=0.01, excess=1.31)  # fmt: skip
+    assert b == pytest.approx(2 * 0.01 + 0.99 * 1.31 * 2)
+    # a launch-bound forward keeps only the launches
+    assert backward_from_forward_ms(forward_ms=0.008, floor_forward_ms=0.001, floor_backward_ms=0.002, kernels=1,
+                                    kernel_ms=0.01, excess=1.0) == pytest.approx(0.01)  # fmt: skip
+    assert backward_from_forward_ms(forward_ms=0.5, floor_forward_ms=0.1, floor_backward_ms=0.0, kernels=0,
+                                    kernel_ms=0.01, excess=1.0) == 0.0  # fmt: skip
+    with pytest.raises(ValueError):
+        backward_from_forward_ms(forward_ms=-1.0, floor_forward_ms=0.1, floor_backward_ms=0.1, kernels=1,
+                                 kernel_ms=0.01, excess=1.0)  # fmt: skip
+    # the transfer keeps the launch, scales the work by the floors, and never goes below the target floor
+    assert transfer_precision_ms(time_ms=1.01, floor_from_ms=0.5, floor_to_ms=0.05, overhead_ms=0.01) == (
+        pytest.approx(0.01 + 1.0 * 0.1))
+    assert transfer_precision_ms(time_ms=0.01, floor_from_ms=0.01, floor_to_ms=0.02, overhead_ms=0.005) == (
+        pytest.approx(0.02))
+    with pytest.raises(ValueError):
+        transfer_precision_ms(time_ms=1.0, floor_from_ms=0.0, floor_to_ms=0.1, overhead_ms=0.01)

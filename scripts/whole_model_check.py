@@ -1,0 +1,65 @@
+"""Predicted whole-model training throughput next to published figures (docs/physics_and_fusion.md).
+
+Usage: ``PYTHONPATH=. python scripts/whole_model_check.py [--bert]`` (ResNet-50 ~10 s; ``--bert`` exports
+BERT-base from its ``transformers`` config, ~1 min, and needs the ``train`` extra).
+
+ResNet-50: the light model-zoo ResNet-50 of the onnx wheel at batch 256, SGD with momentum, against the
+figures of ``tests/predictions/test_published_throughput.py`` (the committed check, band 0.6x-1.6x).
+BERT-base: ``transformers`` BertModel (tests/core/real_models.py) at sequence 384, batch 32, AdamW, against
+Lambda's ``bert_base_squad`` column (``pytorch/pytorch-train-throughput-{fp16,fp32}.csv``, NGC PyTorch 22.10,
+2023, commit 0551cb70ffdc155dc4cb2c10dddebb65651c3883; SQuAD fine-tuning, sequences/s; "fp32" is TF32 on
+Ampere and newer). Not a committed check: Lambda is the only source, and H100 TF32 lands at its edge.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+from app.estimates.cli import JobParams, OfflineBackend
+from tests.helpers import light_model
+from tests.predictions.test_published_throughput import BATCH, MODELS_DIR, PUBLISHED
+
+BERT_PUBLISHED: dict[tuple[str, str], dict[str, float]] = {
+    ("a100-sxm4-80gb", "fp16"): {"lambda-2023": 443.0}, ("a100-sxm4-80gb", "tf32"): {"lambda-2023": 239.0},
+    ("h100-sxm", "fp16"): {"lambda-2023": 877.0}, ("h100-sxm", "tf32"): {"lambda-2023": 436.0},
+    ("v100-sxm2-16gb", "fp16"): {"lambda-2023": 189.0}, ("v100-sxm2-16gb", "fp32"): {"lambda-2023": 42.0},
+}
+
+
+def rows(backend: OfflineBackend, model: Path, table: dict[tuple[str, str], dict[str, float]],
+         params: dict[str, object]) -> list[str]:
+    out = []
+    for (hw, prec), published in table.items():
+        pred = backend.predict(model, hw, JobParams(precision=prec, mode="training", **params))  # type: ignore[arg-type]
+        sps = float(pred["iteration"]["samples_per_s"])
+        cells = ", ".join(f"{src} {v:.0f} ({sps / v:.2f}x)" for src, v in published.items())
+        out.append(f"| {model.stem} | {hw} | {prec} | {sps:.0f} | {cells} |")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--bert", action="store_true")
+    args = p.parse_args(argv)
+    backend = OfflineBackend(MODELS_DIR)
+    lines = ["| model | hardware | precision | predicted /s | published (ratio) |", "|---|---|---|---|---|"]
+    with tempfile.TemporaryDirectory() as d:
+        r50 = Path(d) / "resnet50.onnx"
+        r50.write_bytes(light_model("resnet50"))
+        lines += rows(backend, r50, PUBLISHED, {"batch_size": BATCH, "optimizer": "momentum"})
+        if args.bert:
+            from tests.core.real_models import exported
+
+            bert = Path(d) / "bert_base.onnx"
+            bert.write_bytes(exported("bert").onnx_bytes)
+            lines += rows(backend, bert, BERT_PUBLISHED, {"batch_size": 32, "optimizer": "adamw",
+                                                          "dims": (("seq", 384),)})
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
