@@ -106,6 +106,10 @@ GEMM_TILE = 128
 #: Elements per thread block of a memory-bound (elementwise, norm, softmax) kernel for the same count:
 #: 128 threads x 4 vectorised elements, PyTorch's ``vectorized_elementwise_kernel`` launch.
 ELEMENTWISE_TILE = 512
+#: Smaller output tile for the second wave count (v4): cuBLAS/cuDNN pick 32-64 wide tiles for skinny GEMMs
+#: (NeuSight's data: ``sgemm_32x32_sliced1x4``, ``sgemm_64x32``, ``128x32``); with both counts the model can
+#: see whether a GEMM fills the GPU at either tile size.
+GEMM_TILE_SMALL = 64
 
 RAW_FIELDS: tuple[str, ...] = (
     "is_conv",  # 1 for OpKind.CONV
@@ -211,6 +215,14 @@ FEATURE_NAMES: tuple[str, ...] = (
     "log_bytes_over_l2",  # ln pass_bytes / L2 bytes
     "stack_tf1_session",
     "stack_kernel_time",
+    # --- added for v4 (per-SM, per-cycle ratios: NeuSight-style hardware-relative features) ---
+    "log_wave_floor_ms",  # ln floor x ceil(waves) / waves: the floor with the last wave's idle SMs counted
+    "log_sm_cycle_ms",  # ln out_elems / (SMs x clock): time at one output element per SM per cycle
+    "hw_log_flops_per_sm_cycle",  # ln op peak / (SMs x clock): FLOPs per SM per cycle at the precision
+    "hw_log_bytes_per_sm_cycle",  # ln bandwidth / (SMs x clock): DRAM bytes per SM per cycle
+    "hw_log_l2_per_sm",  # ln L2 bytes / SMs
+    "log_waves_small_tile",  # ln waves of GEMM_TILE_SMALL^2 output tiles (cuBLAS's pick for skinny GEMMs)
+    "wave_efficiency_small_tile",  # last-wave fill of those tiles
 )
 ROOFLINE_FEATURE_INDEX = 0
 
@@ -502,10 +514,30 @@ def features_from_raw(raw: np.ndarray) -> np.ndarray:
         _log(c("l2_cache_bytes")),
         # --- added for v3 ---
         *_v3_columns(raw),
+        # --- added for v4 ---
+        *_v4_columns(raw),
     ]
     out = np.stack(cols, axis=1).astype(np.float32)
     assert out.shape[1] == len(FEATURE_NAMES)
     return out
+
+
+def _tiles(raw: np.ndarray, gemm_tile: int = GEMM_TILE) -> np.ndarray:
+    """Thread blocks of each row's op ``[N]`` (>= 1): ``gemm_tile``² output tiles of the implicit GEMM for
+    multiply-accumulate ops, ``ELEMENTWISE_TILE`` output elements per block otherwise."""
+
+    def c(name: str) -> np.ndarray:
+        return raw[:, _R[name]]
+
+    mac = sum(c(name) for name in ("is_conv", "is_gemm", "is_conv_transpose", "is_matmul", "is_recurrent",
+                                   "is_attention")) > 0.5  # fmt: skip
+    m, n = c("gemm_m"), c("gemm_n")
+    tiles = np.where(
+        mac,
+        c("gemm_batch") * np.ceil(m / gemm_tile) * np.ceil(n / gemm_tile),
+        np.ceil(m / ELEMENTWISE_TILE),
+    )
+    return np.maximum(tiles, 1.0)
 
 
 def _v3_columns(raw: np.ndarray) -> list[np.ndarray]:
@@ -519,15 +551,8 @@ def _v3_columns(raw: np.ndarray) -> list[np.ndarray]:
     sms = np.maximum(c("compute_units"), 1.0)
     floor = c("floor_ms")
     memory_ms = c("pass_bytes") / bw * 1e3
-    mac = sum(c(name) for name in ("is_conv", "is_gemm", "is_conv_transpose", "is_matmul", "is_recurrent",
-                                   "is_attention")) > 0.5  # fmt: skip
     m, n = c("gemm_m"), c("gemm_n")
-    tiles = np.where(
-        mac,
-        c("gemm_batch") * np.ceil(m / GEMM_TILE) * np.ceil(n / GEMM_TILE),
-        np.ceil(m / ELEMENTWISE_TILE),
-    )
-    tiles = np.maximum(tiles, 1.0)
+    tiles = _tiles(raw)
     waves = tiles / sms
     return [
         _log(floor),
@@ -546,6 +571,30 @@ def _v3_columns(raw: np.ndarray) -> list[np.ndarray]:
         _log(c("pass_bytes")) - _log(c("l2_cache_bytes")),
         c("stack_tf1_session"),
         c("stack_kernel_time"),
+    ]
+
+
+def _v4_columns(raw: np.ndarray) -> list[np.ndarray]:
+    """The v4 feature columns (see :data:`FEATURE_NAMES`): hardware as per-SM, per-cycle ratios, which stay in
+    a narrow range across GPU generations (NeuSight, Lee et al. ASPLOS 2025, predicts per-SM utilisation from
+    such ratios so that a new GPU is an interpolation), and the wave-quantised floor (Habitat, Yu et al. ATC
+    2021: a kernel of ``w`` waves takes ``ceil(w)`` wave times). Vectorised over ``raw`` ``[N, len(RAW_FIELDS)]``."""
+
+    def c(name: str) -> np.ndarray:
+        return raw[:, _R[name]]
+
+    sms = np.maximum(c("compute_units"), 1.0)
+    waves = _tiles(raw) / sms
+    waves_small = _tiles(raw, GEMM_TILE_SMALL) / sms
+    sm_hz = np.maximum(c("compute_units"), 1.0) * c("clock_mhz") * 1e6  # SM cycles per second, all SMs
+    return [
+        _log(c("floor_ms") * np.ceil(waves) / waves),
+        _log(c("out_elems") / sm_hz * 1e3),
+        _log(c("op_peak_flops_per_s") / sm_hz),
+        _log(c("bandwidth_bytes_per_s") / sm_hz),
+        _log(c("l2_cache_bytes") / sms),
+        _log(waves_small),
+        waves_small / np.ceil(waves_small),
     ]
 
 

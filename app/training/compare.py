@@ -34,9 +34,9 @@ from app.training.train import (
     splits,
 )
 
-#: Absolute hardware figures: with eleven GPUs they let the network learn which GPU a row is on (memorise
-#: per-device efficiency) instead of how efficiency follows from dimensionless ratios (NeuSight, Lee et al.
-#: ASPLOS 2025: tiles per SM, wave fill, intensity over the ridge point).
+#: Absolute hardware figures of v3. With eleven GPUs they let the network learn which GPU a row is on
+#: (memorise per-device efficiency) instead of how efficiency follows from hardware-relative ratios; the v4
+#: candidates replace them with per-SM, per-cycle ratios.
 ABSOLUTE_HW: tuple[str, ...] = (
     "hw_log_op_peak_flops_per_s",
     "hw_log_bandwidth_bytes_per_s",
@@ -47,24 +47,44 @@ ABSOLUTE_HW: tuple[str, ...] = (
 #: Absolute work (FLOPs, bytes, FLOPs per SM): together with the times (work / peak) they still encode the
 #: device's peak; the times, shapes and ratios carry the same information about the layer.
 ABSOLUTE_WORK: tuple[str, ...] = ("log_flops", "log_bytes", "log_work_per_sm", "log_update_memory_ms")
+#: The second wave count of v4 (a smaller GEMM tile).
+SMALL_TILE: tuple[str, ...] = ("log_waves_small_tile", "wave_efficiency_small_tile")
 
 
 def _without(names: Sequence[str], drop: Sequence[str]) -> tuple[str, ...]:
     return tuple(n for n in names if n not in set(drop))
 
 
-_KEEP_SMS = _without(MODEL_FEATURES, tuple(n for n in ABSOLUTE_HW if n != "hw_log_compute_units"))
+#: The shipped (v3) features.
+V3_FEATURES: tuple[str, ...] = MODEL_FEATURES
+#: The v4 candidate: v3's features without the absolute hardware figures, plus the v4 block of
+#: app.core.features: hardware as FLOPs and DRAM bytes per SM per cycle and L2 per SM (NeuSight, Lee et al.
+#: ASPLOS 2025: per-SM ratios, so a new GPU is an interpolation), the wave-quantised floor, an SM-cycle time
+#: scale (latency-bound kernels) and waves at a second, smaller GEMM tile.
+V4_FEATURES: tuple[str, ...] = (
+    *_without(V3_FEATURES, ABSOLUTE_HW),
+    "log_wave_floor_ms",
+    "log_sm_cycle_ms",
+    "hw_log_flops_per_sm_cycle",
+    "hw_log_bytes_per_sm_cycle",
+    "hw_log_l2_per_sm",
+    *SMALL_TILE,
+)
+#: v4 without its second wave count (the first v4 candidate: v3 minus absolute hardware plus 5 ratio columns).
+_V4R5 = _without(V4_FEATURES, SMALL_TILE)
 
-#: Variants compared: name -> (feature names, a subset of :data:`app.core.features.FEATURE_NAMES`; recipe
-#: overrides of :data:`app.training.train.DEFAULTS`).
+#: Variants compared (models/README.md has the scores): name -> (feature names, a subset of
+#: :data:`app.core.features.FEATURE_NAMES`; recipe overrides of :data:`app.training.train.DEFAULTS`).
 VARIANTS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
-    "v3": (MODEL_FEATURES, {}),
-    "no_absolute_hw": (_without(MODEL_FEATURES, ABSOLUTE_HW), {}),
-    "no_absolute_hw_work": (_without(MODEL_FEATURES, ABSOLUTE_HW + ABSOLUTE_WORK), {}),
-    "no_absolute_hw_keep_sms": (_KEEP_SMS, {}),
-    "v3_wd1e-2": (MODEL_FEATURES, {"weight_decay": 1e-2}),
-    "keep_sms_wd1e-2": (_KEEP_SMS, {"weight_decay": 1e-2}),
-    "keep_sms_hidden64": (_KEEP_SMS, {"hidden": 64}),
+    "v3": (V3_FEATURES, {"balance": "source"}),
+    "v4_with_absolute_hw": ((*V3_FEATURES, *_without(_V4R5, V3_FEATURES)), {"balance": "source"}),
+    "v4r5_keep_sms": ((*_V4R5, "hw_log_compute_units"), {"balance": "source"}),
+    "v4r5": (_V4R5, {"balance": "source"}),
+    "v4r5_family_weights": (_V4R5, {"balance": "source_family"}),
+    "v4r5_no_absolute_work": (_without(_V4R5, ABSOLUTE_WORK), {"balance": "source"}),
+    "v4r5_no_wave_floor": (_without(_V4R5, ("log_wave_floor_ms",)), {"balance": "source"}),
+    "v4_source_weights": (V4_FEATURES, {"balance": "source"}),
+    "v4": (V4_FEATURES, {"balance": "source_family"}),
 }
 
 #: Rows per imported file of each GPU source for the quick loop (~1/4 of the shipped sample).
@@ -83,28 +103,35 @@ def score_variant(
     """Leave-one-GPU-chip-out over the GPU rows of ``tr``, scored on each held-out chip's rows of ``va``.
 
     Returns ``{"score": mean over sources of the pooled MAPE (%), "by_source": {source: MAPE},
-    "by_gpu": {chip: MAPE}}``.
+    "by_gpu": {chip: MAPE}, "bias_by_gpu": {chip: {source: median pred/true - 1 in %}},
+    "by_family": {op family: pooled MAPE}}`` (the bias's sign says whether a held-out chip is over- or under-predicted).
     """
     catalog = load_catalog()
     gtr, gva = tr.subset(~is_cpu_rows(tr)), va.subset(~is_cpu_rows(va))
     g_tr, g_va = gpu_group(gtr.gpu, catalog), gpu_group(gva.gpu, catalog)
     r = {**recipe, "feature_names": tuple(names)}
-    pred_parts, true_parts, src_parts = [], [], []
+    pred_parts, true_parts, src_parts, fam_parts = [], [], [], []
     by_gpu: dict[str, float] = {}
+    bias: dict[str, dict[str, float]] = {}
     for g in sorted(set(g_va.tolist())):
         model, _ = fit_recipe(gtr.subset(g_tr != g), gva.subset(g_va != g), recipe=r, seed=seed, ensemble=1,
                               log=lambda s: None)  # fmt: skip
         v = gva.subset(g_va == g)
         p = np.exp(predict(model, model_inputs(v, names))[:, 1])
         by_gpu[g] = round(metrics(v.time_ms, p)["mape_pct"], 2)
+        src_g = source_of(v)
+        bias[g] = {str(s): round(float(np.median(p[src_g == s] / v.time_ms[src_g == s]) - 1) * 100, 1)
+                   for s in np.unique(src_g)}  # fmt: skip
         pred_parts.append(p)
         true_parts.append(v.time_ms)
         src_parts.append(source_of(v))
-    pred, true, src = (np.concatenate(x) for x in (pred_parts, true_parts, src_parts))
+        fam_parts.append(v.family)
+    pred, true, src, fam = (np.concatenate(x) for x in (pred_parts, true_parts, src_parts, fam_parts))
+    by_family = {str(f): round(metrics(true[fam == f], pred[fam == f])["mape_pct"], 1) for f in np.unique(fam)}
     by_source = {s: round(metrics(true[src == s], pred[src == s])["mape_pct"], 2) for s in np.unique(src)}
     score = round(float(np.mean(list(by_source.values()))), 2)
-    log(f"score {score}: {by_source}; {by_gpu}")
-    return {"score": score, "by_source": by_source, "by_gpu": by_gpu}
+    log(f"score {score}: {by_source}; {by_gpu}; bias {bias}; by family {by_family}")
+    return {"score": score, "by_source": by_source, "by_gpu": by_gpu, "bias_by_gpu": bias, "by_family": by_family}
 
 
 def run(*, database_url: str, variants: Sequence[str], epochs: int, seed: int,

@@ -190,3 +190,36 @@ def test_v3_floor_and_stack_features() -> None:
     # wave quantisation: 4 x 32 output tiles of 128 x 128 over 108 SMs = 1.19 waves, 59 % of the last wave used
     assert eager[feature_index("log_tiles")] == pytest.approx(np.log(4 * 32))
     assert eager[feature_index("wave_efficiency")] == pytest.approx(128 / 108 / 2)
+
+
+def test_v4_per_sm_ratios_are_the_same_on_a_gpu_with_twice_the_sms() -> None:
+    """The v4 hardware columns are per-SM, per-cycle ratios: a GPU with twice the SMs, peak, bandwidth and L2
+    at the same clock has the same ones, while its absolute columns move; the wave-quantised floor counts
+    the idle SMs of the last wave."""
+    from app.core.features import feature_index
+
+    hw = load_catalog()["a100-sxm4-80gb"]
+    double = dataclasses.replace(
+        hw, compute_units=2 * hw.compute_units, peak_flops_per_s={k: 2 * v for k, v in hw.peak_flops_per_s.items()},
+        memory_bandwidth_bytes_per_s=2 * hw.memory_bandwidth_bytes_per_s, l2_cache_bytes=2 * (hw.l2_cache_bytes or 0),
+    )  # fmt: skip
+    layer = justus_dense_layer(batch=512, in_features=4096, out_features=4096, activation="none")
+    q = FeatureInput(layer, layer_cost(layer), hw, "forward", "none", "fp32")
+    a, b = layer_features_batch([q, q._replace(hardware=double)])
+    for name in ("hw_log_flops_per_sm_cycle", "hw_log_bytes_per_sm_cycle", "hw_log_l2_per_sm"):
+        assert b[feature_index(name)] == pytest.approx(a[feature_index(name)], abs=1e-5)
+    assert b[feature_index("hw_log_op_peak_flops_per_s")] == pytest.approx(
+        a[feature_index("hw_log_op_peak_flops_per_s")] + np.log(2), abs=1e-5
+    )
+    # A100 fp32: 19.5 TFLOP/s over 108 SMs at 1410 MHz = 128 FLOPs per SM per cycle (64 FP32 cores, FMA)
+    assert np.exp(a[feature_index("hw_log_flops_per_sm_cycle")]) == pytest.approx(128, rel=0.01)
+    # 128 tiles over 108 SMs: 2 waves where 1.19 would do; over 216 SMs one wave of 0.59
+    waves = 4 * 32 / 108
+    assert a[feature_index("log_wave_floor_ms")] == pytest.approx(
+        a[feature_index("log_floor_ms")] + np.log(2 / waves), abs=1e-5
+    )
+    assert b[feature_index("log_wave_floor_ms")] == pytest.approx(
+        b[feature_index("log_floor_ms")] + np.log(1 / (waves / 2)), abs=1e-5
+    )
+    # one output element per SM per cycle: 512 x 4096 elements over 108 SMs x 1410 MHz, in ms
+    assert np.exp(a[feature_index("log_sm_cycle_ms")]) == pytest.approx(512 * 4096 / (108 * 1410e6) * 1e3, rel=1e-4)

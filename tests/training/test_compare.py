@@ -21,7 +21,12 @@ def test_variants_are_subsets_of_the_feature_schema() -> None:
 
     for name, (names, _) in VARIANTS.items():
         assert set(names) <= set(FEATURE_NAMES) and "log_floor_ms" in names and "is_train" in names, name
-    assert len(VARIANTS["no_absolute_hw"][0]) == len(VARIANTS["v3"][0]) - 5
+    from app.training.compare import ABSOLUTE_HW
+    from app.training.train import MODEL_FEATURES
+
+    assert VARIANTS["v3"][0] == MODEL_FEATURES  # the shipped features
+    assert set(ABSOLUTE_HW) <= set(VARIANTS["v3"][0])  # v3 reads the datasheet figures themselves
+    assert not set(ABSOLUTE_HW) & set(VARIANTS["v4"][0])  # v4 reads them only as per-SM, per-cycle ratios
 
 
 @needs_data
@@ -29,7 +34,7 @@ def test_score_variant_holds_out_each_chip_and_scores_validation_rows(justus_db:
     d = load_from_database(justus_db, sources=("justus2018",), sample_per_file=60, seed=0)
     tr, va, _ = splits(d, None, seed=0)
     recipe = {**DEFAULTS, "epochs": 1, "hidden": 8, "depth": 1}
-    res = score_variant(tr, va, names=VARIANTS["no_absolute_hw"][0], recipe=recipe, seed=0, log=lambda s: None)
+    res = score_variant(tr, va, names=VARIANTS["v4"][0], recipe=recipe, seed=0, log=lambda s: None)
     chips = set(gpu_group(va.gpu, load_catalog()).tolist())
     assert set(res["by_gpu"]) == chips and len(chips) >= 2  # one fold per chip with validation rows
     assert set(res["by_source"]) == {"justus"}

@@ -24,3 +24,26 @@ def test_constant_columns_are_not_scaled_by_rounding_noise() -> None:
     other[:, col] += 1.5  # a different device
     out = predict(m, other)
     assert np.isfinite(out).all() and np.abs(out).max() < 50
+
+
+def test_family_balance_gives_each_source_its_share_and_families_sqrt_rows() -> None:
+    """``source_family``: sources keep equal shares; within one, a family with 4x the rows gets 2x the weight."""
+    from app.training.train import loss_weights
+
+    class Rows:
+        def __init__(self, family: np.ndarray, source: np.ndarray) -> None:
+            self.family, self.source = family, source
+
+        def __len__(self) -> int:
+            return len(self.family)
+
+    family = np.array(["neusight:bmm"] * 400 + ["neusight:add"] * 100 + ["conv"] * 500)
+    source = np.array(["neusight"] * 500 + ["justus2018"] * 500)
+    data = Rows(family, source)
+    w = loss_weights(data, "source_family")  # type: ignore[arg-type]
+    assert w.mean() == pytest.approx(1.0)
+    assert w[:500].sum() == pytest.approx(w[500:].sum())  # each source half the loss
+    assert w[:400].sum() == pytest.approx(2 * w[400:500].sum())  # sqrt(400) : sqrt(100)
+    assert np.allclose(loss_weights(data, "source")[:500], 1.0)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        loss_weights(data, "family")  # type: ignore[arg-type]
