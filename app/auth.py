@@ -83,7 +83,6 @@ POLICY: dict[tuple[str, str], Scope] = {
     ("DELETE", "/v1/hardware/{hardware_id}"): Scope.HARDWARE,
     ("POST", "/v1/measurements"): Scope.MEASUREMENTS,
     ("POST", "/v1/job-estimates/actuals"): Scope.MEASUREMENTS,
-    ("POST", "/v1/job-estimates/{estimate_id}/actuals"): Scope.MEASUREMENTS,
     # predictions store nothing: they are reads with a body
     ("POST", "/v1/predictions"): Scope.READ,
     ("POST", "/v1/predictions/batch"): Scope.READ,

@@ -201,10 +201,7 @@ def test_every_writing_route_is_in_the_policy() -> None:
     """A new writing route must be placed in :data:`app.auth.POLICY` on purpose (unlisted ones need
     admin, which is safe but probably not meant); and the policy names no route that does not exist."""
     writes = {(m, r.path) for r in module_routes() for m in r.methods or () if m not in ("GET", "HEAD", "OPTIONS")}
-    assert writes - set(POLICY) == set()
-    # h-loop's per-estimate actuals route may not exist yet; every other entry must
-    assert set(POLICY) - writes <= {("POST", "/v1/job-estimates/{estimate_id}/actuals"),
-                                    ("POST", "/v1/job-estimates/actuals")}
+    assert writes == set(POLICY)
     assert required_scope("PATCH", "/v1/anything-new") is Scope.ADMIN
     assert required_scope("GET", "/v1/anything") is Scope.READ
 
