@@ -3,6 +3,8 @@ prices."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from app.hardware.catalog import InvalidHardwareSpec, load_catalog, parse_catalog
@@ -30,7 +32,9 @@ def test_prices_are_dated_list_prices() -> None:
     assert {"a100-sxm4-80gb", "h100-sxm", "t4"} <= {s.id for s in priced}
     for spec in priced:
         src = spec.sources["price_usd_per_hour"]
-        assert "list price" in src and "2024" in src, spec.id
+        assert "list price" in src and re.search(r"\b20\d\d\b", src), spec.id  # an offer with its date
+        # each says whether it was checked, against what, and when (issue 9: verified, or said it is not)
+        assert ("Verified 2026-12-01" in src or "retrieved 2026-11-09" in src or "NOT verified" in src), spec.id
 
 
 def test_half_a_link_is_rejected() -> None:
@@ -57,7 +61,7 @@ def test_hardware_api_shows_and_validates_the_new_fields(client) -> None:  # noq
     body = client.get("/v1/hardware/a100-sxm4-80gb").json()
     assert body["interconnect"] == "nvlink"
     assert body["interconnect_bandwidth_bytes_per_s"] == 300e9 and body["interconnect_latency_s"] == 5.7e-6
-    assert body["price_usd_per_hour"] == 5.1207 and "p4de.24xlarge" in body["sources"]["price_usd_per_hour"]
+    assert body["price_usd_per_hour"] == 3.4309 and "p4de.24xlarge" in body["sources"]["price_usd_per_hour"]
     custom = {"id": "half-link", "name": "Half", "vendor": "X", "peak_flops_per_s": {"fp32": 1e12},
               "memory_bytes": 2**30, "memory_bandwidth_bytes_per_s": 1e11, "compute_units": 1,
               "interconnect": "pcie"}

@@ -1,9 +1,7 @@
-"""The images next to the reports (loss curve, predicted vs measured per device) and the progress bars of
-the long commands."""
+"""The images next to the reports: the loss curve and predicted vs measured per device."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +10,6 @@ import pytest
 pytest.importorskip("matplotlib")
 
 from app.training.plots import error_plots, loss_curve  # noqa: E402
-from tests.helpers import REPO  # noqa: E402
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -40,21 +37,3 @@ def test_error_plots_have_one_panel_per_device(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="equal length"):
         error_plots(tmp_path / "bad.png", hardware=hardware[:3], measured_ms=measured, predicted_ms=measured,
                     title="t")
-
-
-def test_import_shows_a_progress_bar_with_eta(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
-    from app.measurements.cli import main
-
-    monkeypatch.setenv("LAYERCAST_PROGRESS", "1")
-    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
-    assert main(["profiler", "--data-dir", str(REPO / "data" / "seed"), "--database-url", url,
-                 "--hardware-id", "local", "--limit", "20"]) == 0
-    captured = capsys.readouterr()
-    # tqdm's bar: "import profiler: 100%|...| 1.2M/1.2M [00:01<00:00, ...]" (elapsed<remaining is the ETA)
-    assert re.search(r"import profiler: 100%\|.*\| [0-9.]+[kM]?/[0-9.]+[kM]?B? \[\d\d:\d\d<\d\d:\d\d", captured.err)
-    assert "import profiler" not in captured.out  # stdout keeps only the report
-    monkeypatch.setenv("LAYERCAST_PROGRESS", "0")
-    assert main(["profiler", "--data-dir", str(REPO / "data" / "seed"), "--database-url", url,
-                 "--hardware-id", "local", "--limit", "20"]) == 0
-    assert "import profiler:" not in capsys.readouterr().err
