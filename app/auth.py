@@ -53,7 +53,7 @@ from limits.strategies import MovingWindowRateLimiter
 from sqlalchemy import JSON, String, select
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
-from app.db import Base, utcnow
+from app.db import Base, utcnow, write_intent
 from app.errors import LayercastError, NotFoundError
 
 logger = logging.getLogger("layercast")
@@ -83,7 +83,6 @@ POLICY: dict[tuple[str, str], Scope] = {
     ("DELETE", "/v1/hardware/{hardware_id}"): Scope.HARDWARE,
     ("POST", "/v1/measurements"): Scope.MEASUREMENTS,
     ("POST", "/v1/job-estimates/actuals"): Scope.MEASUREMENTS,
-    ("POST", "/v1/job-estimates/{estimate_id}/actuals"): Scope.MEASUREMENTS,
     # predictions store nothing: they are reads with a body
     ("POST", "/v1/predictions"): Scope.READ,
     ("POST", "/v1/predictions/batch"): Scope.READ,
@@ -296,8 +295,12 @@ def get_principal(request: Request) -> Principal:
         principal = Principal(None, settings.open_scope_set)
     else:
         bootstrap = settings.admin_key.get_secret_value() if settings.admin_key is not None else None
-        with request.app.state.sessionmaker() as session:
-            principal = authenticate(session, key, bootstrap_key=bootstrap)
+        token = write_intent.set(False)  # a read: never queue behind SQLite's write lock for it
+        try:
+            with request.app.state.sessionmaker() as session:
+                principal = authenticate(session, key, bootstrap_key=bootstrap)
+        finally:
+            write_intent.reset(token)
     request.state.principal = principal
     return principal
 

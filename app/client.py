@@ -19,6 +19,7 @@ of this module never imports torch.
 from __future__ import annotations
 
 import io
+import os
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -215,11 +216,13 @@ class Client:
     Every method raises :class:`LayercastAPIError` on a non-2xx answer, ``pydantic.ValidationError``
     for a request body that fails the schema (before sending), and ``httpx.HTTPError`` for transport
     failures. ``timeout_s``: per request (uploads and large predictions can take tens of seconds).
+    ``api_key`` (default ``$LAYERCAST_API_KEY``) is sent as ``Authorization: Bearer`` on every request.
     """
 
     def __init__(self, base_url: str = "http://127.0.0.1:8000", *, timeout_s: float = 120.0,
-                 http: httpx.Client | None = None) -> None:
+                 http: httpx.Client | None = None, api_key: str | None = None) -> None:
         self.http = http or httpx.Client(base_url=base_url, timeout=timeout_s)
+        self.http.headers.update(auth_headers(api_key))
 
     def __enter__(self) -> Client:
         return self
@@ -317,12 +320,20 @@ class Client:
         return _must(self._send(_Calls.list_measurements(limit=limit, offset=offset, cursor=cursor, **filters)))
 
 
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """``Authorization: Bearer`` for ``api_key``, else for ``$LAYERCAST_API_KEY``; none when neither is set
+    (the server's open scopes apply: see ``app.auth``)."""
+    key = api_key if api_key is not None else os.environ.get("LAYERCAST_API_KEY")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 class AsyncClient:
     """Asynchronous twin of :class:`Client` (same methods, awaited; ``http``: an ``httpx.AsyncClient``)."""
 
     def __init__(self, base_url: str = "http://127.0.0.1:8000", *, timeout_s: float = 120.0,
-                 http: httpx.AsyncClient | None = None) -> None:
+                 http: httpx.AsyncClient | None = None, api_key: str | None = None) -> None:
         self.http = http or httpx.AsyncClient(base_url=base_url, timeout=timeout_s)
+        self.http.headers.update(auth_headers(api_key))
 
     async def __aenter__(self) -> AsyncClient:
         return self

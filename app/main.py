@@ -24,6 +24,7 @@ others ``BEGIN IMMEDIATE`` (:data:`app.db.write_intent`), and a JSON body is rea
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import json
 import logging
@@ -45,7 +46,16 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.auth import AUTH_ERRORS, BOOTSTRAP_OWNER, RateLimiter, active_key_count, authorize, sends_key
+from app.auth import (
+    AUTH_ERRORS,
+    BOOTSTRAP_OWNER,
+    RateLimiter,
+    active_key_count,
+    authorize,
+    required_scope,
+    sends_key,
+)
+from app.auth import Scope as AccessScope
 from app.config import Settings, is_loopback
 from app.core.limits import Limits, json_bytes_depth, use_limits
 from app.db import make_engine, make_sessionmaker, write_intent
@@ -288,7 +298,8 @@ class RequestGuard:
             return
         headers = dict(scope.get("headers") or [])
         ctype = headers.get(b"content-type", b"").decode("latin-1")
-        token = write_intent.set(method not in ("GET", "HEAD", "OPTIONS"))
+        # the prediction POSTs store nothing: their SQLite transactions begin deferred like GETs'
+        token = write_intent.set(required_scope(method, scope.get("path", "")) is not AccessScope.READ)
         try:
             with use_limits(self.limits):
                 if method in ("GET", "HEAD", "OPTIONS", "DELETE") or not (
@@ -339,6 +350,52 @@ class RequestGuard:
             return body, LimitExceeded("json_depth", depth, self.limits.max_json_depth,
                                        f"JSON body nests {depth} deep; the limit is {self.limits.max_json_depth}")
         return body, None
+
+
+class SQLiteWriteSlot:
+    """ASGI middleware: on SQLite, one writing request at a time per process (``app.state.write_lock``,
+    an ``asyncio.Lock`` made by the lifespan; absent on PostgreSQL, whose writers lock rows, not the file).
+
+    Why: a writing request takes SQLite's one write lock at its first statement (``BEGIN IMMEDIATE``) and
+    releases it at the commit, which FastAPI runs after the endpoint in another worker-thread call. When
+    every worker thread is taken by requests waiting (busy timeout) for that same lock, the commit gets no
+    thread until their timeouts expire: the load test saw 64 % of requests fail with "database is
+    locked" at 100 concurrent clients. Queued here, on the event loop, waiting writers hold no thread
+    and no connection. The slot is taken once the request body has been received in full (so a slow
+    upload does not hold it while it streams), or at once for a request without a body, and released when
+    the response is sent (the commit is before it). Which requests write: :data:`app.db.write_intent`.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        lock = getattr(getattr(scope.get("app"), "state", None), "write_lock", None)
+        if scope["type"] != "http" or lock is None or not write_intent.get():
+            await self.app(scope, receive, send)
+            return
+        held = False
+
+        async def take() -> None:
+            nonlocal held
+            if not held:
+                await lock.acquire()
+                held = True
+
+        async def receive_then_take() -> Message:
+            message = await receive()
+            if message["type"] == "http.request" and not message.get("more_body", False):
+                await take()
+            return message
+
+        headers = dict(scope.get("headers") or [])
+        try:
+            if headers.get(b"content-length", b"0") == b"0" and b"transfer-encoding" not in headers:
+                await take()
+            await self.app(scope, receive_then_take, send)
+        finally:
+            if held:
+                lock.release()
 
 
 # --------------------------------------------------------------------------------- hosts, cross-site
@@ -467,6 +524,7 @@ def _make_lifespan(settings: Settings, run_migrations: bool) -> Callable[[FastAP
         app.state.sessionmaker = make_sessionmaker(engine)
         app.state.predictors = None
         app.state.rate_limiter = RateLimiter(settings.rate_limit)
+        app.state.write_lock = asyncio.Lock() if engine.dialect.name == "sqlite" else None
         from app.graphs.service import analysis_cache
 
         analysis_cache.budget_bytes = settings.analysis_cache_bytes
@@ -524,6 +582,7 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = False
         summary="Predicts what a deep neural network costs on given hardware before it runs.",
         lifespan=_make_lifespan(settings, run_migrations),
     )
+    app.add_middleware(SQLiteWriteSlot)  # innermost: sees the JSON body RequestGuard replays in one piece
     app.add_middleware(
         RequestGuard, limits=settings.limits(), max_json_bytes=settings.max_json_bytes,
         raw_paths=frozenset({"/v1/graphs"}),

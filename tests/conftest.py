@@ -124,10 +124,59 @@ def database_url(request: pytest.FixtureRequest) -> str:
     return str(request.getfixturevalue(fixture))
 
 
+#: ``LAYERCAST_TEST_BACKEND=postgresql`` runs every test that takes the ``settings``/``app``/``client``
+#: fixtures on its own PostgreSQL database instead of its own SQLite file (``scripts/test.sh`` runs the API
+#: test packages a second time so); the default is ``sqlite``.
+TEST_BACKEND_ENV = "LAYERCAST_TEST_BACKEND"
+
+
+def test_backend() -> str:
+    """``sqlite`` or ``postgresql`` (``$LAYERCAST_TEST_BACKEND``); anything else is an error."""
+    backend = os.environ.get(TEST_BACKEND_ENV, "sqlite")
+    if backend not in ("sqlite", "postgresql"):
+        raise pytest.UsageError(f"${TEST_BACKEND_ENV} must be sqlite or postgresql, not {backend!r}")
+    return backend
+
+
+@pytest.fixture(scope="session")
+def postgres_template(postgres_admin_url: URL) -> Iterator[str]:
+    """Name of a PostgreSQL database migrated to head once per session, the template of
+    :func:`postgres_migrated_url` (``CREATE DATABASE ... TEMPLATE`` copies it in ~0.1 s)."""
+    import psycopg
+
+    name = f"layercast_tmpl_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(_libpq(postgres_admin_url), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        upgrade(postgres_admin_url.set(database=name).render_as_string(hide_password=False))
+        yield name
+    finally:
+        with psycopg.connect(_libpq(postgres_admin_url), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
 @pytest.fixture
-def settings(sqlite_url: str) -> Settings:
-    """Settings on this test's own SQLite file, with the predictor shipped in ``models/``."""
-    return Settings(database_url=sqlite_url, models_dir=REPO_ROOT / "models")
+def postgres_migrated_url(request: pytest.FixtureRequest, postgres_template: str) -> Iterator[str]:
+    """URL of a fresh PostgreSQL database already migrated to head, dropped after the test."""
+    import psycopg
+
+    admin: URL = request.getfixturevalue("postgres_admin_url")
+    name = f"layercast_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(_libpq(admin), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{postgres_template}"')
+    try:
+        yield admin.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with psycopg.connect(_libpq(admin), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def settings(request: pytest.FixtureRequest) -> Settings:
+    """Settings on this test's own database (an SQLite file, or a PostgreSQL database under
+    ``LAYERCAST_TEST_BACKEND=postgresql``), with the predictor shipped in ``models/``."""
+    fixture = "sqlite_url" if test_backend() == "sqlite" else "postgres_migrated_url"
+    return Settings(database_url=str(request.getfixturevalue(fixture)), models_dir=REPO_ROOT / "models")
 
 
 @pytest.fixture

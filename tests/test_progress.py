@@ -21,14 +21,14 @@ def test_import_shows_a_progress_bar_with_eta(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setenv("LAYERCAST_PROGRESS", "1")
     url = f"sqlite:///{tmp_path / 'db.sqlite'}"
     assert main(["profiler", "--data-dir", str(REPO / "data" / "seed"), "--database-url", url,
-                 "--hardware-id", "local", "--limit", "20"]) == 0
+                 "--limit", "20"]) == 0
     captured = capsys.readouterr()
     # tqdm's bar: "import profiler: 100%|...| 1.2M/1.2M [00:01<00:00, ...]" (elapsed<remaining is the ETA)
     assert re.search(r"import profiler: 100%\|.*\| [0-9.]+[kM]?/[0-9.]+[kM]?B? " + ETA, captured.err)
     assert "import profiler" not in captured.out  # stdout keeps only the report
     monkeypatch.setenv("LAYERCAST_PROGRESS", "0")
     assert main(["profiler", "--data-dir", str(REPO / "data" / "seed"), "--database-url", url,
-                 "--hardware-id", "local", "--limit", "20"]) == 0
+                 "--limit", "20"]) == 0
     assert "import profiler:" not in capsys.readouterr().err
 
 

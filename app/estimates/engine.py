@@ -35,13 +35,14 @@ from app.core.analysis import GraphAnalysis
 from app.core.hardware import HardwareSpec
 from app.core.memory import MemoryFootprint, fits
 from app.core.precision import Precision, storage_precision
-from app.errors import LayercastError, NoInterconnect
+from app.errors import LayercastError
 from app.graphs import service as graphs
 from app.hardware import service as hardware_service
 from app.hardware.catalog import spec_to_dict
 from app.predictions.schemas import PredictionCreate
 from app.predictions.service import (
     aggregation_input,
+    check_interconnect,
     checked_precision,
     memo_footprint,
     memo_largest_batch,
@@ -193,10 +194,7 @@ class GraphCache:
         assert request.hardware_id is not None
         hw = self.spec(request.hardware_id)
         precision = checked_precision(hw, request.precision)
-        if request.device_count > 1 and hw.link() is None:
-            raise NoInterconnect(
-                f"hardware {hw.id!r} lists no interconnect: device_count {request.device_count} cannot be "
-                "estimated", detail={"hardware_id": hw.id, "device_count": request.device_count})
+        check_interconnect(hw, request)
         r = request
         key = (self._graph_key(r), r.per_device_batch_size, tuple(sorted(r.dims.items())), r.software_stack,
                self._fingerprints[hw.id], precision, r.mode, r.optimizer if r.mode == "training" else "none",

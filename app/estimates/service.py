@@ -262,11 +262,11 @@ def refit_job_calibration(session: Session, predictor: Predictor, *, up_to_id: i
             (math.log(actual_s / m.p50_s), actual_s, m.p50_s))
     groups = {key: RatioStats.of([r for r, _, _ in rs]) for key, rs in ratios.items()}
     calibrated, raw = [], []
-    for rs in ratios.values():
+    for key, rs in ratios.items():
         if len(rs) < 2:
             continue
-        for i, (_, actual_s, predicted_s) in enumerate(rs):
-            others = calibrate_stats(RatioStats.of([r for j, (r, _, _) in enumerate(rs) if j != i]))
+        for r, actual_s, predicted_s in rs:
+            others = calibrate_stats(groups[key].minus(RatioStats.of([r])))
             calibrated.append(abs(others.factor * predicted_s - actual_s) / actual_s)
             raw.append(abs(predicted_s - actual_s) / actual_s)
     evaluation = {"actuals": sum(g.n for g in groups.values()), "groups": len(groups), "skipped": skipped,

@@ -286,6 +286,27 @@ cores, same RAM): the measured values describe that machine only. A clock read f
 ``cpu MHz`` (no max frequency available) is itself a drifting reading and is reused, not compared."""
 
 
+@dataclass(frozen=True)
+class LocalCpuIdentity:
+    """What identifies this machine's CPU without measuring anything: model name (as ``local``'s
+    ``name``), SIMD width in bits (as ``vector_width_bits``) and logical CPUs (``os.cpu_count()``)."""
+
+    name: str
+    vector_width_bits: int
+    logical_cpus: int | None
+
+
+def local_cpu_identity() -> LocalCpuIdentity:
+    """:class:`LocalCpuIdentity` of this machine, from ``/proc/cpuinfo`` (the same fields and fallbacks as
+    :func:`detect_local_cpu`, ~1 ms; nothing measured). Never raises."""
+    machine = platform.machine().lower() or "unknown"
+    cpuinfo = _parse_cpuinfo(_read_text(_CPUINFO))
+    flags = set((cpuinfo.get("flags") or cpuinfo.get("features") or "").split())
+    bits, _, _ = _vector_width(machine, flags)
+    name = cpuinfo.get("model name") or platform.processor() or f"{machine} CPU"
+    return LocalCpuIdentity(name=name, vector_width_bits=bits, logical_cpus=os.cpu_count())
+
+
 @cache
 def detect_local_cpu() -> HardwareSpec:
     """Spec of this machine's CPU (id ``local``, kind ``cpu``), detected and measured once per process.

@@ -87,6 +87,37 @@ def seed_builtin(session: Session, *, include_local: bool = True) -> int:
     return changed
 
 
+def register_measured(session: Session, *, spec: HardwareSpec) -> bool:
+    """Store ``spec``, the machine that measured imported rows (the profiler's ``hardware.json``), as a
+    device of its own (``builtin=False``, no owner), so its rows are featurised with *its* bandwidth and
+    peaks, never with those of the machine that imports them.
+
+    Returns True when inserted, False when the same spec (every field but ``sources``) is stored already.
+    Raises :class:`app.errors.HardwareExists` (409) when ``spec.id`` is a built-in id or is stored with
+    another spec: the rows stored against it would change meaning. Raises
+    :class:`app.errors.InvalidRequest` (422) for an invalid spec. Flushes.
+    """
+    try:
+        spec = validate_spec(spec)
+    except InvalidHardwareSpec as exc:
+        raise InvalidRequest(str(exc), detail={"hardware_id": spec.id}) from exc
+    repo = HardwareRepository(session)
+    if spec.id in builtin_ids():
+        raise HardwareExists(f"{spec.id!r} is a built-in id; the measuring machine needs an id of its own",
+                             detail={"hardware_id": spec.id})
+    row = repo.get(spec.id)
+    if row is None:
+        repo.add(Hardware(id=spec.id, builtin=False, owner=None, **_columns(spec)))
+        repo.flush()
+        return True
+    stored = {k: v for k, v in row.spec.items() if k != "sources"}
+    if stored != {k: v for k, v in spec_to_dict(spec).items() if k != "sources"}:
+        raise HardwareExists(
+            f"hardware {spec.id!r} is stored with another spec; import under another id (--hardware-spec with a "
+            "new id) or compare the stored spec (GET /v1/hardware/{id})", detail={"hardware_id": spec.id})
+    return False
+
+
 def _stored_local(repo: HardwareRepository) -> HardwareSpec | None:
     """The built-in ``local`` spec stored at an earlier start, if any and readable."""
     row = repo.get(LOCAL_ID)

@@ -8,11 +8,20 @@ Usage (``argv`` is what follows ``import``)::
     layercast import neusight  [--data-dir ../shared/data/neusight]   [--database-url URL] [--limit N]
                                [--families bmm linear conv elementwise ln softmax]
     layercast import vidur     [--data-dir ../shared/data/vidur]      [--database-url URL] [--limit N]
-    layercast import profiler  [--data-dir data/seed] [--hardware-id local] [--database-url URL] [--limit N]
+    layercast import profiler  [--data-dir data/seed] [--hardware-id ID | --hardware-spec FILE]
+                               [--database-url URL] [--limit N]
+
+Profiler rows are stored against the machine that *measured* them (:func:`resolve_profiler_hardware`):
+``--hardware-spec FILE`` or the folder's ``hardware.json`` (the measuring machine's spec, written by the
+profiler; registered as a device of its own, e.g. ``cpu-amd-epyc-2c-avx512`` for the seed data set),
+``--hardware-id ID`` (a catalog or stored device; ``local`` only if this machine measured them), else
+``local`` when this machine's CPU is the rows' (model, logical CPUs, SIMD level). Anything else is refused:
+featurising another machine's rows with this machine's bandwidth and peak silently corrupts training.
 
 Steps: migrate the database (``app.migrate.upgrade``), seed the built-in hardware catalog
 (:func:`app.hardware.service.seed_builtin`; ``local``, this machine's CPU, only for profiler rows
-measured on it), import file by file
+measured on it), register the measuring machine (:func:`app.hardware.service.register_measured`),
+import file by file
 (:func:`app.measurements.service.import_records`: re-importing replaces a file's rows), commit once at
 the end (any error rolls the whole run back), print the report. Exit code 0 on success, 1 when a file is
 missing or malformed or a device is not stored.
@@ -25,14 +34,26 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 from app.config import REPO_ROOT, Settings
+from app.core.hardware import HardwareSpec
 from app.errors import LayercastError
+from app.hardware import local as local_cpu
+from app.hardware.local import LOCAL_ID
 from app.measurements import importers
 from app.measurements.neusight import NEUSIGHT_FAMILIES, iter_neusight, neusight_files
-from app.measurements.profiler_rows import profiler_files
+from app.measurements.profiler_rows import (
+    HARDWARE_FILE,
+    MachineContext,
+    machine_of,
+    mismatches,
+    profiler_files,
+    read_machine_spec,
+    spec_mismatches,
+)
 from app.measurements.schemas import ImportReport
 from app.measurements.vidur import vidur_files
 
@@ -65,13 +86,87 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--families", nargs="+", choices=NEUSIGHT_FAMILIES, default=list(NEUSIGHT_FAMILIES),
                            help="which op families (default all)")
         if name == "profiler":
-            p.add_argument("--hardware-id", default="local",
-                           help="catalog id of the device the shards were measured on (default local: this CPU)")
+            which = p.add_mutually_exclusive_group()
+            which.add_argument("--hardware-id", default=None,
+                               help="catalog or stored id of the device that measured the shards ('local' only "
+                                    "if this machine did; default: the folder's hardware.json, else local if "
+                                    "this CPU matches the rows)")
+            which.add_argument("--hardware-spec", type=Path, default=None,
+                               help="JSON spec of the measuring machine (hardware.json format), stored under its id")
     return parser
 
 
-def _streams(args: argparse.Namespace) -> list[tuple[Path, Callable[..., importers.RecordStream]]]:
-    """``(path, parser)`` pairs to import; raises ``FileNotFoundError`` for a missing folder or file."""
+@dataclass(frozen=True)
+class ProfilerHardware:
+    """Where profiler rows go: ``hardware_id``; ``spec`` to register first (the measuring machine's, from
+    a spec file), or None for a catalog/stored id or ``local``; ``machine`` the rows' context (None: no
+    ``ok`` row), that a stored id's spec is checked against (:func:`check_stored`)."""
+
+    hardware_id: str
+    spec: HardwareSpec | None = None
+    machine: MachineContext | None = None
+
+
+def resolve_profiler_hardware(
+    data_dir: Path, files: list[Path], *, hardware_id: str | None, spec_file: Path | None, limit: int | None,
+) -> ProfilerHardware:  # fmt: skip
+    """The device that measured the profiler shards ``files`` of ``data_dir`` (order of the module
+    docstring: ``spec_file``, ``hardware_id``, ``data_dir/hardware.json``, ``local`` if it matches).
+
+    A spec (given or the folder's) and ``local`` are checked against the rows' context
+    (:func:`app.measurements.profiler_rows.mismatches`: model name, SIMD width, logical CPUs for
+    ``local``); a catalog or stored id is checked once the database is open (:func:`check_stored`).
+    Shards whose rows carry no context (hand-made test shards) cannot be checked and go to ``local``.
+    Raises ``ValueError`` naming both machines when they differ, for GPU rows without an id, and
+    :class:`app.measurements.importers.ImportFormatError` for an unreadable spec file or shards of several
+    machines."""
+    machine = machine_of(files, limit=limit)
+    sidecar = data_dir / HARDWARE_FILE
+    if spec_file is None and hardware_id is None and sidecar.is_file():
+        spec_file = sidecar
+    if spec_file is not None:
+        spec = read_machine_spec(spec_file)
+        if machine is not None and (why := spec_mismatches(spec, machine)):
+            raise ValueError(f"{spec_file} describes {spec.name!r}, not the machine that measured the rows "
+                             f"({machine.describe()}): {'; '.join(why)}")
+        return ProfilerHardware(spec.id, spec, machine)
+    if hardware_id not in (None, LOCAL_ID):
+        return ProfilerHardware(hardware_id, None, machine)
+    if machine is not None and machine.device != "cpu":
+        raise ValueError(f"the rows were measured on {machine.describe()}: give --hardware-id of its catalog entry")
+    if machine is not None:
+        _check_local(machine)
+    return ProfilerHardware(LOCAL_ID, None, machine)
+
+
+def check_stored(spec: HardwareSpec, target: ProfilerHardware) -> None:
+    """Raise ``ValueError`` when the stored device ``spec`` (``--hardware-id``) is not the machine that
+    measured ``target``'s rows (kind, model name, SIMD width)."""
+    if target.machine is not None and (why := spec_mismatches(spec, target.machine)):
+        raise ValueError(f"stored device {spec.id!r} is not the device that measured the rows "
+                         f"({target.machine.describe()}): {'; '.join(why)}")
+
+
+def _check_local(machine: MachineContext) -> None:
+    """Raise ``ValueError`` unless this machine's CPU (``local``) is the one that measured the rows."""
+    me = local_cpu.local_cpu_identity()
+    why = mismatches(machine, kind="cpu", name=me.name, vector_width_bits=me.vector_width_bits,
+                     logical_cpus=me.logical_cpus)  # fmt: skip
+    if why:
+        raise ValueError(
+            f"the rows were measured on {machine.describe()}, not on this machine "
+            f"({me.name}, {me.logical_cpus} logical CPUs, {me.vector_width_bits}-bit vectors): {'; '.join(why)}. "
+            f"Storing them as 'local' would featurise them with this machine's bandwidth and peak. Give "
+            f"--hardware-spec FILE (the measuring machine's spec; the profiler writes {HARDWARE_FILE} next to "
+            f"its shards) or --hardware-id of a stored device (e.g. {machine.derived_id()!r} once registered)"
+        )
+
+
+def _streams(
+    args: argparse.Namespace, target: ProfilerHardware | None = None
+) -> list[tuple[Path, Callable[..., importers.RecordStream]]]:
+    """``(path, parser)`` pairs to import (profiler rows against ``target``); raises ``FileNotFoundError``
+    for a missing folder or file."""
     if args.dataset == "justus":
         return [(p, importers.iter_justus) for p in importers.justus_files(args.data_dir)]
     if args.dataset == "neusight":
@@ -79,7 +174,8 @@ def _streams(args: argparse.Namespace) -> list[tuple[Path, Callable[..., importe
     if args.dataset == "vidur":
         return vidur_files(args.data_dir)
     if args.dataset == "profiler":
-        return [(p, partial(parse, hardware_id=args.hardware_id)) for p, parse in profiler_files(args.data_dir)]
+        assert target is not None
+        return [(p, partial(parse, hardware_id=target.hardware_id)) for p, parse in profiler_files(args.data_dir)]
     pairs: list[tuple[Path, Callable[..., importers.RecordStream]]] = []
     for kind in args.kinds:
         name = DEEPBENCH_KINDS[kind]
@@ -93,18 +189,27 @@ def _streams(args: argparse.Namespace) -> list[tuple[Path, Callable[..., importe
 def run_import(args: argparse.Namespace) -> ImportReport:
     """Migrate, seed, import every file of ``args`` in one transaction, and return the merged report."""
     from app.db import make_engine, make_sessionmaker, session_scope
-    from app.hardware.service import seed_builtin
+    from app.hardware.service import get_spec, register_measured, seed_builtin
     from app.measurements.service import import_records
     from app.migrate import upgrade
     from app.progress import bar
 
     url = args.database_url or Settings().database_url
-    pairs = _streams(args)
+    target: ProfilerHardware | None = None
+    if args.dataset == "profiler":
+        files = [p for p, _ in profiler_files(args.data_dir)]
+        target = resolve_profiler_hardware(Path(args.data_dir), files, hardware_id=args.hardware_id,
+                                           spec_file=args.hardware_spec, limit=args.limit)  # fmt: skip
+    pairs = _streams(args, target)
     upgrade(url)
     engine = make_engine(url)
     try:
         with contextmanager(session_scope)(make_sessionmaker(engine)) as session:
-            seed_builtin(session, include_local=getattr(args, "hardware_id", None) == "local")
+            seed_builtin(session, include_local=target is not None and target.hardware_id == LOCAL_ID)
+            if target is not None and target.spec is not None:
+                register_measured(session, spec=target.spec)
+            elif target is not None and target.hardware_id != LOCAL_ID:
+                check_stored(get_spec(session, hardware_id=target.hardware_id), target)
             report = ImportReport()
             # progress by bytes of the source files (compressed size), so the ETA weighs big files
             progress = bar(desc=f"import {args.dataset}", total=sum(p.stat().st_size for p, _ in pairs), unit="B")

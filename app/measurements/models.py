@@ -44,7 +44,8 @@ class Measurement(Base):
 
 
 class MeasurementBatch(Base):
-    """One ingested batch of ``POST /v1/measurements`` sent with an ``Idempotency-Key``.
+    """One ingested batch of ``POST /v1/measurements`` sent with an ``Idempotency-Key``; ``idempotency_key``
+    holds :func:`app.measurements.service.stored_key` of it (the caller's key scoped to its API key id).
 
     ``request_sha256`` is the SHA-256 of the batch's canonical JSON (:func:`app.measurements.service.batch_sha256`)
     and ``measurement_ids`` the ids it stored, in batch order: a retry with the same key and body is answered

@@ -87,11 +87,13 @@ class MeasurementRepository:
             stmt = stmt.where(Measurement.id <= up_to_id)
         return self.session.scalars(stmt.order_by(Measurement.id)).all()
 
-    def add_all(self, rows: Sequence[Measurement]) -> list[int]:
-        """Insert ``rows`` and flush; returns their new ids in the same order."""
-        self.session.add_all(rows)
-        self.session.flush()
-        return [int(r.id) for r in rows]
+    def insert_returning_ids(self, rows: Sequence[dict[str, Any]]) -> list[int]:
+        """Insert ``rows`` (dicts keyed by ORM attribute names) in batched multi-row INSERTs and return their
+        new ids in the order of ``rows`` (``RETURNING``, sorted by parameter order; column defaults applied)."""
+        if not rows:
+            return []
+        stmt = insert(Measurement).returning(Measurement.id, sort_by_parameter_order=True)
+        return [int(i) for i in self.session.scalars(stmt, list(rows)).all()]
 
     def batch(self, idempotency_key: str) -> MeasurementBatch | None:
         """The batch stored under ``idempotency_key``, or None."""

@@ -27,7 +27,8 @@ PositiveMs = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 class MeasurementCreate(Schema):
     """A measured time reported by a client (a profiler run, a CI job, a cluster scheduler).
 
-    ``time_ms_median`` must be positive (ms); ``hardware_id`` must name a stored device (404 otherwise).
+    ``time_ms_median`` must be positive (ms); ``hardware_id`` must name a stored device (otherwise the batch
+    is refused: 422 ``invalid_measurements`` with row code ``hardware_not_found``).
     ``config`` describes what ran: a layer (``{"input_shape": [...], "layer": {"op": ...}}`` in the JSON
     layer vocabulary), a model, or a whole job. ``context`` holds the measurement conditions (framework
     and version, driver, threads, clocks, host): a measurement without its context cannot be trusted.

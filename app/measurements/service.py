@@ -203,13 +203,19 @@ def _row_errors(session: Session, repo: MeasurementRepository, rows: Sequence[Me
     return errors
 
 
-def _replay(row: MeasurementBatch, digest: str) -> MeasurementBatchRead:
+def stored_key(idempotency_key: str, submitter: str | None) -> str:
+    """The ``measurement_batches`` key of a client's ``Idempotency-Key``: SHA-256 (hex) of the submitting API
+    key's id and the key, so two callers' keys never meet (no replay of, or 409 on, another caller's batch)."""
+    return hashlib.sha256(f"{submitter or ''}\n{idempotency_key}".encode()).hexdigest()
+
+
+def _replay(row: MeasurementBatch, digest: str, idempotency_key: str) -> MeasurementBatchRead:
     if row.request_sha256 != digest:
         raise IdempotencyKeyReused(
             "this Idempotency-Key was used with another body; use a new key for a new batch",
-            detail={"idempotency_key": row.idempotency_key})
+            detail={"idempotency_key": idempotency_key})
     ids = [int(i) for i in row.measurement_ids]
-    return MeasurementBatchRead(count=len(ids), ids=ids, idempotency_key=row.idempotency_key, replayed=True)
+    return MeasurementBatchRead(count=len(ids), ids=ids, idempotency_key=idempotency_key, replayed=True)
 
 
 def create_measurements(
@@ -219,10 +225,10 @@ def create_measurements(
     """Store every measurement of ``data`` or none, recorded as sent by the API key id ``submitter``;
     returns their ids in batch order.
 
-    With ``idempotency_key``: a batch stored before under the key with the same body (:func:`batch_sha256`)
-    is answered again (``replayed``, nothing stored), one with another body raises
-    :class:`IdempotencyKeyReused` (409); two concurrent requests with one key store once (the key is claimed
-    in a savepoint first; the loser replays the winner's answer once it committed). Raises
+    With ``idempotency_key`` (scoped to ``submitter``: :func:`stored_key`): a batch stored before under the key
+    with the same body (:func:`batch_sha256`) is answered again (``replayed``, nothing stored), one with
+    another body raises :class:`IdempotencyKeyReused` (409); two concurrent requests with one key store once
+    (the key is claimed in a savepoint first; the loser replays the winner's answer once it committed). Raises
     :class:`InvalidIdempotencyKey` (422: not 1-255 printable ASCII characters) and
     :class:`InvalidMeasurements` (422, ``detail.errors``: a :class:`RowError` per bad row, at most
     :data:`MAX_ROW_ERRORS`, plus ``invalid_rows`` and ``rows``). ``measured_at`` is stored in UTC. Flushes.
@@ -233,10 +239,11 @@ def create_measurements(
     repo = MeasurementRepository(session)
     digest = batch_sha256(data)
     claim: MeasurementBatch | None = None
-    if idempotency_key is not None:
-        seen = repo.batch(idempotency_key)
+    key = None if idempotency_key is None else stored_key(idempotency_key, submitter)
+    if key is not None and idempotency_key is not None:
+        seen = repo.batch(key)
         if seen is not None:
-            return _replay(seen, digest)
+            return _replay(seen, digest, idempotency_key)
     errors = _row_errors(session, repo, data.measurements)
     if errors:
         raise InvalidMeasurements(
@@ -244,13 +251,14 @@ def create_measurements(
             f"(first: row {errors[0].index}, {errors[0].code}); nothing was stored",
             detail={"errors": [e.model_dump() for e in errors[:MAX_ROW_ERRORS]],
                     "invalid_rows": len({e.index for e in errors}), "rows": len(data.measurements)})  # fmt: skip
-    if idempotency_key is not None:
-        claim = MeasurementBatch(idempotency_key=idempotency_key, request_sha256=digest, measurement_ids=[])
+    if key is not None and idempotency_key is not None:
+        claim = MeasurementBatch(idempotency_key=key, request_sha256=digest, measurement_ids=[])
         if not repo.add_batch(claim):
-            winner = repo.batch(idempotency_key)
+            winner = repo.batch(key)
             assert winner is not None  # the conflict was this key's committed row
-            return _replay(winner, digest)
-    ids = repo.add_all([Measurement(**reported_record(m).to_row(), submitter=submitter) for m in data.measurements])
+            return _replay(winner, digest, idempotency_key)
+    ids = repo.insert_returning_ids([{**reported_record(m).to_row(), "submitter": submitter}
+                                     for m in data.measurements])  # fmt: skip
     if claim is not None:
         claim.measurement_ids = ids
         session.flush()

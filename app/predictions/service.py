@@ -61,6 +61,23 @@ from app.predictor.base import BACKWARD_SEMANTICS, LayerTimeEstimate, LayerTimeQ
 from app.predictor.table import Estimates, LayerTable, Roofline, Setting, roofline_for
 
 
+def check_interconnect(hw: HardwareSpec, request: PredictionCreate) -> None:
+    """Refuse a request that puts several devices of ``hw`` in one node when ``hw`` lists no intra-node
+    interconnect. One device per node (``device_count == nodes``) needs none: its ranks meet over the
+    network (:class:`app.core.collectives.Topology`).
+
+    Raises :class:`NoInterconnect` (422 ``no_interconnect``).
+    """
+    per_node = request.device_count // max(request.nodes, 1)
+    if per_node > 1 and hw.link() is None:
+        raise NoInterconnect(
+            f"hardware {hw.id!r} lists no interconnect (interconnect, interconnect_bandwidth_bytes_per_s, "
+            f"interconnect_latency_s): {per_node} devices in one node cannot be estimated (one device per "
+            "node, over the network, can)",
+            detail={"hardware_id": hw.id, "device_count": request.device_count, "nodes": request.nodes},
+        )
+
+
 def aggregation_input(
     request: PredictionCreate, hw: HardwareSpec, times: list[LayerTime], fp: MemoryFootprint, *, training: bool
 ) -> AggregationInput:
@@ -330,12 +347,7 @@ def estimate(
     :class:`NoInterconnect` (422) for several devices on hardware without an interconnect.
     """
     precision = checked_precision(hw, request.precision)
-    if request.device_count > 1 and hw.link() is None:
-        raise NoInterconnect(
-            f"hardware {hw.id!r} lists no interconnect (interconnect, interconnect_bandwidth_bytes_per_s, "
-            f"interconnect_latency_s): device_count {request.device_count} cannot be estimated",
-            detail={"hardware_id": hw.id, "device_count": request.device_count},
-        )
+    check_interconnect(hw, request)
     training = request.mode == "training"
     optimizer = request.optimizer if training else "none"
     # an eval-mode export (BatchNorm folded or in inference form) only matters when training it

@@ -378,10 +378,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     import torch
 
     from app.profiler.run import _open_for_append
-    from app.profiler.timing import device_context
+    from app.profiler.timing import device_context, record_machine
 
     torch.set_num_threads(args.threads)
     ctx = device_context(args.device)
+    record_machine(args.out.parent, ctx)
     names = list(_BY_NAME) if args.archs == "all" else [n.strip() for n in args.archs.split(",")]
     archs = [_BY_NAME[n] for n in names]
     done = {(r["arch"], r["batch_size"], r.get("precision", "fp32")) for r in iter_rows(args.out)} \

@@ -188,7 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--upload", metavar="URL", default=None,
                    help="when the campaign is done, post the shard's rows to the layercast service at URL")
     p.add_argument("--hardware-id", default=None,
-                   help="catalog id of this device on the server (required with --upload; the CPU seed uses local)")
+                   help="id of this device on the server (required with --upload): a catalog id, or for a CPU "
+                        "the id of the hardware.json written beside --out once added there (POST /v1/hardware); "
+                        "'local' only when the server runs on this machine")
     return p
 
 
@@ -227,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     import torch
 
-    from app.profiler.timing import bf16_supported, device_context, make_clock, measure_config
+    from app.profiler.timing import bf16_supported, device_context, make_clock, measure_config, record_machine
 
     torch.set_num_threads(args.threads)
     with contextlib.suppress(RuntimeError):  # already set: the inter-op pool has started
@@ -236,6 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     clock = make_clock(device)
     ctx = device_context(device)
     ctx["campaign_seed"] = args.seed
+    record_machine(args.out.parent, ctx)
     low_ok = {"fp32": True, "bf16": ctx["bf16_supported"] or device == "cpu",
               "fp16": device.startswith("cuda")}
     if "bf16" in precisions and not bf16_supported(device):

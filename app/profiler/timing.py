@@ -29,12 +29,14 @@ mean, standard deviation, count.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import platform
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 # --------------------------------------------------------------------------------------------------
@@ -289,6 +291,45 @@ def device_context(device: str) -> dict[str, Any]:
         ctx["device_name"] = ctx["cpu_model"]
         ctx["cpu_mhz"] = _cpu_mhz()
     return ctx
+
+
+def record_machine(folder: Path, ctx: Mapping[str, Any]) -> Path | None:
+    """Write the measuring CPU's spec to ``folder/hardware.json`` (``layercast import profiler`` stores the
+    shards' rows against it, never against the importing machine's ``local``) and return its path.
+
+    The spec is :func:`app.hardware.local.detect_local_cpu` (memory bandwidth measured now, ~0.5 s) under
+    the id derived from ``ctx`` (:meth:`app.measurements.profiler_rows.MachineContext.derived_id`, e.g.
+    ``cpu-amd-epyc-2c-avx512``). A file already there for this machine (a resumed campaign) is kept, so
+    every shard of the folder shares one measurement. Returns None for CUDA contexts (the import names
+    the GPU's catalog entry). Raises ``SystemExit`` when the file describes another machine (shards of two
+    machines must not share a folder) or is unreadable.
+    """
+    import dataclasses
+
+    from app.hardware.catalog import spec_to_dict
+    from app.hardware.local import detect_local_cpu
+    from app.measurements.importers import ImportFormatError
+    from app.measurements.profiler_rows import HARDWARE_FILE, MachineContext, read_machine_spec, spec_mismatches
+
+    machine = MachineContext.from_context(ctx)
+    if machine.device != "cpu":
+        return None
+    path = Path(folder) / HARDWARE_FILE
+    if path.exists():
+        try:
+            why = spec_mismatches(read_machine_spec(path), machine)
+        except ImportFormatError as exc:
+            raise SystemExit(f"{path}: {exc}") from exc
+        if why:
+            raise SystemExit(f"{path} describes another machine ({'; '.join(why)}): write this machine's shards "
+                             "to another folder")
+        return path
+    spec = dataclasses.replace(detect_local_cpu(), id=machine.derived_id())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(spec_to_dict(spec), indent=1) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return path
 
 
 def _cpu_mhz() -> float | None:

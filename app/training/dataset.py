@@ -518,6 +518,21 @@ def iterations_from_database(database_url: str, **filters: Any) -> list[dict[str
     return _with_session(database_url, lambda session: load_iterations(session, **filters))
 
 
+def snapshot_targets(database_url: str, snapshot: HardwareSpec) -> dict[str, HardwareSpec]:
+    """Hardware ids whose stored rows an artifact's CPU ``snapshot`` featurises, each mapped to it: the
+    snapshot's own id (an artifact trained on ``local``) and every stored CPU device with the same identity
+    (model name, cores, vector width; e.g. ``cpu-amd-epyc-2c-avx512``, registered by
+    ``layercast import profiler`` from the measuring machine's ``hardware.json``)."""
+
+    def ids(session: Session) -> list[str]:
+        stored = session.execute(select(Hardware.id, Hardware.spec).where(Hardware.kind == "cpu")).all()
+        key = (snapshot.name, int(snapshot.compute_units), snapshot.vector_width_bits)
+        return [i for i, spec in stored
+                if (spec.get("name"), int(spec.get("compute_units") or 0), spec.get("vector_width_bits")) == key]
+
+    return {snapshot.id: snapshot, **{i: snapshot for i in _with_session(database_url, ids)}}
+
+
 def _with_session(database_url: str, call: Any) -> Any:
     from app.db import make_engine, make_sessionmaker
 
@@ -530,4 +545,5 @@ def _with_session(database_url: str, call: Any) -> Any:
 
 
 __all__ = ["TrainingRows", "SourceFile", "load_training_rows", "load_from_database", "load_iterations",
-           "iterations_from_database", "record_layer", "config_key", "split_by_config", "split_by_hash"]
+           "iterations_from_database", "snapshot_targets", "record_layer", "config_key", "split_by_config",
+           "split_by_hash"]

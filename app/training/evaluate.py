@@ -50,7 +50,7 @@ from app.predictor.base import LayerTimeEstimate, LayerTimeQuery
 from app.predictor.onnx_model import LearnedPredictor, read_metadata
 from app.predictor.registry import current_stem, load_predictor
 from app.progress import bar
-from app.training.dataset import TrainingRows, iterations_from_database
+from app.training.dataset import TrainingRows, iterations_from_database, snapshot_targets
 from app.training.metrics import (
     below_floor_pct,
     cross_device_lookup_predict,
@@ -548,10 +548,11 @@ def run(
     cpu_snapshot = {k: v for k, v in meta.get("training_hardware", {}).items() if v.get("kind") == "cpu"}
     cpu_hw = hardware_from_dict(next(iter(cpu_snapshot.values()))) if cpu_snapshot else None
     sources = tuple(tdata.get("sources") or V3_SOURCES)
-    # CPU rows featurised against the artifact's snapshot of the CPU, as it was trained
+    # CPU rows featurised against the artifact's snapshot of the CPU, as it was trained: stored under the
+    # snapshot's id or under the measuring machine's own id (same CPU identity)
+    cpu_specs = snapshot_targets(database_url, cpu_hw) if cpu_hw is not None else None
     gpu, cpu, _ = load_training_data(database_url=database_url, sources=sources, cpu=cpu_hw is not None,
-                                     sample=rows_per_file, seed=split_seed,
-                                     cpu_specs={cpu_hw.id: cpu_hw} if cpu_hw is not None else None,
+                                     sample=rows_per_file, seed=split_seed, cpu_specs=cpu_specs,
                                      log=log)  # fmt: skip
     tr, va, te = splits(gpu, cpu, seed=split_seed)
     report: dict[str, Any] = {
@@ -575,7 +576,7 @@ def run(
     if logo:
         report["logo"] = logo_block(tr, va, te, meta, previous, recipe_override=logo_recipe, seed=split_seed, log=log)
     if e2e:
-        records = iterations_from_database(database_url, hardware_ids=(cpu_hw.id,)) if cpu_hw is not None else []
+        records = iterations_from_database(database_url, hardware_ids=tuple(cpu_specs)) if cpu_specs else []
         # one record per (architecture, batch, precision): the last measurement wins (resumed campaigns)
         records = list({(r["arch"], r["batch_size"], r.get("precision", "fp32")): r for r in records}.values())
         if not records or cpu_hw is None:

@@ -170,3 +170,19 @@ def test_calibration_from_stats_adds_up_to_the_calibration_of_all_ratios() -> No
     assert split.factor == pytest.approx(whole.factor, rel=1e-12)
     assert split.log_sd == pytest.approx(whole.log_sd, rel=1e-12)
     assert calibrate_stats(RatioStats()).factor == 1.0
+
+
+def test_leave_one_out_by_subtraction_equals_recalibrating_the_others() -> None:
+    """The retrain's leave-one-out (group stats minus one ratio) calibrates exactly as the other ratios do."""
+    from app.estimates.calibration import RatioStats, calibrate_stats
+
+    ratios = [0.4, 0.55, -0.31, 0.62, 9.0]  # 9.0 is clipped in both paths
+    whole = RatioStats.of(ratios)
+    for i, r in enumerate(ratios):
+        by_subtraction = calibrate_stats(whole.minus(RatioStats.of([r])))
+        direct = calibrate(ratios[:i] + ratios[i + 1:])
+        assert by_subtraction.actuals == direct.actuals == 4
+        assert by_subtraction.factor == pytest.approx(direct.factor, rel=1e-9)
+        assert by_subtraction.log_sd == pytest.approx(direct.log_sd, rel=1e-9)
+    with pytest.raises(ValueError):
+        RatioStats.of([0.1]).minus(whole)

@@ -153,9 +153,10 @@ def test_import_rejects_bad_records(session: Session) -> None:
     assert _count(session) == 0
 
 
-def _create(session: Session, *rows: MeasurementCreate, key: str | None = None) -> MeasurementBatchRead:
+def _create(session: Session, *rows: MeasurementCreate, key: str | None = None,
+            submitter: str | None = None) -> MeasurementBatchRead:  # fmt: skip
     return service.create_measurements(session, data=MeasurementBatchCreate(measurements=list(rows)),
-                                       idempotency_key=key)  # fmt: skip
+                                       idempotency_key=key, submitter=submitter)  # fmt: skip
 
 
 def test_create_and_list(session: Session) -> None:
@@ -271,3 +272,12 @@ def test_reported_measurement_is_a_record_the_trainer_loads(session: Session) ->
     (layer,) = rows.layers
     assert layer.inputs[0].shape == (32, 256) and layer.outputs[0].shape == (32, 512)
     assert rows.time_ms[0] == 0.02 and rows.precision[0] == "fp32-strict" and rows.family[0] == "ci:linear"
+
+
+def test_idempotency_keys_are_scoped_to_the_submitting_api_key(session: Session) -> None:
+    """Two callers who happen to pick the same key neither replay nor block each other's batches."""
+    mine = _create(session, _reported(), key="nightly-1", submitter="aaaa000011112222")
+    theirs = _create(session, _reported(op_kind="gemm"), key="nightly-1", submitter="bbbb000011112222")
+    assert not theirs.replayed and theirs.ids != mine.ids and _count(session) == 2
+    again = _create(session, _reported(), key="nightly-1", submitter="aaaa000011112222")
+    assert again.replayed and again.ids == mine.ids and again.idempotency_key == "nightly-1"

@@ -68,6 +68,14 @@ def test_inference_on_several_devices_needs_no_all_reduce(client: TestClient, re
     assert it["per_device_batch_size"] == 8
 
 
+def test_one_device_per_node_needs_no_interconnect(client: TestClient, resnet_id: str) -> None:
+    """A CPU lists no interconnect: 4 of them in one node are refused, one per node over the network is a ring."""
+    body = {"graph_id": resnet_id, "hardware_id": "local", "batch_size": 32, "device_count": 4}
+    assert client.post("/v1/predictions", json={**body, "nodes": 2}).json()["error"]["code"] == "no_interconnect"
+    it = _predict(client, **body, nodes=4)["iteration"]
+    assert it["per_device_batch_size"] == 8 and it["allreduce_ms"] > 0
+
+
 @pytest.mark.parametrize(
     ("extra", "code"),
     [
