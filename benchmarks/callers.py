@@ -127,7 +127,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
     with tempfile.TemporaryDirectory() as tmp:
-        settings = Settings(database_url=f"sqlite:///{tmp}/bench.db", models_dir=REPO / "models")
+        # TestClient sends Host: testserver; no rate limit: the benchmark is one client timing itself
+        settings = Settings(database_url=f"sqlite:///{tmp}/bench.db", models_dir=REPO / "models",
+                            allowed_hosts="testserver", rate_limit="")
         upgrade(settings.database_url)
         with TestClient(create_app(settings)) as client:
             ids = {}

@@ -10,7 +10,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, overload
+
+import numpy as np
 
 from app.core.costs import LayerCost
 from app.core.hardware import HardwareSpec
@@ -80,9 +82,21 @@ class Predictor(Protocol):
     def estimate(self, queries: Sequence[LayerTimeQuery]) -> list[LayerTimeEstimate]: ...
 
 
+@overload
 def split_training_step(
     *, total_ms: float, forward_ms: float, update_ms: float, backward_min_ms: float
-) -> tuple[float, float, float]:
+) -> tuple[float, float, float]: ...
+
+
+@overload
+def split_training_step(
+    *, total_ms: np.ndarray, forward_ms: np.ndarray, update_ms: np.ndarray, backward_min_ms: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+
+
+def split_training_step(
+    *, total_ms: Any, forward_ms: Any, update_ms: Any, backward_min_ms: Any
+) -> tuple[Any, Any, Any]:
     """Split a whole training-step time into (forward, backward, update) ms that sum to ``total_ms``.
 
     Measured data (Justus et al. 2018) time the forward pass and the whole step, not the backward pass,
@@ -91,19 +105,25 @@ def split_training_step(
     tiny layers), backward is set to ``backward_min_ms`` and forward and update are scaled down by the
     same factor so the sum is still ``total_ms``. ``backward_min_ms`` is capped at half the total.
     Every component stays ≥ 0, and > 0 when its input (and ``backward_min_ms``) is > 0.
-    Raises ``ValueError`` if ``total_ms`` is not positive.
+    Floats give floats; arrays (``[N]`` each, elementwise, the learned predictor's table rows) give arrays.
+    Raises ``ValueError`` if a ``total_ms`` is not positive.
     """
-    if not total_ms > 0:
+    total = np.asarray(total_ms, dtype=np.float64)
+    if not np.all(total > 0):
         raise ValueError(f"total_ms must be > 0, got {total_ms!r}")
-    forward_ms = max(forward_ms, 0.0)
-    update_ms = max(update_ms, 0.0)
-    bmin = min(max(backward_min_ms, 0.0), 0.5 * total_ms)
-    rest = total_ms - forward_ms - update_ms
-    if rest >= bmin:
-        return forward_ms, rest, update_ms
-    denom = forward_ms + update_ms
-    scale = (total_ms - bmin) / denom if denom > 0 else 0.0
-    return forward_ms * scale, total_ms - (forward_ms + update_ms) * scale, update_ms * scale
+    fwd = np.maximum(np.asarray(forward_ms, dtype=np.float64), 0.0)
+    upd = np.maximum(np.asarray(update_ms, dtype=np.float64), 0.0)
+    bmin = np.minimum(np.maximum(np.asarray(backward_min_ms, dtype=np.float64), 0.0), 0.5 * total)
+    rest = total - fwd - upd
+    denom = fwd + upd
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scale = np.where(denom > 0, (total - bmin) / np.where(denom > 0, denom, 1.0), 0.0)
+    keep = rest >= bmin
+    out = (np.where(keep, fwd, fwd * scale), np.where(keep, rest, total - denom * scale),
+           np.where(keep, upd, upd * scale))
+    if total.ndim == 0:
+        return float(out[0]), float(out[1]), float(out[2])
+    return out
 
 
 # ----------------------------------------------------------------------------------------- whole-model assembly
@@ -159,9 +179,9 @@ def backward_excess_from_ratios(ratios: Mapping[str, Any] | None) -> BackwardExc
 
 
 def backward_from_forward_ms(
-    *, forward_ms: float, floor_forward_ms: float, floor_backward_ms: float, kernels: int, kernel_ms: float,
-    excess: float,
-) -> float:
+    *, forward_ms: Any, floor_forward_ms: Any, floor_backward_ms: Any, kernels: Any, kernel_ms: float,
+    excess: Any,
+) -> Any:
     """Backward time (ms) of a layer from its forward time: per-kernel overhead plus scaled forward work.
 
     ``kernels × kernel_ms + max(forward_ms − kernel_ms, 0) × excess × floor_backward_ms / floor_forward_ms``:
@@ -170,26 +190,33 @@ def backward_from_forward_ms(
     gradient, the byte ratio for memory-bound ops) and by the family's measured ``excess``
     (:class:`BackwardExcess`); each backward kernel (``kernels``: input and weight gradients, or one) pays the
     stack's fixed cost ``kernel_ms``. When the forward floor is 0 (no work), the backward is its floor plus its
-    launches. Raises ``ValueError`` for a negative input.
+    launches; with neither a backward floor nor kernels it is 0. Floats or ``[N]`` arrays (elementwise, the
+    learned predictor's table rows); returns an array (0-d for floats). Raises ``ValueError`` for a negative
+    input.
     """
-    if min(forward_ms, floor_forward_ms, floor_backward_ms, kernels, kernel_ms, excess) < 0:
+    f, ff, fb, n, ex = (np.asarray(v, dtype=np.float64) for v in
+                        (forward_ms, floor_forward_ms, floor_backward_ms, kernels, excess))
+    if min(float(np.min(a)) if a.size else 0.0 for a in (f, ff, fb, n, ex)) < 0 or kernel_ms < 0:
         raise ValueError("backward_from_forward_ms takes non-negative times, counts and ratios")
-    if floor_backward_ms == 0 and kernels == 0:
-        return 0.0
-    if floor_forward_ms <= 0:
-        return kernels * kernel_ms + floor_backward_ms
-    return kernels * kernel_ms + max(forward_ms - kernel_ms, 0.0) * excess * floor_backward_ms / floor_forward_ms
+    launches = n * kernel_ms
+    with np.errstate(divide="ignore", invalid="ignore"):
+        work = np.maximum(f - kernel_ms, 0.0) * ex * fb / np.where(ff > 0, ff, 1.0)
+    return np.where((fb == 0) & (n == 0), 0.0, np.where(ff <= 0, launches + fb, launches + work))
 
 
-def transfer_precision_ms(*, time_ms: float, floor_from_ms: float, floor_to_ms: float, overhead_ms: float) -> float:
+def transfer_precision_ms(*, time_ms: Any, floor_from_ms: Any, floor_to_ms: Any, overhead_ms: Any) -> Any:
     """A time measured (or predicted) at one precision carried to another at the same efficiency (ms).
 
     ``overhead_ms + max(time_ms − overhead_ms, 0) × floor_to_ms / floor_from_ms``, never below ``floor_to_ms``:
     the fixed launch cost stays, the work above it scales with the physics floor (peak at the precision, bytes
-    at its storage type). ``floor_from_ms`` must be > 0. Raises ``ValueError`` otherwise or for a negative input.
+    at its storage type). Floats or broadcastable arrays (the learned predictor passes ``[N, 3]`` quantiles
+    with ``[N, 1]`` floors); returns an array (0-d for floats). ``floor_from_ms`` must be > 0. Raises
+    ``ValueError`` otherwise or for a negative input.
     """
-    if not floor_from_ms > 0:
+    t, f_from, f_to, over = (np.asarray(v, dtype=np.float64) for v in
+                             (time_ms, floor_from_ms, floor_to_ms, overhead_ms))
+    if f_from.size and not np.all(f_from > 0):
         raise ValueError(f"floor_from_ms must be > 0, got {floor_from_ms!r}")
-    if min(time_ms, floor_to_ms, overhead_ms) < 0:
+    if min(float(np.min(a)) if a.size else 0.0 for a in (t, f_to, over)) < 0:
         raise ValueError("transfer_precision_ms takes non-negative times")
-    return max(overhead_ms + max(time_ms - overhead_ms, 0.0) * floor_to_ms / floor_from_ms, floor_to_ms)
+    return np.maximum(over + np.maximum(t - over, 0.0) * f_to / f_from, f_to)

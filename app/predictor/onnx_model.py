@@ -67,24 +67,20 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from app.core.costs import optimizer_update_cost
+from app.core.costs import LayerCost
 from app.core.features import (
     ACTIVATIONS,
     DEFAULT_STACK,
     FEATURE_NAMES,
-    FeatureInput,
     features_from_raw,
     floor_ms_from_raw,
-    pass_floor_ms,
     precision_spec,
-    raw_matrix,
     select_features,
 )
+from app.core.fusion import FOREACH_KERNELS_PER_STEP, TENSORS_PER_LAUNCH
 from app.core.hardware import HardwareSpec, hardware_from_dict
-from app.core.ir import ConvAttrs, OpKind
-from app.core.precision import TENSOR_CORE_KINDS, Precision, floors_by_pass_ms, op_precision, physics_floor_ms
-from app.core.roofline import roofline_time_s
-from app.core.vocab import Pass
+from app.core.ir import ConvAttrs, Layer, OpKind
+from app.core.precision import TENSOR_CORE_KINDS, Precision, op_precision
 from app.predictor.base import (
     PHYSICS_EXCESS,
     BackwardExcess,
@@ -95,7 +91,8 @@ from app.predictor.base import (
     split_training_step,
     transfer_precision_ms,
 )
-from app.predictor.roofline import KERNEL_FLOOR_MS_BY_STACK, streaming_update_ms
+from app.predictor.roofline import KERNEL_FLOOR_MS_BY_STACK, STREAM_EFFICIENCY
+from app.predictor.table import Estimates, LayerTable, Setting, estimate_queries, floors_for, raw_for, update_cost
 
 RANGE_MARGIN = 0.05
 #: The precision an op kind that was never measured on tensor cores is predicted at before the physics floors
@@ -149,14 +146,17 @@ class LearnedPredictor:
 
     def applies(self, query: LayerTimeQuery) -> str | None:
         """``None`` when this predictor can serve ``query``, else the reason it cannot."""
-        layer, cost = query.layer, query.cost
+        return self.applies_layer(query.layer, query.cost, query.hardware.kind)
+
+    def applies_layer(self, layer: Layer, cost: LayerCost, hardware_kind: str) -> str | None:
+        """``None`` when this predictor can serve ``layer`` on a device of ``hardware_kind``, else why not."""
         if not cost.supported:
             return "unsupported op"
-        scope = self._scope.get(query.hardware.kind)
+        scope = self._scope.get(hardware_kind)
         if scope is None:
-            return f"learned model has no measurements on {query.hardware.kind} devices"
+            return f"learned model has no measurements on {hardware_kind} devices"
         if layer.kind.value not in scope["op_kinds"]:
-            return f"no measurements for op kind {layer.kind.value} on {query.hardware.kind}"
+            return f"no measurements for op kind {layer.kind.value} on {hardware_kind}"
         if not layer.inputs or not layer.outputs:
             return "layer without shapes"
         if layer.kind is OpKind.CONV:
@@ -191,178 +191,300 @@ class LearnedPredictor:
             return np.zeros((0, 3), dtype=np.float32)
         return self._session.run(None, {self._input: x})[0]
 
-    def _ood_notes(self, q: LayerTimeQuery, feats: np.ndarray, seen: bool) -> list[str]:
-        notes: list[str] = []
-        if not seen:
-            notes.append(f"hardware {q.hardware.id!r} ({q.hardware.name}) was not in the training data")
-        x = select_features(feats[None, :], self.feature_names)[0]
-        rng = self._ranges.get((q.hardware.kind, q.layer.kind.value)) or self._ranges.get((q.hardware.kind, "*"))
-        if rng is None:
-            notes.append(f"no {q.hardware.kind} training rows of op kind {q.layer.kind.value}")
-        else:
-            out = np.nonzero((x < rng[0]) | (x > rng[1]))[0]
-            if len(out):
-                notes.append("features outside the training range: " + ", ".join(self.feature_names[i] for i in out))
-        scope = self._scope.get(q.hardware.kind, {})
-        if q.software_stack.value not in scope.get("stacks", (DEFAULT_STACK,)):
-            notes.append(f"software stack {q.software_stack.value!r} was not measured")
-        if q.mode == "training" and q.optimizer not in scope.get("optimizers", ()) and q.cost.params:
-            notes.append(f"optimizer {q.optimizer!r} was not measured")
-        if str(q.precision) not in scope.get("measured_precision", scope.get("precision", ("fp32",))):
-            notes.append(f"precision {str(q.precision)!r} was not measured")
-        act = q.layer.activation
-        if act not in ACTIVATIONS and act != "none":
-            notes.append(f"fused activation {act!r} was not measured")
-        if isinstance(q.layer.attrs, ConvAttrs) and any(d != 1 for d in q.layer.attrs.dilations):
-            notes.append("dilated convolutions were not measured")
-        return notes
+    def _rows(self, table: LayerTable) -> _Rows:
+        """Per-row layer facts of ``table`` this predictor reads (once per table and predictor version)."""
 
-    def _plan(self, q: LayerTimeQuery) -> _Plan:
-        """Validate ``q`` and decide how it is answered (see module docstring, "Whole-model assembly")."""
-        reason = self.applies(q)
-        if reason is not None:
-            raise ValueError(f"LearnedPredictor cannot estimate {q.layer.name!r}: {reason}")
-        if q.mode not in ("training", "inference"):
-            raise ValueError(f"mode must be 'training' or 'inference', got {q.mode!r}")
-        hw, seen = self._canonical(q.hardware)
-        prec, stack = str(q.precision), q.software_stack.value
-        spec = precision_spec(hw, prec)
-        # never measured on tensor cores: answer at the reference precision, carried over by the floors
-        tensor_cores = op_precision(spec, prec, q.layer.kind).tensor_cores
-        rng = self._ranges.get((hw.kind, q.layer.kind.value)) or self._ranges.get((hw.kind, "*"))
-        tc_col = self.feature_names.index("uses_tensor_cores") if "uses_tensor_cores" in self.feature_names else None
-        transfer = bool(tensor_cores and (rng is None or tc_col is None or rng[1][tc_col] < 0.5))
-        training = q.mode == "training"
-        learned_step = training and stack in self._scope[hw.kind]["train_step_stacks"]
-        fwd_floor = physics_floor_ms(q.layer, q.cost, spec, prec, Pass.FORWARD)
-        bwd_floor = floors_by_pass_ms(q.layer, q.cost, spec, prec, training=True)[1] if training else 0.0
-        step_floor = pass_floor_ms(layer=q.layer, cost=q.cost, hardware=hw, pass_="train_step",
-                                   optimizer=self._step_optimizer(q), precision=prec) if learned_step else 0.0
-        c = q.cost
-        if q.layer.kind in TENSOR_CORE_KINDS:
-            n_bwd = int(c.backward_input_flops > 0) + int(c.backward_weight_flops > 0)
-        else:
-            n_bwd = int(c.backward_flops > 0 or c.backward_bytes > 0)
-        return _Plan(q, hw, seen, transfer, learned_step, fwd_floor, bwd_floor, step_floor, n_bwd,
-                     KERNEL_FLOOR_MS_BY_STACK[q.software_stack])
+        def build() -> _Rows:
+            kinds = list(dict.fromkeys(table.kinds))
+            pos = {k: i for i, k in enumerate(kinds)}
+            n_bwd = [int(x.backward_input_flops > 0) + int(x.backward_weight_flops > 0) if k in TENSOR_CORE_KINDS
+                     else int(x.backward_flops > 0 or x.backward_bytes > 0)
+                     for k, x in zip(table.kinds, table.costs, strict=True)]
+            n = len(table)
+            return _Rows(
+                kinds=tuple(kinds),
+                kind_index=np.asarray([pos[k] for k in table.kinds], dtype=np.intp).reshape(n),
+                backward_kernels=np.asarray(n_bwd, dtype=np.float64).reshape(n),
+                weight_tensors=np.asarray([len(layer.weights) for layer in table.layers], dtype=np.float64).reshape(n),
+                layer_notes=tuple(self._layer_notes(layer) for layer in table.layers),
+                reasons={},
+            )
+
+        found = table.memo(("learned-rows", self.version), build)
+        assert isinstance(found, _Rows)
+        return found
 
     @staticmethod
-    def _step_optimizer(q: LayerTimeQuery) -> str:
-        return q.optimizer if q.cost.params else "none"
+    def _layer_notes(layer: Layer) -> tuple[str, ...]:
+        """Out-of-distribution notes that depend on the layer alone (fused activation, dilation)."""
+        notes: list[str] = []
+        act = layer.activation
+        if act not in ACTIVATIONS and act != "none":
+            notes.append(f"fused activation {act!r} was not measured")
+        if isinstance(layer.attrs, ConvAttrs) and any(d != 1 for d in layer.attrs.dilations):
+            notes.append("dilated convolutions were not measured")
+        return tuple(notes)
+
+    def _range_notes(self, hw_kind: str, rows: _Rows, idx: np.ndarray, feats: np.ndarray) -> list[str | None]:
+        """Per row ``idx`` (features ``feats`` ``[len(idx), len(FEATURE_NAMES)]``): the note on features outside
+        the widened training range of its (hardware kind, op kind), or on missing training rows of that op
+        kind; ``None`` inside the range."""
+        x = select_features(feats, self.feature_names)
+        notes: list[str | None] = [None] * len(idx)
+        ki = rows.kind_index[idx]
+        for k in np.unique(ki).tolist():
+            kind = rows.kinds[k]
+            sel = np.nonzero(ki == k)[0]
+            rng = self._ranges.get((hw_kind, kind.value)) or self._ranges.get((hw_kind, "*"))
+            if rng is None:
+                for j in sel.tolist():
+                    notes[j] = f"no {hw_kind} training rows of op kind {kind.value}"
+                continue
+            out = (x[sel] < rng[0]) | (x[sel] > rng[1])
+            for h in np.nonzero(out.any(axis=1))[0].tolist():
+                notes[int(sel[h])] = "features outside the training range: " + ", ".join(
+                    self.feature_names[c] for c in np.nonzero(out[h])[0].tolist())
+        return notes
+
+    def _prepare(self, table: LayerTable, idx: np.ndarray, s: Setting) -> _Prepared:
+        """Plan and featurise rows ``idx`` of ``table`` in ``s`` (module docstring, "Whole-model assembly"), numpy
+        over the rows: a forward feature row per layer and, where a learned train step times the step, a
+        train-step row (interleaved); rows never measured on tensor cores that use them are featurised at
+        :data:`REFERENCE_PRECISION`. Raises ``ValueError`` for a row :meth:`applies` rejects or an unknown mode."""
+        if s.mode not in ("training", "inference"):
+            raise ValueError(f"mode must be 'training' or 'inference', got {s.mode!r}")
+        rows = self._rows(table)
+        kind = s.hardware.kind
+        if kind not in rows.reasons:
+            rows.reasons[kind] = [self.applies_layer(la, c, kind) for la, c in zip(table.layers, table.costs,
+                                                                                    strict=True)]
+        reasons = rows.reasons[kind]
+        for i in idx.tolist():
+            if reasons[i] is not None:
+                raise ValueError(f"LearnedPredictor cannot estimate {table.layers[i].name!r}: {reasons[i]}")
+        hw, seen = self._canonical(s.hardware)
+        prec, stack = str(s.precision), s.software_stack.value
+        spec = precision_spec(hw, prec)
+        # never measured on tensor cores: answer at the reference precision, carried over by the floors
+        tc_col = self.feature_names.index("uses_tensor_cores") if "uses_tensor_cores" in self.feature_names else None
+
+        def transfers(k: OpKind) -> bool:
+            rng = self._ranges.get((hw.kind, k.value)) or self._ranges.get((hw.kind, "*"))
+            return bool(op_precision(spec, prec, k).tensor_cores
+                        and (rng is None or tc_col is None or rng[1][tc_col] < 0.5))
+
+        transfer = np.asarray([transfers(k) for k in rows.kinds], dtype=bool)[rows.kind_index[idx]]
+        training = s.mode == "training"
+        learned_step = training and stack in self._scope[hw.kind]["train_step_stacks"]
+        floors = floors_for(table, spec, prec, "none")
+        ref = REFERENCE_PRECISION.value
+
+        def raw(pass_: str, optimizer: str) -> tuple[np.ndarray, np.ndarray]:
+            """(raw rows as featurised, the floor_ms column at the query's precision)."""
+            at = raw_for(table, hw, pass_=pass_, optimizer=optimizer, precision=prec, stack=stack,
+                         optimizer_per_params=True)[idx]
+            floor = floor_ms_from_raw(at)
+            if transfer.any():
+                at_ref = raw_for(table, hw, pass_=pass_, optimizer=optimizer, precision=ref, stack=stack,
+                                 optimizer_per_params=True)[idx]
+                at = np.where(transfer[:, None], at_ref, at)
+            return at, floor
+
+        raw_f, _ = raw("forward", "none")
+        step_floor = np.zeros(len(idx))
+        if learned_step:
+            raw_t, step_floor = raw("train_step", s.optimizer)
+            raw_all = np.empty((2 * len(idx), raw_f.shape[1]))
+            raw_all[0::2], raw_all[1::2] = raw_f, raw_t
+        else:
+            raw_all = raw_f
+        return _Prepared(table=table, idx=idx, setting=s, rows=rows, seen=seen, transfer=transfer,
+                         learned_step=learned_step, forward_floor_ms=floors.forward[idx],
+                         backward_floor_ms=floors.backward[idx] if training else np.zeros(len(idx)),
+                         step_floor_ms=step_floor, kernel_ms=KERNEL_FLOOR_MS_BY_STACK[s.software_stack],
+                         raw=raw_all, features=features_from_raw(raw_all))
+
+    def estimate_tables(self, items: Sequence[tuple[LayerTable, np.ndarray, Setting]]) -> list[Estimates]:
+        """Estimates of rows ``idx`` of each ``(table, idx, setting)`` (stages: plan and featurise, run,
+        assemble), every item's feature rows through one ``session.run``, the rest numpy over the rows.
+        Raises ``ValueError`` for a row :meth:`applies` rejects or an unknown mode."""
+        preps = [self._prepare(t, idx, s) for t, idx, s in items]
+        if not preps:
+            return []
+        feats = np.concatenate([p.features for p in preps]) if len(preps) > 1 else preps[0].features
+        out = self.run_features(feats)
+        results, start = [], 0
+        for p in preps:
+            stop = start + len(p.features)
+            results.append(self._assemble(p, out[start:stop]))
+            start = stop
+        return results
 
     def estimate(self, queries: Sequence[LayerTimeQuery]) -> list[LayerTimeEstimate]:
-        """One estimate per query, all in one ``session.run`` (stages: plan, featurise, run, assemble).
+        """One estimate per query (:meth:`estimate_tables` over the queries grouped by setting).
 
         Raises ``ValueError`` for a query :meth:`applies` rejects or with an unknown mode.
         """
-        plans = [self._plan(q) for q in queries]
-        rows: list[FeatureInput] = []
-        for p in plans:
-            q = p.query
-            prec = REFERENCE_PRECISION.value if p.transfer else str(q.precision)
-            stack = q.software_stack.value
-            rows.append(FeatureInput(q.layer, q.cost, p.hardware, "forward", "none", prec, stack))
-            if p.learned_step:
-                rows.append(FeatureInput(q.layer, q.cost, p.hardware, "train_step", self._step_optimizer(q), prec,
-                                         stack))
-        raw = raw_matrix(rows)
-        feats = features_from_raw(raw)
-        out_ln = self.run_features(feats).astype(np.float64)
+        return estimate_queries(queries, self.estimate_tables)
+
+    def _notes(self, p: _Prepared) -> tuple[list[tuple[str, ...]], np.ndarray]:
+        """Notes per row and whether the row is out of distribution (any note besides how its backward was
+        obtained): transfer, unseen hardware, feature range, stack, optimizer, precision, layer, then the
+        train-step row's range note where it differs."""
+        s, idx, rows = p.setting, p.idx, p.rows
+        hw = s.hardware
+        scope = self._scope.get(hw.kind, {})
+        training = s.mode == "training"
+        before = [] if p.seen else [f"hardware {hw.id!r} ({hw.name}) was not in the training data"]
+        after = ([f"software stack {s.software_stack.value!r} was not measured"]
+                 if s.software_stack.value not in scope.get("stacks", (DEFAULT_STACK,)) else [])
+        opt_note = (f"optimizer {s.optimizer!r} was not measured"
+                    if training and s.optimizer not in scope.get("optimizers", ()) else None)
+        prec_note = ([f"precision {str(s.precision)!r} was not measured"]
+                     if str(s.precision) not in scope.get("measured_precision", scope.get("precision", ("fp32",)))
+                     else [])
+        f_range = self._range_notes(hw.kind, rows, idx, p.features[0::2] if p.learned_step else p.features)
+        t_range = self._range_notes(hw.kind, rows, idx, p.features[1::2]) if p.learned_step else f_range
+        params = p.table.params[idx].tolist()
+        transfer = p.transfer.tolist()
+        notes: list[tuple[str, ...]] = []
+        for j, i in enumerate(idx.tolist()):
+            row = list(before)
+            if f_range[j] is not None:
+                row.append(f_range[j])  # type: ignore[arg-type]
+            row += after
+            if opt_note is not None and params[j]:
+                row.append(opt_note)
+            row += prec_note
+            row += rows.layer_notes[i]
+            if t_range[j] is not None and t_range[j] not in row:
+                row.append(t_range[j])  # type: ignore[arg-type]
+            if transfer[j]:
+                row.insert(0, f"{rows.kinds[rows.kind_index[i]].value} was not measured on tensor cores: predicted "
+                              f"at {REFERENCE_PRECISION.value} and carried to {s.precision} by the physics floors "
+                              "(same efficiency above the launch cost)")
+            notes.append(tuple(row))
+        return notes, np.asarray([bool(n) for n in notes], dtype=bool).reshape(len(notes))
+
+    def _assemble(self, p: _Prepared, out_ln: np.ndarray) -> Estimates:
+        """Estimates of a :meth:`_prepare` from the model's ln-ms quantiles ``out_ln`` ``[rows, 3]`` of its features
+        (``[N]`` numpy per pass; see the module docstring)."""
+        s, idx = p.setting, p.idx
         # never below the physics floor of the row (the graph guarantees it up to float32 rounding; this in float64)
-        row_floor = floor_ms_from_raw(raw)
-        out_ms = np.maximum(np.exp(out_ln), row_floor[:, None])
-        results: list[LayerTimeEstimate] = []
-        i = 0
-        for p in plans:
-            n = 2 if p.learned_step else 1
-            results.append(self._assemble(p, out_ms[i:i + n], row_floor[i:i + n], feats[i:i + n]))
-            i += n
-        return results
+        row_floor = floor_ms_from_raw(p.raw)
+        out_ms = np.maximum(np.exp(out_ln.astype(np.float64)), row_floor[:, None])
+        step = p.learned_step
+        fwd_q = out_ms[0::2] if step else out_ms
+        k = p.kernel_ms
+        tr = p.transfer
+        if tr.any():
+            fwd_q = fwd_q.copy()
+            fwd_q[tr] = transfer_precision_ms(time_ms=fwd_q[tr], floor_from_ms=(row_floor[0::2] if step else row_floor)
+                                              [tr, None], floor_to_ms=p.forward_floor_ms[tr, None], overhead_ms=k)
+        notes, ood = self._notes(p)
+        f10, f50, f90 = fwd_q[:, 0], fwd_q[:, 1], fwd_q[:, 2]
+        n = len(idx)
+        if s.mode == "inference":
+            fwd, bwd, upd, p10, p90 = f50, np.zeros(n), np.zeros(n), f10, f90
+        elif step:
+            step_q = out_ms[1::2]
+            if tr.any():
+                step_q = step_q.copy()
+                over = k * (1 + p.rows.backward_kernels[idx][tr, None])
+                step_q[tr] = transfer_precision_ms(time_ms=step_q[tr], floor_from_ms=row_floor[1::2][tr, None],
+                                                   floor_to_ms=p.step_floor_ms[tr, None], overhead_ms=over)
+            fwd, bwd, upd = self._split(p, total=step_q[:, 1], forward=f50)
+            parts = fwd + bwd + upd
+            p10, p90 = np.minimum(step_q[:, 0], parts), np.maximum(step_q[:, 2], parts)
+        else:
+            excess = np.asarray([self._excess.get(k_, PHYSICS_EXCESS).median for k_ in p.rows.kinds],
+                                dtype=np.float64)[p.rows.kind_index[idx]]
+            upd = self._update(p)
 
-    def _assemble(self, p: _Plan, out_ms: np.ndarray, row_floor: np.ndarray, feats: np.ndarray) -> LayerTimeEstimate:
-        """One estimate from the model's quantiles ``out_ms`` ``[rows, 3]`` (ms; forward row, then the train-step
-        row when ``p.learned_step``) at the precision the rows were featurised with."""
-        q = p.query
-        notes = self._ood_notes(q, feats[0], p.seen)
-        if p.learned_step:
-            notes += [n for n in self._ood_notes(q, feats[1], p.seen) if n not in notes]
-        fwd_q = out_ms[0]
-        if p.transfer:
-            fwd_q = np.array([transfer_precision_ms(time_ms=float(t), floor_from_ms=float(row_floor[0]),
-                                                    floor_to_ms=p.forward_floor_ms, overhead_ms=p.kernel_ms)
-                              for t in fwd_q])  # fmt: skip
-            notes.insert(0, f"{q.layer.kind.value} was not measured on tensor cores: predicted at "
-                            f"{REFERENCE_PRECISION.value} and carried to {q.precision} by the physics floors "
-                            "(same efficiency above the launch cost)")
-        if q.mode == "inference":
-            f10, f50, f90 = (float(v) for v in fwd_q)
-            return self._estimate(f50, 0.0, 0.0, f10, f90, notes)
-        if p.learned_step:
-            step_q = out_ms[1]
-            if p.transfer:
-                over = p.kernel_ms * (1 + p.backward_kernels)
-                step_q = np.array([transfer_precision_ms(time_ms=float(t), floor_from_ms=float(row_floor[1]),
-                                                         floor_to_ms=p.step_floor_ms, overhead_ms=over)
-                                   for t in step_q])  # fmt: skip
-            parts = self._split(q, total=float(step_q[1]), forward=float(fwd_q[1]))
-            return self._estimate(*parts, min(float(step_q[0]), sum(parts)), max(float(step_q[2]), sum(parts)),
-                                  notes)
-        excess = self._excess.get(q.layer.kind, PHYSICS_EXCESS)
-        upd = streaming_update_ms(q)
+            def backward(forward_ms: np.ndarray) -> np.ndarray:
+                return np.asarray(backward_from_forward_ms(
+                    forward_ms=forward_ms, floor_forward_ms=p.forward_floor_ms, floor_backward_ms=p.backward_floor_ms,
+                    kernels=p.rows.backward_kernels[idx], kernel_ms=k, excess=excess))
 
-        def bwd(forward_ms: float, ratio: float) -> float:
-            return backward_from_forward_ms(forward_ms=forward_ms, floor_forward_ms=p.forward_floor_ms,
-                                            floor_backward_ms=p.backward_floor_ms, kernels=p.backward_kernels,
-                                            kernel_ms=p.kernel_ms, excess=ratio)  # fmt: skip
-
-        f10, f50, f90 = (float(v) for v in fwd_q)
-        b50 = bwd(f50, excess.median)
-        how = f"backward from the forward: {excess.median:.3g} x the physics-floor ratio ({excess.source})"
-        # the interval is the forward's (conformal, leave-one-GPU-out) carried through the same ratio
-        return self._estimate(f50, b50, upd, f10 + bwd(f10, excess.median) + upd,
-                              f90 + bwd(f90, excess.median) + upd, notes, (how,))
-
-    @staticmethod
-    def _estimate(fwd: float, bwd: float, upd: float, p10: float, p90: float, ood_notes: list[str],
-                  info: tuple[str, ...] = ()) -> LayerTimeEstimate:
-        """The estimate of passes (ms) and total quantiles; out of distribution when any ``ood_notes``."""
+            fwd, bwd = f50, backward(f50)
+            # the interval is the forward's (conformal, leave-one-GPU-out) carried through the same ratio
+            p10, p90 = f10 + backward(f10) + upd, f90 + backward(f90) + upd
+            hows = {c: self._excess.get(c, PHYSICS_EXCESS) for c in p.rows.kinds}
+            how = {c: f"backward from the forward: {e.median:.3g} x the physics-floor ratio ({e.source})"
+                   for c, e in hows.items()}
+            kinds = p.rows.kind_index[idx].tolist()
+            notes = [(*nt, how[p.rows.kinds[ki]]) for nt, ki in zip(notes, kinds, strict=True)]
         total = fwd + bwd + upd
-        return LayerTimeEstimate(forward_ms=fwd, backward_ms=bwd, update_ms=upd, total_ms_p10=min(p10, total),
-                                 total_ms_p90=max(p90, total), method="learned", out_of_distribution=bool(ood_notes),
-                                 notes=(*ood_notes, *info))  # fmt: skip
+        return Estimates(forward_ms=fwd, backward_ms=bwd, update_ms=upd, total_ms_p10=np.minimum(p10, total),
+                         total_ms_p90=np.maximum(p90, total), method=["learned"] * n, out_of_distribution=ood,
+                         notes=notes)
 
     @staticmethod
-    def _split(q: LayerTimeQuery, *, total: float, forward: float) -> tuple[float, float, float]:
-        hw = q.hardware
-        peak = float(hw.peak_for(q.precision))
+    def _update(p: _Prepared) -> np.ndarray:
+        """The optimizer step of each row (ms, ``[N]``): :func:`app.predictor.roofline.streaming_update_ms`
+        over the rows (a streaming kernel at the fp32 vector peak plus the layer's share of the foreach
+        launches at the stack's per-kernel floor); 0 without parameters."""
+        s, idx = p.setting, p.idx
+        params = p.table.params[idx]
+        flops, nbytes = update_cost(params, s.optimizer)
+        work = (params > 0) & ((flops != 0) | (nbytes != 0))
+        if not work.any():
+            return np.zeros(len(idx))
+        peak = op_precision(s.hardware, s.precision, OpKind.ELEMENTWISE).peak_flops_per_s
+        bw = float(s.hardware.memory_bandwidth_bytes_per_s) * STREAM_EFFICIENCY
+        launches = FOREACH_KERNELS_PER_STEP[s.optimizer] * p.rows.weight_tensors[idx] / TENSORS_PER_LAUNCH
+        ms = np.maximum(flops / peak, nbytes / bw) * 1e3 + p.kernel_ms * launches
+        return np.where(work, ms, 0.0)
+
+    @staticmethod
+    def _split(p: _Prepared, *, total: np.ndarray, forward: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(forward, backward, update) of each learned train step: :func:`split_training_step` with the update's
+        and the backward's roofline times at the device's peak for the precision."""
+        s, t, idx = p.setting, p.table, p.idx
+        hw = s.hardware
+        peak = float(hw.peak_for(s.precision))
         bw = float(hw.memory_bandwidth_bytes_per_s)
-        c = q.cost
-        upd_flops, upd_bytes = optimizer_update_cost(c.params, q.optimizer)
-        update = roofline_time_s(upd_flops, upd_bytes, peak_flops_per_s=peak, bandwidth_bytes_per_s=bw) * 1e3
-        bwd_min = (
-            roofline_time_s(c.backward_flops, c.backward_bytes, peak_flops_per_s=peak, bandwidth_bytes_per_s=bw) * 1e3
-        )
+        upd_flops, upd_bytes = update_cost(t.params[idx], s.optimizer)
+        update = np.maximum(upd_flops / peak, upd_bytes / bw) * 1e3
+        bwd_min = np.maximum(t.backward_flops[idx] / peak, t.backward_bytes[idx] / bw) * 1e3
         return split_training_step(total_ms=total, forward_ms=forward, update_ms=update, backward_min_ms=bwd_min)
 
 
 @dataclass(frozen=True, slots=True)
-class _Plan:
-    """How one query is answered: the spec it is featurised with (``hardware``), whether that device is in the
-    training data (``seen``), whether it is predicted at :data:`REFERENCE_PRECISION` and carried over
-    (``transfer``), whether a learned train-step row times the step (``learned_step``) or the backward comes
-    from the forward, the floors (ms, at the query's precision) of the forward, backward and train step, the
-    backward's kernel launches and the stack's fixed cost per kernel (ms)."""
+class _Rows:
+    """Layer facts of a table's rows (``[N]`` each): the distinct op kinds and each row's index into them, the
+    backward's kernel launches (input and weight gradients, or one), the parameter tensors, the layer-only
+    notes, and per device kind the reason :meth:`LearnedPredictor.applies` rejects a row (``None``: served)."""
 
-    query: LayerTimeQuery
-    hardware: HardwareSpec
+    kinds: tuple[OpKind, ...]
+    kind_index: np.ndarray
+    backward_kernels: np.ndarray
+    weight_tensors: np.ndarray
+    layer_notes: tuple[tuple[str, ...], ...]
+    reasons: dict[str, list[str | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    """How rows ``idx`` of ``table`` are answered in ``setting`` (``[N]`` each): whether the device is in the
+    training data (``seen``), which rows are predicted at :data:`REFERENCE_PRECISION` and carried over
+    (``transfer``), whether a learned train-step row times the step (``learned_step``) or the backward comes
+    from the forward, the floors (ms, at the setting's precision) of the forward, backward and train step, the
+    stack's fixed cost per kernel (ms), and the raw and feature rows (forward, train step interleaved)."""
+
+    table: LayerTable
+    idx: np.ndarray
+    setting: Setting
+    rows: _Rows
     seen: bool
-    transfer: bool
+    transfer: np.ndarray
     learned_step: bool
-    forward_floor_ms: float
-    backward_floor_ms: float
-    step_floor_ms: float
-    backward_kernels: int
+    forward_floor_ms: np.ndarray
+    backward_floor_ms: np.ndarray
+    step_floor_ms: np.ndarray
     kernel_ms: float
+    raw: np.ndarray
+    features: np.ndarray
 
 
 def _cpu_identity(hw: HardwareSpec) -> tuple[str, int, int | None]:

@@ -104,7 +104,7 @@ class CompositePredictor:
             fb = np.setdiff1d(idx, lrn, assume_unique=True) if len(reasons) else np.zeros(0, dtype=np.intp)
             learned_items.append((table, lrn, s))
             fallback_parts.append((fb, self._fallback(table, fb, reasons, s)))
-        learned = self._learned(learned_items)
+        learned = self.learned.estimate_tables(learned_items)
         out = []
         for (table, idx, s), (_, lrn, _), (fb, fb_est), lrn_est in zip(
                 items, learned_items, fallback_parts, learned, strict=True):
@@ -112,19 +112,6 @@ class CompositePredictor:
             pos[idx] = np.arange(len(idx))
             merged = scatter(len(idx), [(pos[lrn], lrn_est), (pos[fb], Estimates.from_list(fb_est))])
             out.append(clamp_to_floors(table, idx, s, merged))
-        return out
-
-    def _learned(self, items: Sequence[tuple[LayerTable, np.ndarray, Setting]]) -> list[Estimates]:
-        """The learned model's estimates of rows ``idx`` of each item, all items' rows in one
-        :meth:`LearnedPredictor.estimate` call (one ``session.run``)."""
-        queries = [LayerTimeQuery(layer=t.layers[i], cost=t.costs[i], hardware=s.hardware, mode=s.mode,
-                                  optimizer=s.optimizer, precision=s.precision, software_stack=s.software_stack)
-                   for t, idx, s in items for i in idx.tolist()]
-        found = self.learned.estimate(queries) if queries else []
-        out, start = [], 0
-        for _, idx, _ in items:
-            out.append(Estimates.from_list(found[start:start + len(idx)]))
-            start += len(idx)
         return out
 
     def estimate(self, queries: Sequence[LayerTimeQuery]) -> list[LayerTimeEstimate]:
