@@ -605,8 +605,8 @@ def largest_batch_that_fits(
     jumps along the secant through the two latest exact :func:`footprint` evaluations (the affine form of
     the piece they lie on: exact once both lie on the answer's piece) inside a bracket ``fits(lo)``,
     ``not fits(hi)``, and stops when ``hi == lo + 1``: the answer is verified by exact evaluations at it
-    and at its successor. About 4 evaluations instead of ~40 for a bisection. Capped at ``max_batch``
-    (returned when it fits). Raises like :func:`footprint`.
+    and at its successor. 4-8 evaluations on real graphs instead of a bisection's 14-30. Capped at
+    ``max_batch`` (returned when it fits). Raises like :func:`footprint`.
     """
     limit = HEADROOM * memory_bytes
 
