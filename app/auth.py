@@ -17,9 +17,10 @@ Scopes (:class:`Scope`): ``read`` (every GET and the prediction POSTs: nothing i
 retrain, promote, rollback). :data:`POLICY` maps every writing route to its scope; a writing route
 missing from it needs ``admin`` (fail closed), and a test checks that every route of the app is listed.
 
-Requests without a key get :attr:`app.config.Settings.open_scopes` (default ``read,graphs``: the README's
-upload-and-predict commands work out of the box on a laptop, while measurements, hardware and every
-admin action need a key; ``admin`` can never be open). The choice of the default is "safe by default,
+Requests without a key get :attr:`app.config.Settings.open_scopes` (default ``read,graphs`` on a loopback
+bind, ``read`` on any other: the README's upload-and-predict commands work out of the box on a laptop,
+while measurements, hardware and every admin action need a key, and a server reachable from a network
+takes no anonymous uploads; ``admin`` can never be open). The choice of the default is "safe by default,
 useful by default": reading and costing a model cannot change what the service tells anyone else,
 while a measurement or a device spec does (they feed retraining and every comparison).
 
@@ -330,10 +331,13 @@ def authorize(request: Request) -> Principal:
 
 def check_owner(principal: Principal, owner: str | None, *, what: str, ident: str) -> None:
     """Raise :class:`NotOwner` (403) unless ``principal`` may change a row owned by ``owner``: the
-    owner itself, an admin, or anyone with the route's scope when the row has no owner (stored
-    anonymously or before owners were recorded)."""
-    if owner is None or principal.is_admin or principal.key_id == owner:
+    owner itself or an admin. A row without an owner (stored anonymously or before owners were recorded)
+    is changed by admins only: an anonymous caller could otherwise delete what every other one stored."""
+    if principal.is_admin or (owner is not None and principal.key_id == owner):
         return
+    if owner is None:
+        raise NotOwner(f"{what} {ident!r} has no owner: only an admin key may change it",
+                       detail={"id": ident, "owner": None})
     raise NotOwner(f"{what} {ident!r} belongs to another key", detail={"id": ident, "owner": owner})
 
 

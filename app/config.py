@@ -17,6 +17,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 #: ``Host`` names of a loopback-bound server (the default allow-list, :meth:`Settings.host_allow_list`).
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1", "[::1]")
+#: Scopes of requests without a key when ``open_scopes`` is unset, on a loopback bind and on any other.
+LOOPBACK_OPEN_SCOPES = "read,graphs"
+EXPOSED_OPEN_SCOPES = "read"
 
 
 def is_loopback(host: str) -> bool:
@@ -50,8 +53,10 @@ class Settings(BaseSettings):
     default thread limiter runs 40 sync routes at once).
 
     Access control (:mod:`app.auth`): ``open_scopes``, the scopes of requests without an API key
-    (comma-separated; default ``read,graphs``; ``admin`` is refused); ``rate_limit``, each key's or
-    anonymous client address's budget in the ``limits`` notation (``100/second``; empty = none).
+    (comma-separated; ``admin`` is refused); unset = ``read,graphs`` when ``host`` is a loopback address
+    (a laptop: the README's upload-and-predict commands need no key), else ``read`` only (a server reachable
+    from a network: anonymous uploads would fill its database; see :attr:`open_scope_set`); ``rate_limit``,
+    each key's or anonymous client address's budget in the ``limits`` notation (``100/second``; empty = none).
     ``allowed_hosts``: accepted ``Host`` headers, comma-separated (Starlette ``TrustedHostMiddleware``:
     a DNS-rebinding page names its own host); unset = the loopback names when ``host`` is a loopback
     address, else any. ``cors_origins``: origins allowed to call the API from a browser script,
@@ -81,7 +86,7 @@ class Settings(BaseSettings):
     max_json_depth: int = DEFAULT_LIMITS.max_json_depth
     import_timeout_s: float = DEFAULT_LIMITS.import_timeout_s
     db_pool_size: int = 40
-    open_scopes: str = "read,graphs"
+    open_scopes: str | None = None
     rate_limit: str = "100/second"
     allowed_hosts: str | None = None
     cors_origins: str = ""
@@ -89,8 +94,8 @@ class Settings(BaseSettings):
 
     @field_validator("open_scopes")
     @classmethod
-    def _no_open_admin(cls, value: str) -> str:
-        if Scope.ADMIN in parse_scopes(value):
+    def _no_open_admin(cls, value: str | None) -> str | None:
+        if value is not None and Scope.ADMIN in parse_scopes(value):
             raise ValueError("open_scopes must not include 'admin': admin actions always need a key")
         return value
 
@@ -103,8 +108,11 @@ class Settings(BaseSettings):
 
     @property
     def open_scope_set(self) -> frozenset[Scope]:
-        """``open_scopes`` parsed."""
-        return parse_scopes(self.open_scopes)
+        """``open_scopes`` parsed; unset: :data:`LOOPBACK_OPEN_SCOPES` on a loopback bind, else
+        :data:`EXPOSED_OPEN_SCOPES` (the same rule as :meth:`host_allow_list`)."""
+        if self.open_scopes is not None:
+            return parse_scopes(self.open_scopes)
+        return parse_scopes(LOOPBACK_OPEN_SCOPES if is_loopback(self.host) else EXPOSED_OPEN_SCOPES)
 
     def host_allow_list(self) -> list[str]:
         """The ``Host`` names the API answers (see ``allowed_hosts``)."""

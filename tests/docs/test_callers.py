@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from app.auth import Scope
 from app.config import Settings
 from app.main import create_app
 from app.migrate import upgrade
@@ -68,8 +69,8 @@ def test_page_examples_run(name: str, settings: Settings, tmp_path: Path, capsys
     upgrade(settings.database_url)
     env["LAYERCAST_API_KEY"] = _make_key(settings.database_url, name, "read", "graphs", "measurements", "hardware",
                                          capsys=capsys)
-    shipped = settings.model_copy(update={**SHIPPED_DEFAULTS, "allowed_hosts": None})
-    assert shipped.open_scopes == Settings.model_fields["open_scopes"].default
+    shipped = settings.model_copy(update={**SHIPPED_DEFAULTS, "open_scopes": None, "allowed_hosts": None})
+    assert shipped.open_scope_set == {Scope.READ, Scope.GRAPHS}  # the default of a loopback bind
     with serve(create_app(shipped)) as url:
         env["LAYERCAST_URL"] = url
         for i, (lang, expected, code) in enumerate(blocks(DOCS / f"{name}.md")):

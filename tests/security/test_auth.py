@@ -191,10 +191,27 @@ def test_graphs_belong_to_their_first_uploader(client: TestClient, keys: dict[st
     assert r.status_code == 403 and r.json()["error"]["code"] == "not_owner"
     assert client.delete(f"/v1/graphs/{gid}").status_code == 403  # anonymous cannot either
     assert client.delete(f"/v1/graphs/{gid}", headers=a).status_code == 204
-    # an anonymous upload has no owner: anyone allowed to write graphs may delete it
+    # an anonymous upload has no owner: only an admin may delete it (anyone could, otherwise)
     anon = client.post("/v1/graphs", json=json_graph(name="shared")).json()
     assert anon["owner"] is None
-    assert client.delete(f"/v1/graphs/{anon['id']}").status_code == 204
+    for who in ({}, a):
+        r = client.delete(f"/v1/graphs/{anon['id']}", headers=who)
+        assert r.status_code == 403 and r.json()["error"]["code"] == "not_owner", r.text
+    assert client.delete(f"/v1/graphs/{anon['id']}", headers=_bearer(keys["admin"])).status_code == 204
+
+
+def test_open_scopes_default_to_read_only_on_a_non_loopback_bind(db_url: str) -> None:
+    base = {"database_url": db_url, "models_dir": REPO_ROOT / "models", "rate_limit": "", "open_scopes": None}
+    assert Settings(**base, host="127.0.0.1").open_scope_set == {Scope.READ, Scope.GRAPHS}
+    assert Settings(**base, host="::1").open_scope_set == {Scope.READ, Scope.GRAPHS}
+    exposed = Settings(**base, host="0.0.0.0")  # the Dockerfile's bind
+    assert exposed.open_scope_set == {Scope.READ}
+    widened = Settings(**{**base, "open_scopes": "read,graphs"}, host="0.0.0.0")
+    assert widened.open_scope_set == {Scope.READ, Scope.GRAPHS}
+    with TestClient(create_app(exposed.model_copy(update={"allowed_hosts": "testserver"}))) as client:
+        r = client.post("/v1/graphs", json=json_graph(name="anon"))
+        assert r.status_code == 401 and r.json()["error"]["code"] == "auth_required"
+        assert client.post("/v1/predictions", json=prediction()).status_code == 200
 
 
 def test_every_writing_route_is_in_the_policy() -> None:
