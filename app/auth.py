@@ -29,8 +29,10 @@ Errors: 401 ``auth_required`` (no key, the route needs a scope the anonymous cal
 ``insufficient_scope``, 403 ``not_owner``, 429 ``rate_limited`` (with ``Retry-After``).
 
 Rate limits (:class:`RateLimiter`, the ``limits`` library's moving window in process memory): one
-budget per key id, or per client address for anonymous requests; ``Settings.rate_limit`` (e.g.
-``100/second``, empty = none). Each API process counts on its own.
+budget per key id, or per client address for anonymous requests, and one more per client address for
+the requests presenting a key, counted before the key is looked up (so a flood of invalid keys is limited
+too; the keys used from one address share it); ``Settings.rate_limit`` (e.g. ``100/second``, empty = none).
+Each API process counts on its own.
 """
 
 from __future__ import annotations
@@ -310,9 +312,14 @@ def authorize(request: Request) -> Principal:
     """Router dependency: the principal, after the rate limit and the scope the route needs
     (:func:`required_scope`). Raises :class:`RateLimited`, :class:`AuthRequired`,
     :class:`ApiKeyInvalid`, :class:`InsufficientScope`."""
-    principal = get_principal(request)
     client = request.client.host if request.client is not None else "unknown"
-    request.app.state.rate_limiter.hit(principal.key_id or f"ip:{client}")
+    limiter: RateLimiter = request.app.state.rate_limiter
+    if getattr(request.state, "principal", None) is None and presented_key(request) is not None:
+        # counted before the key is looked up: a flood of invalid keys is limited like any other
+        # (its own budget per address, apart from the anonymous one)
+        limiter.hit(f"key-attempts:ip:{client}")
+    principal = get_principal(request)
+    limiter.hit(principal.key_id or f"ip:{client}")
     route = request.scope.get("route")
     needed = required_scope(request.method, str(getattr(route, "path", request.url.path)))
     if not principal.has(needed):

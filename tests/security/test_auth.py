@@ -241,6 +241,13 @@ def test_rate_limit_per_key_and_per_address(db_url: str, keys: dict[str, str]) -
         assert c.get("/healthz").status_code == 200  # probes are never limited
 
 
+def test_invalid_keys_are_rate_limited_before_they_are_checked(db_url: str) -> None:
+    with _client(db_url, rate_limit="3/minute") as c:
+        codes = [c.get("/v1/hardware", headers=_bearer(f"lck_{i:016x}_guess")).status_code for i in range(5)]
+        assert codes == [401, 401, 401, 429, 429]
+        assert c.get("/v1/hardware").status_code == 200  # the anonymous budget of the address is apart
+
+
 def test_hosts_outside_the_allow_list_are_refused(db_url: str) -> None:
     """DNS rebinding: a page on evil.example whose name now resolves to 127.0.0.1 sends its own Host."""
     settings = Settings(database_url=db_url, models_dir=REPO_ROOT / "models", allowed_hosts=None, host="127.0.0.1")
