@@ -248,15 +248,18 @@ def presented_key(request: Request) -> str | None:
     header = request.headers.get("authorization")
     if header is not None and header[:7].lower() == "bearer ":
         return header[7:].strip() or None
-    return request.headers.get("x-api-key") or None
+    return request.headers.get("x-api-key", "").strip() or None
 
 
 def sends_key(headers: Iterable[tuple[bytes, bytes]]) -> bool:
-    """Whether raw ASGI ``headers`` carry an API key header (used by the cross-site check of
-    :mod:`app.main`: a browser never adds one to a cross-site simple request)."""
+    """Whether raw ASGI ``headers`` carry an API key header with a non-empty key (used by the cross-site
+    check of :mod:`app.main`: a browser never adds one to a cross-site simple request). The same rule as
+    :func:`presented_key`: an empty ``X-API-Key`` or a bare ``Bearer`` is no key, and does not pass."""
     for name, value in headers:
         lower = name.lower()
-        if lower == b"x-api-key" or (lower == b"authorization" and value[:7].lower() == b"bearer "):
+        if (lower == b"x-api-key" and value.strip()) or (
+            lower == b"authorization" and value[:7].lower() == b"bearer " and value[7:].strip()
+        ):
             return True
     return False
 

@@ -17,7 +17,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
-from app.auth import POLICY, Scope, required_scope
+from app.auth import POLICY, Scope, required_scope, sends_key
 from app.cli import main as cli_main
 from app.config import REPO_ROOT, Settings
 from app.main import create_app, module_routes
@@ -283,6 +283,14 @@ def test_cross_site_simple_posts_are_refused(client: TestClient, keys: dict[str,
     # a request carrying a key is not a forged one
     r = client.post("/v1/graphs", headers={"Origin": "http://evil.example", **_bearer(keys["hw_a"])}, **_onnx_form())
     assert r.status_code in (200, 201)
+
+
+def test_an_empty_key_header_is_no_key_for_the_cross_site_check(client: TestClient) -> None:
+    for empty in ({"X-API-Key": ""}, {"X-API-Key": "  "}, {"Authorization": "Bearer "}, {"Authorization": "Bearer  "}):
+        assert sends_key([(k.lower().encode(), v.encode()) for k, v in empty.items()]) is False, empty
+        r = client.post("/v1/graphs", headers={"Origin": "http://evil.example", **empty}, **_onnx_form())
+        assert r.status_code == 403 and r.json()["error"]["code"] == "cross_site_request", empty
+    assert sends_key([(b"x-api-key", b"lck_x")]) and sends_key([(b"authorization", b"Bearer lck_x")])
 
 
 def test_cors_is_closed_by_default_and_opens_per_origin(db_url: str, client: TestClient) -> None:
