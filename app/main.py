@@ -576,6 +576,19 @@ def _make_lifespan(settings: Settings, run_migrations: bool) -> Callable[[FastAP
     return lifespan
 
 
+#: What each scope lets a caller do, for the start-up line (:func:`_log_access_policy`).
+_SCOPE_ACTIONS: dict[AccessScope, str] = {
+    AccessScope.GRAPHS: "graph uploads", AccessScope.MEASUREMENTS: "measurements",
+    AccessScope.HARDWARE: "hardware changes", AccessScope.ADMIN: "admin actions",
+}
+
+
+def _refused_without_key(open_scopes: frozenset[AccessScope]) -> str:
+    """The actions a caller without a key cannot take under ``open_scopes`` (``admin`` is never open)."""
+    refused = [action for scope, action in _SCOPE_ACTIONS.items() if scope not in open_scopes]
+    return (", ".join(refused[:-1]) + " and " + refused[-1]) if len(refused) > 1 else refused[0]
+
+
 def _log_access_policy(app: FastAPI, settings: Settings) -> None:
     """One startup line saying who may do what, and how to create the first key when none exists."""
     with app.state.sessionmaker() as session:
@@ -587,8 +600,8 @@ def _log_access_policy(app: FastAPI, settings: Settings) -> None:
     logger.info("access: requests without a key may use scopes [%s]; %s; hosts %s; rate limit %s",
                 open_scopes, admin, ",".join(settings.host_allow_list()), settings.rate_limit or "none")
     if not keys and settings.admin_key is None:
-        logger.warning("no API key exists: measurements, hardware changes and admin actions are refused until "
-                       "you create one: `layercast keys create NAME --scope admin`")
+        logger.warning("no API key exists: %s are refused until you create one: `layercast keys create NAME --scope "
+                       "admin`", _refused_without_key(settings.open_scope_set))
     if not is_loopback(settings.host) and "*" in settings.host_allow_list():
         logger.warning("serving on %s with any Host header accepted: set LAYERCAST_ALLOWED_HOSTS", settings.host)
 

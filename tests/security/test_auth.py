@@ -9,6 +9,7 @@ fresh install does.
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -320,3 +321,17 @@ def test_405_names_every_method_of_the_path(client: TestClient) -> None:
     assert r.status_code != 405  # PUT exists there
     r = client.post("/v1/hardware/x")
     assert set(r.headers["allow"].split(", ")) == {"GET", "HEAD", "PUT", "DELETE"}
+
+
+@pytest.mark.parametrize(("open_scopes", "refused"), [
+    ("read,graphs", "measurements, hardware changes and admin actions are refused"),
+    ("read,graphs,measurements,hardware", "no API key exists: admin actions are refused"),
+    ("read", "graph uploads, measurements, hardware changes and admin actions are refused"),
+])  # fmt: skip
+def test_the_first_start_says_what_the_open_scopes_really_refuse(
+    db_url: str, open_scopes: str, refused: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="layercast"), _client(db_url, open_scopes=open_scopes):
+        pass
+    warnings = [r.getMessage() for r in caplog.records if "no API key exists" in r.getMessage()]
+    assert len(warnings) == 1 and refused in warnings[0], warnings
