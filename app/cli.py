@@ -2,7 +2,7 @@
 
 Subcommands::
 
-    layercast serve [--host 127.0.0.1] [--port 8000] [--reload]   migrate, then run the API (uvicorn)
+    layercast serve [--host 127.0.0.1] [--port 8000] [--workers N] [--reload]   migrate, then run the API
     layercast migrate [--revision head]                            apply migrations
     layercast downgrade REVISION                                   revert migrations ("base" drops all)
     layercast train|evaluate|finetune|profile ...                  predictor work (needs the train extra)
@@ -39,6 +39,9 @@ def _build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default=None, help="bind address (default $LAYERCAST_HOST or 127.0.0.1)")
     serve.add_argument("--port", type=int, default=None, help="port (default $LAYERCAST_PORT or 8000)")
     serve.add_argument("--reload", action="store_true", help="restart on code changes (development)")
+    serve.add_argument("--workers", type=_positive_int, default=1,
+                       help="uvicorn worker processes (default 1); each holds its own analysis cache and "
+                            "predictor, all share the database")
 
     migrate = sub.add_parser("migrate", help="apply database migrations")
     migrate.add_argument("--revision", default="head", help="target revision (default: head)")
@@ -72,8 +75,20 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def _serve(args: argparse.Namespace, settings: Settings) -> int:
+    """Migrate once, then run uvicorn (``--workers N`` processes; ``--reload`` allows one only)."""
     import uvicorn
+
+    if args.reload and args.workers > 1:
+        print("layercast serve: --reload runs one process; drop --workers", file=sys.stderr)
+        return 2
 
     from app.observability import configure_logging
 
@@ -88,6 +103,7 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
         host=args.host or settings.host,
         port=args.port or settings.port,
         reload=args.reload,
+        workers=args.workers,
         log_level=settings.log_level,
         log_config=None,  # keep configure_logging's handlers (JSON lines by default)
         access_log=False,  # app.observability.RequestContext writes the access line, with the request id

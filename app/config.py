@@ -50,7 +50,8 @@ class Settings(BaseSettings):
     ``max_nodes``, ``max_rank``, ``max_dim``, ``max_tensor_elements``, ``max_subgraph_depth``,
     ``max_json_depth``, ``import_timeout_s``: import bounds (:class:`app.core.limits.Limits`, where the
     defaults are explained). ``db_pool_size``: database connections, one per worker thread (anyio's
-    default thread limiter runs 40 sync routes at once).
+    default thread limiter runs 40 sync routes at once). ``analysis_cache_bytes``: byte budget of the
+    per-process cache of analysed graph bindings (:class:`app.graphs.service.AnalysisCache`; 0 disables it).
 
     Access control (:mod:`app.auth`): ``open_scopes``, the scopes of requests without an API key
     (comma-separated; ``admin`` is refused); unset = ``read,graphs`` when ``host`` is a loopback address
@@ -86,6 +87,7 @@ class Settings(BaseSettings):
     max_json_depth: int = DEFAULT_LIMITS.max_json_depth
     import_timeout_s: float = DEFAULT_LIMITS.import_timeout_s
     db_pool_size: int = 40
+    analysis_cache_bytes: int = Field(default=512 * 2**20, ge=0)
     open_scopes: str | None = None
     rate_limit: str = "100/second"
     allowed_hosts: str | None = None

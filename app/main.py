@@ -555,6 +555,9 @@ def _make_lifespan(settings: Settings, run_migrations: bool) -> Callable[[FastAP
         app.state.predictors = None
         app.state.rate_limiter = RateLimiter(settings.rate_limit)
         app.state.write_lock = asyncio.Lock() if engine.dialect.name == "sqlite" else None
+        from app.graphs.service import analysis_cache
+
+        analysis_cache.budget_bytes = settings.analysis_cache_bytes
         try:
             if settings.seed_catalog:
                 _seed_catalog(app)

@@ -7,20 +7,16 @@ and the one aggregation of the core (:func:`app.core.aggregate.aggregate`). What
 it for many scenarios at once:
 
 1. **bind**: a graph is imported and analysed once per ``(graph, per-device batch, dims, software stack)``
-   within a call (:class:`GraphCache`; imports are also cached across calls by
-   :func:`app.graphs.service.build_graph`);
+   (:func:`app.graphs.service.bound_graph`: the process-wide analysis cache, byte-bounded, with the
+   layer table and memoised footprints of each binding);
 2. **recall**: a scenario answered before by the same predictor object (same graph content, binding,
-   device spec, precision, mode, optimizer) reuses its layer times and footprint (:class:`ScenarioCache`,
-   bounded LRU, per predictor: predictions are deterministic for one artifact, and a new artifact is a new
-   predictor object), so a scheduler's recurring models cost only the aggregation;
-3. **query**: one :class:`~app.predictor.base.LayerTimeQuery` per supported layer (:func:`layer_queries`,
-   the queries :func:`app.predictions.service.estimate` builds: supported layers in graph order);
-4. **predict**: the queries of every scenario of the call go through **one** ``predictor.estimate`` call
-   (:func:`predict_layers`). Queries that differ only in names (the same layer shape on the same device,
-   mode, optimizer, precision and stack, e.g. the repeated blocks of a ResNet or the shared cells of a
-   NAS space) are predicted once: a prediction depends on the layer's shapes and attributes, never on
-   its name;
-5. **aggregate**: :func:`scenario_aggregate`.
+   device spec, precision, mode, optimizer) reuses its layer times (:class:`ScenarioCache`, bounded LRU, per
+   predictor: predictions are deterministic for one artifact, and a new artifact is a new predictor
+   object), so a scheduler's recurring models cost only the aggregation;
+3. **predict**: the layer tables of every other scenario of the call go through **one**
+   ``estimate_tables`` call of the predictor (:func:`predict_layers`: numpy features for all their layers,
+   one ``session.run``), the path :func:`app.predictions.service.estimate` takes for a single prediction;
+4. **aggregate**: :func:`scenario_aggregate`.
 """
 
 from __future__ import annotations
@@ -35,10 +31,9 @@ from typing import Any, Generic, TypeVar
 from sqlalchemy.orm import Session
 
 from app.core.aggregate import Aggregate, LayerTime, aggregate
-from app.core.analysis import GraphAnalysis, analyze
+from app.core.analysis import GraphAnalysis
 from app.core.hardware import HardwareSpec
-from app.core.ir import Tensor
-from app.core.memory import MemoryFootprint, fits, footprint, largest_batch_that_fits
+from app.core.memory import MemoryFootprint, fits
 from app.core.precision import Precision, storage_precision
 from app.errors import LayercastError
 from app.graphs import service as graphs
@@ -49,10 +44,13 @@ from app.predictions.service import (
     aggregation_input,
     check_interconnect,
     checked_precision,
-    layer_power_w,
-    layer_roofline,
+    memo_footprint,
+    memo_largest_batch,
+    predict_tables,
 )
-from app.predictor.base import LayerTimeEstimate, LayerTimeQuery, Predictor
+from app.predictions.service import layer_times as layer_times_of
+from app.predictor.base import Predictor
+from app.predictor.table import Estimates, Setting
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,10 +59,19 @@ class Scenario:
     checked precision."""
 
     request: PredictionCreate
-    analysis: GraphAnalysis
+    bound: graphs.BoundGraph
     hardware: HardwareSpec
     precision: Precision
-    key: Hashable = None  # what the layer times and footprint depend on (ScenarioCache)
+    key: Hashable = None  # what the layer times depend on (ScenarioCache)
+
+    @property
+    def analysis(self) -> GraphAnalysis:
+        return self.bound.analysis
+
+    @property
+    def setting(self) -> Setting:
+        return Setting(hardware=self.hardware, mode=self.request.mode, optimizer=self.optimizer,
+                       precision=self.precision, software_stack=self.request.software_stack)
 
     @property
     def training(self) -> bool:
@@ -78,8 +85,8 @@ class Scenario:
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
-#: Scenarios remembered per predictor (each holds a layer time and an estimate per layer: ~50 kB for a
-#: ResNet-50).
+#: Scenarios remembered per predictor (each holds a layer time and the estimates of its layers: ~50 kB for
+#: a ResNet-50).
 MAX_CACHED_SCENARIOS = 1024
 
 
@@ -104,13 +111,11 @@ class _Lru(Generic[K, V]):
 
 
 class ScenarioCache:
-    """What one predictor answered, by :attr:`Scenario.key`: layer estimates and times, footprints and largest
-    batches (each a bounded LRU of :data:`MAX_CACHED_SCENARIOS`)."""
+    """What one predictor answered, by :attr:`Scenario.key`: layer estimates and times (a bounded LRU of
+    :data:`MAX_CACHED_SCENARIOS`)."""
 
     def __init__(self) -> None:
-        self.layers: _Lru[Hashable, tuple[list[LayerTimeEstimate], list[LayerTime]]] = _Lru(MAX_CACHED_SCENARIOS)
-        self.footprints: _Lru[Hashable, MemoryFootprint] = _Lru(MAX_CACHED_SCENARIOS)
-        self.largest: _Lru[Hashable, int] = _Lru(MAX_CACHED_SCENARIOS)
+        self.layers: _Lru[Hashable, tuple[Estimates, list[LayerTime]]] = _Lru(MAX_CACHED_SCENARIOS)
 
 
 _CACHES: weakref.WeakKeyDictionary[Any, ScenarioCache] = weakref.WeakKeyDictionary()
@@ -132,7 +137,7 @@ class GraphCache:
 
     session: Session
     predictor: Predictor
-    _analyses: dict[Hashable, GraphAnalysis | LayercastError] = field(default_factory=dict)
+    _analyses: dict[Hashable, graphs.BoundGraph | LayercastError] = field(default_factory=dict)
     _specs: dict[str, HardwareSpec | LayercastError] = field(default_factory=dict)
     _fingerprints: dict[str, str] = field(default_factory=dict)
 
@@ -147,22 +152,22 @@ class GraphCache:
         assert request.graph is not None
         return ("json", graphs.canonical_json(request.graph.model_dump()))
 
-    def _analysis(self, request: PredictionCreate) -> GraphAnalysis:
-        """Raises what :func:`graphs.get_graph` and :func:`graphs.build_graph` raise (404 ``graph_not_found``,
-        422 ``invalid_graph``/``unbound_dimension``/``unknown_dimension``)."""
+    def _bound(self, request: PredictionCreate) -> graphs.BoundGraph:
+        """Raises what :func:`graphs.bound_graph` raises (404 ``graph_not_found``, 422
+        ``invalid_graph``/``unbound_dimension``/``unknown_dimension``)."""
         batch = request.per_device_batch_size
         graph_key = self._graph_key(request)
         key = (graph_key, batch, tuple(sorted(request.dims.items())), request.software_stack)
         if key not in self._analyses:
             try:
                 if request.graph_id is not None:
-                    row = graphs.get_graph(self.session, graph_id=request.graph_id)
-                    graph = graphs.build_graph(row.content, row.source_format, batch_size=batch, dims=request.dims,
-                                               name=row.name)
+                    self._analyses[key] = graphs.bound_graph(
+                        self.session, graph_id=request.graph_id, batch_size=batch, dims=request.dims,
+                        software_stack=request.software_stack)
                 else:
                     content = graph_key[1]  # type: ignore[index]
-                    graph = graphs.build_graph(content, "json", batch_size=batch, dims=request.dims)
-                self._analyses[key] = analyze(graph, software_stack=request.software_stack)
+                    self._analyses[key] = graphs.bound_inline(content, batch_size=batch, dims=request.dims,
+                                                              software_stack=request.software_stack)
             except LayercastError as exc:
                 self._analyses[key] = exc
         found = self._analyses[key]
@@ -194,117 +199,58 @@ class GraphCache:
         key = (self._graph_key(r), r.per_device_batch_size, tuple(sorted(r.dims.items())), r.software_stack,
                self._fingerprints[hw.id], precision, r.mode, r.optimizer if r.mode == "training" else "none",
                r.activation_checkpointing)
-        return Scenario(request=r, analysis=self._analysis(r), hardware=hw, precision=precision, key=key)
+        return Scenario(request=r, bound=self._bound(r), hardware=hw, precision=precision, key=key)
 
     def _memory_opts(self, s: Scenario) -> dict[str, Any]:
         return {"mode": s.request.mode, "optimizer": s.optimizer, "precision": storage_precision(s.precision),
                 "hardware": s.hardware, "activation_checkpointing": s.request.activation_checkpointing}
 
     def footprint(self, s: Scenario) -> MemoryFootprint:
-        """Peak memory of one device of ``s`` (:func:`app.core.memory.footprint`), once per scenario key."""
-        found = self.store.footprints.get(s.key)
-        if found is None:
-            found = footprint(s.analysis, **self._memory_opts(s))
-            self.store.footprints.put(s.key, found)
-        return found
+        """Peak memory of one device of ``s`` (:func:`app.core.memory.footprint`, memoised on the binding)."""
+        return memo_footprint(s.bound, self._memory_opts(s), device=self._fingerprints.get(s.hardware.id))
 
     def largest_batch(self, s: Scenario) -> int:
         """Largest per-device batch whose peak fits (:func:`app.core.memory.largest_batch_that_fits`)."""
-        found = self.store.largest.get(s.key)
-        if found is None:
-            found = largest_batch_that_fits(s.analysis, memory_bytes=s.hardware.memory_bytes,
-                                            **self._memory_opts(s))
-            self.store.largest.put(s.key, found)
-        return found
+        return memo_largest_batch(s.bound, self._memory_opts(s), device=self._fingerprints.get(s.hardware.id))
 
     def fits(self, s: Scenario) -> bool:
         """Whether one device of ``s`` holds its peak (:func:`app.core.memory.fits`)."""
         return fits(self.footprint(s), s.hardware.memory_bytes)
 
 
-def layer_queries(s: Scenario) -> list[LayerTimeQuery]:
-    """The predictor queries of ``s``: one per supported layer, in graph order."""
-    return [
-        LayerTimeQuery(layer=layer, cost=cost, hardware=s.hardware, mode=s.request.mode, optimizer=s.optimizer,
-                       precision=s.precision, software_stack=s.request.software_stack)
-        for layer, cost in zip(s.analysis.graph.layers, s.analysis.costs, strict=True)
-        if cost.supported
-    ]
-
-
-def _shapes(ts: tuple[Tensor, ...]) -> tuple[tuple[tuple[int, ...], str], ...]:
-    return tuple((t.shape, t.dtype) for t in ts)
-
-
-def query_key(q: LayerTimeQuery) -> Hashable:
-    """What a prediction depends on: the layer without its names, its costs, the device and the setting."""
-    layer, c = q.layer, q.cost
-    return (
-        layer.op_type, layer.kind, _shapes(layer.inputs), _shapes(layer.outputs), _shapes(layer.weights),
-        _shapes(layer.buffers), layer.attrs, layer.needs_input_grad,
-        c.forward_macs, c.forward_flops, c.backward_input_flops, c.backward_weight_flops, c.params,
-        c.forward_bytes_read, c.forward_bytes_written, c.backward_bytes_read, c.backward_bytes_written,
-        c.saved_activation_bytes,
-        id(q.hardware), q.mode, q.optimizer, q.precision, q.software_stack,
-    )
-
-
 @dataclass(frozen=True, slots=True)
 class LayerPredictions:
-    """What :func:`predict_layers` returns: per scenario, the estimates and layer times of its queries (in
-    query order), and how many queries were asked and actually predicted."""
+    """What :func:`predict_layers` returns: per scenario, the estimates of its supported layers (graph order)
+    and their layer times, and how many layer predictions were answered and how many computed now."""
 
-    estimates: list[list[LayerTimeEstimate]]
+    estimates: list[Estimates]
     times: list[list[LayerTime]]
     queries: int
     unique_queries: int
 
 
-def _layer_time(q: LayerTimeQuery, e: LayerTimeEstimate) -> LayerTime:
-    """``e`` as the aggregation's :class:`LayerTime`, its power from :func:`app.predictions.service.layer_power_w`."""
-    roof = layer_roofline(q.layer, q.cost, q.hardware, q.precision, q.mode == "training")
-    return LayerTime(forward_ms=e.forward_ms, backward_ms=e.backward_ms, update_ms=e.update_ms,
-                     total_ms_p10=e.total_ms_p10, total_ms_p90=e.total_ms_p90,
-                     power_w=layer_power_w(q.hardware, roof, e))
-
-
 def predict_layers(cache: GraphCache, scenarios: Sequence[Scenario]) -> LayerPredictions:
-    """Estimates of every layer of every scenario: remembered scenarios from the cache, the others through one
-    ``predictor.estimate`` call, each distinct :func:`query_key` predicted once. Raises what the predictor
-    raises."""
-    unique: dict[Hashable, int] = {}
-    todo: list[LayerTimeQuery] = []
-    index: list[list[int] | None] = []
-    queries_total = 0
+    """Estimates of every supported layer of every scenario: remembered scenarios from the cache, the others'
+    layer tables through one vectorised predictor call (:func:`app.predictions.service.predict_tables`).
+    Raises what the predictor raises."""
     recalled = [cache.store.layers.get(s.key) for s in scenarios]
-    for s, hit in zip(scenarios, recalled, strict=True):
-        if hit is not None:
-            index.append(None)
-            queries_total += len(hit[0])
-            continue
-        row = []
-        for q in layer_queries(s):
-            key = query_key(q)
-            slot = unique.get(key)
-            if slot is None:
-                slot = unique[key] = len(todo)
-                todo.append(q)
-            row.append(slot)
-        index.append(row)
-        queries_total += len(row)
-    found = cache.predictor.estimate(todo) if todo else []
-    times = [_layer_time(q, e) for q, e in zip(todo, found, strict=True)]
-    estimates: list[list[LayerTimeEstimate]] = []
+    todo = [s for s, hit in zip(scenarios, recalled, strict=True) if hit is None]
+    items = [(s.bound.table(s.hardware), s.setting) for s in todo]
+    found = iter(predict_tables(cache.predictor, items) if items else [])
+    estimates: list[Estimates] = []
     layer_times: list[list[LayerTime]] = []
-    for s, hit, slots in zip(scenarios, recalled, index, strict=True):
+    queries = computed = 0
+    for s, hit in zip(scenarios, recalled, strict=True):
         if hit is None:
-            assert slots is not None
-            hit = ([found[i] for i in slots], [times[i] for i in slots])
+            est = next(found)
+            table = s.bound.table(s.hardware)
+            hit = (est, layer_times_of(table, s.setting, est)[0])
             cache.store.layers.put(s.key, hit)
+            computed += len(est)
         estimates.append(hit[0])
         layer_times.append(hit[1])
-    return LayerPredictions(estimates=estimates, times=layer_times, queries=queries_total,
-                            unique_queries=len(todo))
+        queries += len(hit[0])
+    return LayerPredictions(estimates=estimates, times=layer_times, queries=queries, unique_queries=computed)
 
 
 def scenario_aggregate(cache: GraphCache, s: Scenario, times: Sequence[LayerTime]) -> Aggregate:

@@ -90,8 +90,8 @@ class BatchPredictionRead(Schema):
     failed: int
     layer_queries: int = Field(description="supported layers over all items")
     unique_layer_queries: int = Field(
-        description="distinct (layer shape, device, setting) the predictor ran on in this call; items answered "
-                    "before by the same predictor are recalled, not predicted again")
+        description="layers the predictor ran on in this call (one vectorised call); items answered before by "
+                    "the same predictor (same graph binding, device, setting) are recalled, not predicted again")
     items: list[BatchItemRead]
 
 

@@ -53,8 +53,9 @@ from app.measurements.models import Measurement, PredictorVersion
 from app.measurements.repository import MeasurementRepository
 from app.predictions.schemas import PredictionCreate
 from app.predictions.service import estimate
-from app.predictor.base import LayerTimeEstimate, LayerTimeQuery, Predictor
+from app.predictor.base import Predictor
 from app.predictor.metadata import JobCalibrationFit, RatioStatsModel
+from app.predictor.table import Estimates
 
 #: ``source`` of the whole-job measurements recorded by ``POST /v1/job-estimates/actuals``.
 ACTUALS_SOURCE = "scheduler"
@@ -86,20 +87,6 @@ def _attempt(fn: Callable[[], T]) -> T | ItemError:
 
 
 # ------------------------------------------------------------------------------------- batch predictions
-
-
-class _Replay:
-    """A predictor answering :func:`app.predictions.service.estimate` with estimates computed beforehand
-    for exactly its queries (the supported layers in graph order, as :func:`engine.layer_queries` builds)."""
-
-    def __init__(self, version: str, estimates: list[LayerTimeEstimate]) -> None:
-        self.version = version
-        self._estimates = estimates
-
-    def estimate(self, queries: Sequence[LayerTimeQuery]) -> list[LayerTimeEstimate]:
-        if len(queries) != len(self._estimates):
-            raise AssertionError(f"replay of {len(self._estimates)} estimates asked for {len(queries)} queries")
-        return self._estimates
 
 
 def _item_request(item: BatchItem) -> PredictionCreate:
@@ -134,12 +121,12 @@ def predict_batch(session: Session, predictor: Predictor, *, request: BatchPredi
     ]
     for (i, s), estimates, times in zip(ok, found.estimates, found.times, strict=True):
 
-        def answer(i: int = i, s: Scenario = s, estimates: list[LayerTimeEstimate] = estimates,
+        def answer(i: int = i, s: Scenario = s, estimates: Estimates = estimates,
                    times: list[LayerTime] = times) -> BatchItemRead:
             read = BatchItemRead(index=i, summary=_summary(cache, s, engine.scenario_aggregate(cache, s, times)))
             if request.detail == "layers":
-                read.prediction = estimate(s.analysis, s.hardware, _Replay(predictor.version, estimates),
-                                           request=s.request, graph_id=s.request.graph_id)
+                read.prediction = estimate(s.analysis, s.hardware, predictor, request=s.request,
+                                           graph_id=s.request.graph_id, bound=s.bound, estimates=estimates)
             return read
 
         result = _attempt(answer)

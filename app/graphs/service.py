@@ -9,25 +9,37 @@ that differ only in the values of weight-sized tensors are two graphs (two ids) 
 ``structure_sha256``.
 The upload's summary is computed from the stripped model, the very bytes every later request
 re-imports, so the numbers never depend on whether the weights were there.
+
+Analysis cache: a prediction needs the graph imported at its binding and analysed (costed, fused for its
+software stack). :func:`bound_graph` / :func:`bound_inline` keep those analyses in one process-wide
+:class:`AnalysisCache`, keyed by ``(graph id, structure_sha256, batch, dims, software stack)`` (inline
+graphs: the sha256 of their canonical JSON), least recently used first out, bounded by an estimate of
+the bytes the entries hold (:func:`analysis_bytes`), never by an entry count; entries hold the analysis,
+its :class:`app.predictor.table.LayerTable` and memoised footprints, never the stored blob, which is read
+from the database (a deferred column) only on a miss. Analyses do not depend on the predictor version;
+what a predictor answered is never kept here.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from sqlalchemy.orm import Session
 
 from app.auth import Principal, check_owner
 from app.core.analysis import GraphAnalysis, analyze
+from app.core.hardware import HardwareSpec
 from app.core.ir import Graph
 from app.core.json_import import import_json
 from app.core.onnx_import import import_onnx, parse_model
 from app.core.onnx_weights import strip_weights
+from app.core.vocab import SoftwareStack
 from app.errors import GraphNotFound, InvalidGraph, InvalidRequest, UnknownDimension
 from app.graphs.models import StoredGraph
 from app.graphs.repository import GraphRepository
@@ -55,7 +67,7 @@ def build_graph(
     if batch_size <= 0:
         raise InvalidRequest(f"batch_size must be positive, got {batch_size}", detail={"batch_size": batch_size})
     dims = dict(dims or {})
-    graph = _build_cached(content, source_format, batch_size, tuple(sorted(dims.items())), name)
+    graph = _import(content, source_format, batch_size, dims, name)
     unknown = sorted(set(dims) - set(graph.dims))
     if unknown:
         known = sorted(graph.dims)
@@ -67,14 +79,9 @@ def build_graph(
     return graph
 
 
-@lru_cache(maxsize=64)
-def _build_cached(
-    content: bytes, source_format: str, batch_size: int, dims: tuple[tuple[str, int], ...], name: str
-) -> Graph:
-    # Graphs are immutable (frozen dataclasses), so sharing a cached import between requests is safe;
-    # repeated requests for the same graph give identical numbers.
+def _import(content: bytes, source_format: str, batch_size: int, dims: dict[str, int], name: str) -> Graph:
     if source_format == "onnx":
-        return import_onnx(content, batch_size=batch_size, dims=dict(dims), name=name or None)
+        return import_onnx(content, batch_size=batch_size, dims=dims, name=name or None)
     if source_format == "json":
         try:
             doc = json.loads(content)
@@ -82,6 +89,150 @@ def _build_cached(
             raise InvalidGraph(f"stored JSON graph does not parse: {exc}") from exc
         return import_json(doc, batch_size=batch_size)
     raise InvalidGraph(f"unknown source format {source_format!r}")
+
+
+#: Default byte budget of the process-wide analysis cache (the app sets ``Settings.analysis_cache_bytes``).
+DEFAULT_CACHE_BYTES = 512 * 2**20
+
+# Approximate CPython sizes (bytes) behind analysis_bytes(): a Layer with its LayerCost, a Tensor with its
+# shape tuple, name and dtype; measured with tracemalloc on the ResNet-50, BERT and GPT-2 exports
+# (benchmarks/perf.py records the estimate next to the traced figure).
+_LAYER_BYTES = 1200
+_TENSOR_BYTES = 260
+
+T = TypeVar("T")
+
+
+def analysis_bytes(analysis: GraphAnalysis) -> int:
+    """Estimated bytes an analysis holds (layers, costs, tensors, names), for the cache's byte budget."""
+    n = 0
+    for layer in analysis.graph.layers:
+        tensors = len(layer.inputs) + len(layer.outputs) + len(layer.weights) + len(layer.buffers)
+        n += _LAYER_BYTES + _TENSOR_BYTES * tensors + 2 * len(layer.name)
+    return n
+
+
+@dataclass(eq=False)
+class BoundGraph:
+    """A graph imported at one binding and analysed, plus what every prediction on it reuses: the
+    :class:`~app.predictor.table.LayerTable` of its supported layers (built on first use) and memoised
+    results of pure functions of the analysis (footprints, largest batches). Shared between requests
+    and threads: everything in it is immutable or computed idempotently."""
+
+    key: Hashable
+    analysis: GraphAnalysis
+    graph_id: str | None
+    nbytes: int
+    _table: Any = None
+    _memo: dict[Hashable, Any] = field(default_factory=dict)
+
+    def table(self, reference: HardwareSpec) -> Any:
+        """The :class:`~app.predictor.table.LayerTable` of the supported layers, in graph order (``reference``:
+        any device with an fp32 peak, used only while building it)."""
+        if self._table is None:
+            from app.predictor.table import LayerTable
+
+            pairs = [(layer, cost) for layer, cost in zip(self.analysis.graph.layers, self.analysis.costs,
+                                                          strict=True) if cost.supported]
+            self._table = LayerTable([p[0] for p in pairs], [p[1] for p in pairs], reference=reference)
+        return self._table
+
+    def memo(self, key: Hashable, build: Callable[[], T]) -> T:
+        """``build()`` once per ``key`` (a pure function of this analysis and the key)."""
+        if key not in self._memo:
+            self._memo[key] = build()
+        return self._memo[key]  # type: ignore[no-any-return]
+
+
+class AnalysisCache:
+    """Least-recently-used :class:`BoundGraph` entries within ``budget_bytes`` (by :attr:`BoundGraph.nbytes`;
+    an entry larger than the whole budget is answered but not kept). Thread-safe."""
+
+    def __init__(self, budget_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+        self.budget_bytes = budget_bytes
+        self._entries: OrderedDict[Hashable, BoundGraph] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Estimated bytes held now (≤ ``budget_bytes``)."""
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: Hashable) -> BoundGraph | None:
+        with self._lock:
+            found = self._entries.get(key)
+            if found is None:
+                self.misses += 1
+                return None
+            self._entries.move_to_end(key)
+            self.hits += 1
+            return found
+
+    def put(self, entry: BoundGraph) -> BoundGraph:
+        with self._lock:
+            old = self._entries.pop(entry.key, None)
+            if old is not None:
+                self._bytes -= old.nbytes
+            if entry.nbytes > self.budget_bytes:
+                return entry
+            self._entries[entry.key] = entry
+            self._bytes += entry.nbytes
+            while self._bytes > self.budget_bytes:
+                _, evicted = self._entries.popitem(last=False)
+                self._bytes -= evicted.nbytes
+            return entry
+
+    def clear(self, budget_bytes: int | None = None) -> None:
+        """Drop every entry (and set a new budget when given)."""
+        with self._lock:
+            self._entries.clear()
+            self._bytes = 0
+            if budget_bytes is not None:
+                self.budget_bytes = budget_bytes
+
+
+#: The process-wide analysis cache (its budget is set from the settings at app start-up).
+analysis_cache = AnalysisCache()
+
+
+def _bind(key: Hashable, graph_id: str | None, load: Callable[[], Graph], stack: SoftwareStack | None) -> BoundGraph:
+    found = analysis_cache.get(key)
+    if found is not None:
+        return found
+    analysis = analyze(load(), software_stack=stack)
+    return analysis_cache.put(BoundGraph(key=key, analysis=analysis, graph_id=graph_id,
+                                         nbytes=analysis_bytes(analysis)))
+
+
+def bound_graph(
+    session: Session, *, graph_id: str, batch_size: int, dims: Mapping[str, int] | None = None,
+    software_stack: SoftwareStack | None = SoftwareStack.PYTORCH_EAGER,
+) -> BoundGraph:
+    """The stored graph ``graph_id`` imported at ``batch_size``/``dims`` and analysed for ``software_stack``,
+    from the analysis cache (the stored content is read only on a miss). Raises :class:`GraphNotFound`
+    (404) and what :func:`build_graph` raises (422)."""
+    row = get_graph(session, graph_id=graph_id)
+    dims = dict(dims or {})
+    key = ("id", row.id, row.structure_sha256, batch_size, tuple(sorted(dims.items())), software_stack)
+    return _bind(key, row.id, lambda: build_graph(row.content, row.source_format, batch_size=batch_size,
+                                                  dims=dims, name=row.name), software_stack)
+
+
+def bound_inline(
+    content: bytes, *, batch_size: int, dims: Mapping[str, int] | None = None,
+    software_stack: SoftwareStack | None = SoftwareStack.PYTORCH_EAGER,
+) -> BoundGraph:
+    """An inline JSON graph (canonical bytes, :func:`canonical_json`) bound and analysed like
+    :func:`bound_graph`, cached by the sha256 of the content."""
+    dims = dict(dims or {})
+    key = ("json", content_id(content), batch_size, tuple(sorted(dims.items())), software_stack)
+    return _bind(key, None, lambda: build_graph(content, "json", batch_size=batch_size, dims=dims), software_stack)
 
 
 def summarize(analysis: GraphAnalysis) -> dict[str, Any]:
@@ -229,7 +380,6 @@ def list_graphs(session: Session, *, limit: int = 100, offset: int = 0) -> tuple
 def graph_layers(
     session: Session, *, graph_id: str, batch_size: int, dims: Mapping[str, int] | None = None
 ) -> tuple[StoredGraph, GraphAnalysis]:
-    """Per-layer analytical costs of a stored graph at ``batch_size``."""
-    row = get_graph(session, graph_id=graph_id)
-    graph = build_graph(row.content, row.source_format, batch_size=batch_size, dims=dims, name=row.name)
-    return row, analyze(graph)
+    """Per-layer analytical costs of a stored graph at ``batch_size`` (unfused), from the analysis cache."""
+    bound = bound_graph(session, graph_id=graph_id, batch_size=batch_size, dims=dims, software_stack=None)
+    return get_graph(session, graph_id=graph_id), bound.analysis

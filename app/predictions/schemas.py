@@ -83,6 +83,9 @@ class PredictionCreate(Schema):
         description="price per device-hour (USD); default: the catalog's on-demand list price")
     grid_gco2_per_kwh: float | None = Field(
         default=None, ge=0, allow_inf_nan=False, description="grid carbon intensity for the CO2 estimate")
+    detail: Literal["summary", "layers"] = Field(
+        default="layers", description="'layers': one row per layer in 'layers'; 'summary': totals, iteration, "
+                                      "epoch, job and memory only ('layers' is empty)")
 
     @model_validator(mode="after")
     def _exactly_one(self) -> PredictionCreate:

@@ -10,9 +10,10 @@ honest bound).
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 from sqlalchemy.orm import Session
 
 from app.core.aggregate import (
@@ -24,17 +25,15 @@ from app.core.aggregate import (
     LayerTime,
     aggregate,
 )
-from app.core.analysis import GraphAnalysis, analyze
+from app.core.analysis import GraphAnalysis
 from app.core.collectives import (
     BANDWIDTH_EFFICIENCY,
     DEFAULT_NETWORK_BANDWIDTH_BYTES_PER_S,
     DEFAULT_NETWORK_LATENCY_S,
     Link,
 )
-from app.core.costs import LayerCost
-from app.core.energy import IDLE_FRACTION_OF_TDP, J_PER_KWH, idle_power_w, power_w, utilisation
+from app.core.energy import IDLE_FRACTION_OF_TDP, J_PER_KWH, idle_power_w
 from app.core.hardware import HardwareSpec
-from app.core.ir import Layer
 from app.core.memory import HEADROOM, MemoryFootprint, fits, footprint, largest_batch_that_fits
 from app.core.onnx_import import EVAL_EXPORT_WARNING
 from app.core.precision import (
@@ -42,8 +41,6 @@ from app.core.precision import (
     Precision,
     PrecisionNotSupported,
     check_precision,
-    cost_at_precision,
-    op_precision,
     storage_precision,
 )
 from app.errors import NoInterconnect, PrecisionNotSupportedError
@@ -61,43 +58,7 @@ from app.predictions.schemas import (
     UnsupportedLayers,
 )
 from app.predictor.base import BACKWARD_SEMANTICS, LayerTimeEstimate, LayerTimeQuery, Predictor
-
-
-@dataclass(frozen=True, slots=True)
-class LayerRoofline:
-    """Roofline of a layer's forward (+ backward in training) at a precision: time (ms), what bounds it,
-    and the FLOPs, bytes and peak it was computed from (for the layer's utilisation)."""
-
-    time_ms: float
-    bound: str
-    flops: float
-    nbytes: float
-    peak_flops_per_s: float
-
-
-def layer_roofline(
-    layer: Layer, cost: LayerCost, hw: HardwareSpec, precision: Precision, training: bool
-) -> LayerRoofline:
-    """Roofline of the layer's forward (+ backward in training) at ``precision`` (the peak the op may use,
-    bytes at the precision's storage types, direct-algorithm FLOPs). Shared with :mod:`app.estimates.engine`."""
-    op = op_precision(hw, precision, layer.kind)
-    c = cost_at_precision(layer, cost, precision)
-    flops = c.forward_flops + (c.backward_flops if training else 0)
-    nbytes = c.forward_bytes + (c.backward_bytes if training else 0)
-    t_compute = flops / op.peak_flops_per_s
-    t_memory = nbytes / hw.memory_bandwidth_bytes_per_s
-    return LayerRoofline(time_ms=max(t_compute, t_memory) * 1e3, bound="compute" if t_compute >= t_memory else "memory",
-                     flops=flops, nbytes=nbytes, peak_flops_per_s=op.peak_flops_per_s)
-
-
-def layer_power_w(hw: HardwareSpec, roof: LayerRoofline, e: LayerTimeEstimate) -> float | None:
-    """Estimated power (W) of ``hw`` while it runs the layer (:mod:`app.core.energy`): utilisation from the
-    layer's FLOPs and bytes over its predicted forward + backward time; ``None`` without a TDP."""
-    if hw.tdp_w is None:
-        return None
-    u = utilisation(flops=roof.flops, nbytes=roof.nbytes, time_ms=e.forward_ms + e.backward_ms,
-                    peak_flops_per_s=roof.peak_flops_per_s, bandwidth_bytes_per_s=hw.memory_bandwidth_bytes_per_s)
-    return power_w(hw, u)
+from app.predictor.table import Estimates, LayerTable, Roofline, Setting, roofline_for
 
 
 def check_interconnect(hw: HardwareSpec, request: PredictionCreate) -> None:
@@ -181,27 +142,66 @@ def _price(request: PredictionCreate, hw: HardwareSpec) -> tuple[float | None, s
     return None, None
 
 
-def _layer_rows(
-    analysis: GraphAnalysis, hw: HardwareSpec, predictor: Predictor, *, request: PredictionCreate,
-    precision: Precision,
-) -> tuple[list[LayerPrediction], list[LayerTime], int]:
-    """Per-layer stage: one response row per layer, the costed layers' times and power for the aggregation,
-    and how many costed layers lie outside the learned predictor's data."""
-    training = request.mode == "training"
-    optimizer = request.optimizer if training else "none"
-    layers = analysis.graph.layers
-    queries = [
-        LayerTimeQuery(layer=layer, cost=cost, hardware=hw, mode=request.mode, optimizer=optimizer,
-                       precision=precision, software_stack=request.software_stack)
-        for layer, cost in zip(layers, analysis.costs, strict=True)
-        if cost.supported
-    ]
-    estimates = iter(predictor.estimate(queries))
+def predict_tables(predictor: Predictor, items: Sequence[tuple[LayerTable, Setting]]) -> list[Estimates]:
+    """Estimates of every row of each ``(table, setting)``: the predictor's vectorised path (``estimate_tables``:
+    numpy features, one ``session.run`` for all items) when it has one, else :meth:`Predictor.estimate` over
+    the rows as queries (predictors that implement only the protocol). The one path of single, batch,
+    job-estimate and comparison predictions."""
+    tables = getattr(predictor, "estimate_tables", None)
+    if tables is not None:
+        return tables([(t, np.arange(len(t)), s) for t, s in items])  # type: ignore[no-any-return]
+    out = []
+    for table, s in items:
+        queries = [LayerTimeQuery(layer=layer, cost=cost, hardware=s.hardware, mode=s.mode, optimizer=s.optimizer,
+                                  precision=s.precision, software_stack=s.software_stack)
+                   for layer, cost in zip(table.layers, table.costs, strict=True)]
+        out.append(Estimates.from_list(predictor.estimate(queries)))
+    return out
 
+
+def layer_times(table: LayerTable, setting: Setting, est: Estimates) -> tuple[list[LayerTime], Roofline]:
+    """The aggregation's per-layer times of ``est`` (rows of ``table``), each with its power (the model of
+    :mod:`app.core.energy`: idle + (TDP - idle) x utilisation, vectorised; ``None`` without a TDP), and the
+    rows' roofline (:func:`app.predictor.table.roofline_for`)."""
+    hw = setting.hardware
+    roof = roofline_for(table, hw, setting.precision, training=setting.training)
+    powers: list[float | None]
+    if hw.tdp_w is None:
+        powers = [None] * len(table)
+    else:
+        t_ms = est.forward_ms + est.backward_ms
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t = t_ms / 1e3
+            u = np.maximum(roof.flops / t / roof.peak_flops_per_s, roof.nbytes / t / hw.memory_bandwidth_bytes_per_s)
+        u = np.where(t_ms <= 0, 0.0, np.minimum(np.maximum(u, 0.0), 1.0))
+        idle = idle_power_w(hw)
+        powers = (idle + (max(hw.tdp_w, idle) - idle) * u).tolist()
+    times = [LayerTime(forward_ms=f, backward_ms=b, update_ms=u_, total_ms_p10=lo, total_ms_p90=hi, power_w=pw)
+             for f, b, u_, lo, hi, pw in zip(est.forward_ms.tolist(), est.backward_ms.tolist(),
+                                            est.update_ms.tolist(), est.total_ms_p10.tolist(),
+                                            est.total_ms_p90.tolist(), powers, strict=True)]
+    return times, roof
+
+
+def _layer_rows(
+    analysis: GraphAnalysis, table: LayerTable, setting: Setting, est: Estimates, *, detail: str,
+) -> tuple[list[LayerPrediction], list[LayerTime], int, Counter[str]]:
+    """Per-layer stage: the response rows (only with ``detail="layers"``), the costed layers' times and power
+    for the aggregation, how many costed layers lie outside the learned predictor's data, and the layer count
+    per method."""
+    training = setting.training
+    times, roof = layer_times(table, setting, est)
+    ood_layers = int(np.count_nonzero(est.out_of_distribution))
+    methods = Counter(est.method)
+    n_uns = len(analysis.costs) - len(table)
+    if n_uns:
+        methods["unsupported"] = n_uns
     rows: list[LayerPrediction] = []
-    times: list[LayerTime] = []
-    ood_layers = 0
-    for i, (layer, cost) in enumerate(zip(layers, analysis.costs, strict=True)):
+    if detail != "layers":
+        return rows, times, ood_layers, methods
+    estimates = iter(est.to_list())
+    bounds = iter(zip(roof.time_ms.tolist(), roof.compute_bound.tolist(), strict=True))
+    for i, (layer, cost) in enumerate(zip(analysis.graph.layers, analysis.costs, strict=True)):
         common: dict[str, Any] = {
             "name": layer.name,
             "op_type": layer.op_type,
@@ -224,19 +224,14 @@ def _layer_rows(
             ))
             continue
         e: LayerTimeEstimate = next(estimates)
-        roof = layer_roofline(layer, cost, hw, precision, training)
-        total = e.forward_ms + e.backward_ms + e.update_ms
-        times.append(LayerTime(forward_ms=e.forward_ms, backward_ms=e.backward_ms, update_ms=e.update_ms,
-                               total_ms_p10=e.total_ms_p10, total_ms_p90=e.total_ms_p90,
-                               power_w=layer_power_w(hw, roof, e)))
-        ood_layers += int(e.out_of_distribution)
+        roof_ms, compute_bound = next(bounds)
         rows.append(LayerPrediction(
-            **common, method=e.method, bound=roof.bound, roofline_ms=roof.time_ms, forward_ms=e.forward_ms,
-            backward_ms=e.backward_ms, update_ms=e.update_ms, total_ms=total, total_ms_p10=e.total_ms_p10,
-            total_ms_p90=e.total_ms_p90, out_of_distribution=e.out_of_distribution,
+            **common, method=e.method, bound="compute" if compute_bound else "memory", roofline_ms=roof_ms,
+            forward_ms=e.forward_ms, backward_ms=e.backward_ms, update_ms=e.update_ms, total_ms=e.total_ms,
+            total_ms_p10=e.total_ms_p10, total_ms_p90=e.total_ms_p90, out_of_distribution=e.out_of_distribution,
             physics_floor_ms=e.physics_floor_ms, floor_clamped=e.floor_clamped,
         ))
-    return rows, times, ood_layers
+    return rows, times, ood_layers, methods
 
 
 def _totals_read(
@@ -277,6 +272,25 @@ def _totals_read(
     return iteration, epoch, job
 
 
+def _memo_key(what: str, mem_opts: dict[str, Any], device: str | None) -> tuple[Any, ...]:
+    return (what, *((device or repr(v)) if k == "hardware" else v for k, v in sorted(mem_opts.items())))
+
+
+def memo_footprint(bound: graphs.BoundGraph, mem_opts: dict[str, Any], *, device: str | None = None) -> MemoryFootprint:
+    """:func:`app.core.memory.footprint` of ``bound``'s analysis with ``mem_opts``, memoised on the cache entry
+    (a pure function of the analysis and the options; the device by its full spec: ``device``, a fingerprint
+    of the whole spec the caller has already, else its ``repr``)."""
+    return bound.memo(_memo_key("footprint", mem_opts, device), lambda: footprint(bound.analysis, **mem_opts))
+
+
+def memo_largest_batch(bound: graphs.BoundGraph, mem_opts: dict[str, Any], *, device: str | None = None) -> int:
+    """:func:`app.core.memory.largest_batch_that_fits` on the options' device, memoised like
+    :func:`memo_footprint`."""
+    hw = mem_opts["hardware"]
+    return bound.memo(_memo_key("largest", mem_opts, device), lambda: largest_batch_that_fits(
+        bound.analysis, memory_bytes=hw.memory_bytes, **mem_opts))
+
+
 def checked_precision(hw: HardwareSpec, precision: Precision) -> Precision:
     """``precision`` if ``hw`` can run it; raises :class:`PrecisionNotSupportedError` (422) otherwise."""
     try:
@@ -297,24 +311,19 @@ def predict(session: Session, predictor: Predictor, *, request: PredictionCreate
     requested binding, :class:`PrecisionNotSupportedError` (422) for a precision the device lacks.
     """
     if request.graph_id is not None:
-        row = graphs.get_graph(session, graph_id=request.graph_id)
-        graph = graphs.build_graph(
-            row.content, row.source_format, batch_size=request.per_device_batch_size, dims=request.dims,
-            name=row.name,
-        )
-        graph_id: str | None = row.id
+        bound = graphs.bound_graph(session, graph_id=request.graph_id, batch_size=request.per_device_batch_size,
+                                   dims=request.dims, software_stack=request.software_stack)
     else:
         assert request.graph is not None
         content = graphs.canonical_json(request.graph.model_dump())
-        graph = graphs.build_graph(content, "json", batch_size=request.per_device_batch_size, dims=request.dims)
-        graph_id = None
+        bound = graphs.bound_inline(content, batch_size=request.per_device_batch_size, dims=request.dims,
+                                    software_stack=request.software_stack)
     if request.hardware_id is not None:
         hw = hardware_service.get_spec(session, hardware_id=request.hardware_id)
     else:
         assert request.hardware is not None
         hw = hardware_service.spec_from_inline(request.hardware)
-    analysis = analyze(graph, software_stack=request.software_stack)
-    return estimate(analysis, hw, predictor, request=request, graph_id=graph_id)
+    return estimate(bound.analysis, hw, predictor, request=request, graph_id=bound.graph_id, bound=bound)
 
 
 def estimate(
@@ -324,9 +333,15 @@ def estimate(
     *,
     request: PredictionCreate,
     graph_id: str | None,
+    bound: graphs.BoundGraph | None = None,
+    estimates: Estimates | None = None,
 ) -> PredictionRead:
     """Combine analytical costs (``analysis`` at the per-device batch) and per-layer predictions into the
     response (pure, no database).
+
+    ``bound``: the cache entry of ``analysis`` (its layer table and memoised footprints are reused);
+    ``estimates``: the supported layers' estimates when the caller predicted them already (the batch
+    endpoint), else the predictor is asked here (:func:`predict_tables`).
 
     Raises :class:`PrecisionNotSupportedError` (422) when ``hw`` lacks the requested precision and
     :class:`NoInterconnect` (422) for several devices on hardware without an interconnect.
@@ -339,11 +354,18 @@ def estimate(
     warnings: list[str] = [
         w for w in analysis.graph.warnings if training or not w.startswith(EVAL_EXPORT_WARNING)
     ]
-    rows, times, ood_layers = _layer_rows(analysis, hw, predictor, request=request, precision=precision)
+    if bound is None:
+        bound = graphs.BoundGraph(key=None, analysis=analysis, graph_id=graph_id, nbytes=0)
+    table = bound.table(hw)
+    setting = Setting(hardware=hw, mode=request.mode, optimizer=optimizer, precision=precision,
+                      software_stack=request.software_stack)
+    if estimates is None:
+        estimates = predict_tables(predictor, [(table, setting)])[0]
+    rows, times, ood_layers, methods = _layer_rows(analysis, table, setting, estimates, detail=request.detail)
     mem_opts: dict[str, Any] = {"mode": request.mode, "optimizer": optimizer,
                                 "precision": storage_precision(precision), "hardware": hw,
                                 "activation_checkpointing": request.activation_checkpointing}
-    fp = footprint(analysis, **mem_opts)
+    fp = memo_footprint(bound, mem_opts)
     agg = aggregate(aggregation_input(request, hw, times, fp, training=training))
     it = agg.iteration
     fwd = it.forward_ms
@@ -373,7 +395,6 @@ def estimate(
         warnings.append(f"hardware {hw.id!r} lists no tdp_w: energy and CO2 are not estimated")
     if agg.job is not None and price is None:
         warnings.append(f"hardware {hw.id!r} has no list price: give price_usd_per_hour for a cost")
-    methods = Counter(r.method for r in rows)
     gradient_bytes = fp.gradients_bytes if training and request.device_count > 1 else 0
     iteration, epoch, job = _totals_read(agg, request, hw, gradient_bytes=gradient_bytes)
     memory = MemoryPrediction(
@@ -390,7 +411,7 @@ def estimate(
         device_memory_bytes=hw.memory_bytes,
         usable_fraction=HEADROOM,
         fits=fits(fp, hw.memory_bytes),
-        largest_batch_size_that_fits=largest_batch_that_fits(analysis, memory_bytes=hw.memory_bytes, **mem_opts),
+        largest_batch_size_that_fits=memo_largest_batch(bound, mem_opts),
     )
     if request.activation_checkpointing:
         warnings.append(

@@ -4,23 +4,33 @@
 :func:`load_predictor` returns a :class:`CompositePredictor` that routes each query to the learned ONNX
 model when it applies (:meth:`LearnedPredictor.applies`) and to the roofline fallback otherwise (with
 the fallback constants stored in the same metadata). Every estimate says which method produced it, and
-every estimate, whichever method produced it, passes through :func:`clamp_to_physics_floor`: no served
+every estimate, whichever method produced it, passes through :func:`app.predictor.table.clamp_to_floors`: no served
 forward, backward or update time is below its physics floor (DESIGN.md, "Never faster than physics").
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.core.precision import floors_by_pass_ms
+import numpy as np
+
+from app.core.costs import LayerCost
+from app.core.hardware import HardwareSpec
+from app.core.ir import Layer
 from app.predictor.base import LayerTimeEstimate, LayerTimeQuery
 from app.predictor.metadata import ArtifactMetadata, verify_sha256
 from app.predictor.onnx_model import LearnedPredictor, read_metadata
 from app.predictor.roofline import RooflineConstants, RooflinePredictor
+from app.predictor.table import Estimates, LayerTable, Setting, clamp_to_floors, estimate_queries, scatter
 
 CURRENT_FILE = "CURRENT"
+
+#: Settings (device, mode, optimizer, precision, stack) whose roofline-fallback rows a layer table remembers.
+FALLBACK_SETTINGS = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,90 +45,109 @@ class ModelVersion:
     created_unix_s: int | None
 
 
-def clamp_to_physics_floor(query: LayerTimeQuery, est: LayerTimeEstimate) -> LayerTimeEstimate:
-    """``est`` with each pass raised to at least its physics floor (ms), the floor recorded on it.
-
-    Floors per pass from :func:`app.core.precision.floors_by_pass_ms` (``physics_floor_ms`` of each pass)
-    at the query's precision: forward
-    always; backward and the optimizer update (``query.optimizer``) in training mode. The interval moves
-    with the point estimate: ``p10 >= Σ floors`` and ``p90 >= total``. A raised pass is named in
-    ``notes`` and ``floor_clamped`` is set. Raises what ``physics_floor_ms`` raises (unsupported cost,
-    :class:`~app.core.precision.PrecisionNotSupported`).
-    """
-    q = query
-    f_floor, b_floor, u_floor = floors_by_pass_ms(
-        q.layer, q.cost, q.hardware, q.precision, training=q.mode == "training", optimizer=q.optimizer)
-    floor_sum = f_floor + b_floor + u_floor
-    raised = [
-        name
-        for name, value, floor in (
-            ("forward", est.forward_ms, f_floor),
-            ("backward", est.backward_ms, b_floor),
-            ("update", est.update_ms, u_floor),
-        )
-        if value < floor
-    ]
-    fwd, bwd, upd = max(est.forward_ms, f_floor), max(est.backward_ms, b_floor), max(est.update_ms, u_floor)
-    total = fwd + bwd + upd
-    notes = est.notes
-    if raised:
-        notes = (*notes, f"raised to the physics floor ({', '.join(raised)}): {floor_sum:.4g} ms in all")
-    return LayerTimeEstimate(
-        forward_ms=fwd,
-        backward_ms=bwd,
-        update_ms=upd,
-        total_ms_p10=min(max(est.total_ms_p10, floor_sum), total),
-        total_ms_p90=max(est.total_ms_p90, total),
-        method=est.method,
-        out_of_distribution=est.out_of_distribution,
-        notes=notes,
-        physics_floor_ms=floor_sum,
-        floor_clamped=bool(raised),
-    )
-
-
 class CompositePredictor:
     """Learned model where it applies, roofline fallback elsewhere, every answer clamped to its physics floor
-    (:func:`clamp_to_physics_floor`); ``version`` = ``<name>-<version>``."""
+    (:func:`app.predictor.table.clamp_to_floors`); ``version`` = ``<name>-<version>``."""
 
     def __init__(self, learned: LearnedPredictor, fallback: RooflinePredictor) -> None:
         self.learned = learned
         self.fallback = fallback
         self.version = learned.version
 
-    def estimate(self, queries: Sequence[LayerTimeQuery]) -> list[LayerTimeEstimate]:
-        """One estimate per query, in order, each clamped to its physics floor; the learned queries go through
-        one ``session.run``.
+    def _route(self, table: LayerTable, hw_kind: str) -> tuple[np.ndarray, dict[int, str]]:
+        """Rows of ``table`` the learned model serves on a ``hw_kind`` device, and why the others are not
+        (once per table, device kind and predictor version)."""
 
-        Raises ``ValueError`` for an unsupported layer (``cost.supported`` False) or an unknown mode.
-        """
-        learned_idx: list[int] = []
-        fallback_idx: list[int] = []
-        reasons: dict[int, str] = {}
-        for i, q in enumerate(queries):
+        def build() -> tuple[np.ndarray, dict[int, str]]:
+            reasons = {i: r for i, (layer, cost) in enumerate(zip(table.layers, table.costs, strict=True))
+                       if (r := self.learned.applies(_probe(layer, cost, hw_kind))) is not None}
+            learned = np.asarray([i for i in range(len(table)) if i not in reasons], dtype=np.intp)
+            return learned, reasons
+
+        found = table.memo(("route", self.version, hw_kind), build)
+        assert isinstance(found, tuple)
+        return found
+
+    def _fallback(self, table: LayerTable, rows: np.ndarray, reasons: dict[int, str],
+                  s: Setting) -> list[LayerTimeEstimate]:
+        """Roofline-fallback estimates of ``rows`` (a ``fallback: <reason>`` note first), remembered per table
+        for the last :data:`FALLBACK_SETTINGS` settings (the fallback is deterministic for one version)."""
+        if not len(rows):
+            return []
+        memo = table.memo(("fallback", self.version), OrderedDict)
+        assert isinstance(memo, OrderedDict)
+        key = (repr(s.hardware), s.mode, s.optimizer, s.precision, s.software_stack, rows.tobytes())
+        found = memo.get(key)
+        if found is None:
+            queries = [LayerTimeQuery(layer=table.layers[i], cost=table.costs[i], hardware=s.hardware, mode=s.mode,
+                                      optimizer=s.optimizer, precision=s.precision, software_stack=s.software_stack)
+                       for i in rows.tolist()]
+            found = [dataclasses.replace(e, notes=(f"fallback: {reasons[i]}", *e.notes))
+                     for i, e in zip(rows.tolist(), self.fallback.estimate(queries), strict=True)]
+            memo[key] = found
+            while len(memo) > FALLBACK_SETTINGS:
+                memo.popitem(last=False)
+        else:
+            memo.move_to_end(key)
+        return found  # type: ignore[no-any-return]
+
+    def estimate_tables(self, items: Sequence[tuple[LayerTable, np.ndarray, Setting]]) -> list[Estimates]:
+        """Estimates of rows ``idx`` of each ``(table, idx, setting)``, each clamped to its physics floor; the
+        learned rows of every item go through one ``session.run``, the others through the roofline fallback
+        (with a ``fallback: <reason>`` note). Raises ``ValueError`` for an unknown mode."""
+        learned_items, fallback_parts = [], []
+        for table, idx, s in items:
+            learned_rows, reasons = self._route(table, s.hardware.kind)
+            wanted = np.zeros(len(table), dtype=bool)
+            wanted[idx] = True
+            lrn = learned_rows[wanted[learned_rows]]
+            fb = np.setdiff1d(idx, lrn, assume_unique=True) if len(reasons) else np.zeros(0, dtype=np.intp)
+            learned_items.append((table, lrn, s))
+            fallback_parts.append((fb, self._fallback(table, fb, reasons, s)))
+        learned = self._learned(learned_items)
+        out = []
+        for (table, idx, s), (_, lrn, _), (fb, fb_est), lrn_est in zip(
+                items, learned_items, fallback_parts, learned, strict=True):
+            pos = np.full(len(table), -1, dtype=np.intp)
+            pos[idx] = np.arange(len(idx))
+            merged = scatter(len(idx), [(pos[lrn], lrn_est), (pos[fb], Estimates.from_list(fb_est))])
+            out.append(clamp_to_floors(table, idx, s, merged))
+        return out
+
+    def _learned(self, items: Sequence[tuple[LayerTable, np.ndarray, Setting]]) -> list[Estimates]:
+        """The learned model's estimates of rows ``idx`` of each item, all items' rows in one
+        :meth:`LearnedPredictor.estimate` call (one ``session.run``)."""
+        queries = [LayerTimeQuery(layer=t.layers[i], cost=t.costs[i], hardware=s.hardware, mode=s.mode,
+                                  optimizer=s.optimizer, precision=s.precision, software_stack=s.software_stack)
+                   for t, idx, s in items for i in idx.tolist()]
+        found = self.learned.estimate(queries) if queries else []
+        out, start = [], 0
+        for _, idx, _ in items:
+            out.append(Estimates.from_list(found[start:start + len(idx)]))
+            start += len(idx)
+        return out
+
+    def estimate(self, queries: Sequence[LayerTimeQuery]) -> list[LayerTimeEstimate]:
+        """One estimate per query, in order, each clamped to its physics floor (:meth:`estimate_tables` over
+        the queries grouped by setting). Raises ``ValueError`` for an unsupported layer (``cost.supported``
+        False) or an unknown mode."""
+        for q in queries:
             if not q.cost.supported:
                 raise ValueError(f"layer {q.layer.name!r} ({q.layer.op_type}) is unsupported; do not estimate it")
-            reason = self.learned.applies(q)
-            if reason is None:
-                learned_idx.append(i)
-            else:
-                fallback_idx.append(i)
-                reasons[i] = reason
-        out: list[LayerTimeEstimate | None] = [None] * len(queries)
-        for i, est in zip(learned_idx, self.learned.estimate([queries[i] for i in learned_idx]), strict=True):
-            out[i] = est
-        for i, est in zip(fallback_idx, self.fallback.estimate([queries[i] for i in fallback_idx]), strict=True):
-            out[i] = LayerTimeEstimate(
-                forward_ms=est.forward_ms,
-                backward_ms=est.backward_ms,
-                update_ms=est.update_ms,
-                total_ms_p10=est.total_ms_p10,
-                total_ms_p90=est.total_ms_p90,
-                method=est.method,
-                out_of_distribution=est.out_of_distribution,
-                notes=(f"fallback: {reasons[i]}", *est.notes),
-            )
-        return [clamp_to_physics_floor(q, e) for q, e in zip(queries, out, strict=True) if e is not None]
+        return estimate_queries(queries, self.estimate_tables)
+
+
+def _probe(layer: Layer, cost: LayerCost, hw_kind: str) -> LayerTimeQuery:
+    """A query on a placeholder device of ``hw_kind``: :meth:`LearnedPredictor.applies` reads only the layer,
+    its cost and the device kind (the routing is memoised per table and kind)."""
+    return LayerTimeQuery(layer=layer, cost=cost, hardware=_KIND_DEVICE[hw_kind], mode="inference", optimizer="none")
+
+
+_KIND_DEVICE: dict[str, HardwareSpec] = {
+    k: HardwareSpec(id=f"probe-{k}", name=f"{k} probe", vendor="probe", kind=k, memory_bytes=1.0,
+                    memory_bandwidth_bytes_per_s=1.0, peak_flops_per_s={"fp32": 1.0}, compute_units=1)
+    for k in ("gpu", "cpu")
+}
 
 
 def current_stem(models_dir: Path) -> str:

@@ -18,15 +18,18 @@ CNN = {"name": "small-cnn", "input_shape": [3, 32, 32],
 
 
 class CountingPredictor:
-    """The app's predictor, counting its ``estimate`` calls and queries."""
+    """The app's predictor, counting its vectorised ``estimate_tables`` calls and the layer rows asked."""
 
     def __init__(self, inner: Any) -> None:
         self.inner, self.version, self.calls, self.queries = inner, inner.version, 0, 0
 
     def estimate(self, queries: Sequence[Any]) -> Any:
+        raise AssertionError("the batch path must not fall back to per-query estimates")
+
+    def estimate_tables(self, items: Sequence[Any]) -> Any:
         self.calls += 1
-        self.queries += len(queries)
-        return self.inner.estimate(queries)
+        self.queries += sum(len(idx) for _, idx, _ in items)
+        return self.inner.estimate_tables(items)
 
 
 @pytest.fixture
@@ -51,8 +54,11 @@ def test_summaries_match_single_predictions_and_use_one_predictor_call(
     body = r.json()
     assert counting.calls == 1  # every layer of every item in one batched call
     assert body["failed"] == 0 and body["count"] == 4
-    # ResNet-50's repeated bottlenecks: many layers share a shape and are predicted once
-    assert body["unique_layer_queries"] == counting.queries < body["layer_queries"]
+    assert body["unique_layer_queries"] == counting.queries == body["layer_queries"] > 0
+    again = client.post("/v1/predictions/batch", json={"items": items}).json()
+    # the same scenarios again: recalled from the predictor's scenario cache, nothing predicted
+    assert counting.calls == 1 and again["unique_layer_queries"] == 0
+    assert again["layer_queries"] == body["layer_queries"] and again["items"] == body["items"]
     for item, answer in zip(items, body["items"], strict=True):
         assert answer["prediction"] is None  # summaries only by default
         single = client.post("/v1/predictions", json=item).json()

@@ -15,7 +15,8 @@ from app.core.precision import Precision, PrecisionNotSupported, check_precision
 from app.core.vocab import Pass
 from app.hardware.catalog import load_catalog
 from app.predictor.base import LayerTimeEstimate, LayerTimeQuery
-from app.predictor.registry import clamp_to_physics_floor, load_predictor
+from app.predictor.registry import load_predictor
+from app.predictor.table import Estimates, LayerTable, Setting, clamp_to_floors
 
 MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
 RNG_SEED = 20261201
@@ -101,8 +102,14 @@ def test_clamp_raises_each_pass_and_moves_the_interval() -> None:
     layer = import_json({"input_shape": [4096], "layers": [{"op": "linear", "out_features": 4096}]},
                         batch_size=8192).layers[0]
     q = LayerTimeQuery(layer, layer_cost(layer), hw, "training", "adam", Precision.FP32)
+    table = LayerTable([layer], [q.cost], reference=hw)
+    setting = Setting(hw, "training", "adam", Precision.FP32)
+
+    def clamp(e: LayerTimeEstimate) -> LayerTimeEstimate:
+        return clamp_to_floors(table, np.arange(1), setting, Estimates.from_list([e])).to_list()[0]
+
     too_fast = LayerTimeEstimate(1e-6, 1e-6, 1e-6, 1e-7, 1e-5, "learned", False)
-    est = clamp_to_physics_floor(q, too_fast)
+    est = clamp(too_fast)
     assert est.forward_ms == pytest.approx(physics_floor_ms(layer, q.cost, hw, "fp32", "forward"))
     assert est.backward_ms == pytest.approx(physics_floor_ms(layer, q.cost, hw, "fp32", "backward"))
     assert est.update_ms == pytest.approx(physics_floor_ms(layer, q.cost, hw, "fp32", "update", optimizer="adam"))
@@ -110,7 +117,7 @@ def test_clamp_raises_each_pass_and_moves_the_interval() -> None:
     assert est.total_ms <= est.total_ms_p90
     assert est.method == "learned" and any("physics floor" in n for n in est.notes)
     slow = LayerTimeEstimate(1e3, 2e3, 1.0, 2e3, 4e3, "roofline", False)
-    kept = clamp_to_physics_floor(q, slow)
+    kept = clamp(slow)
     assert (kept.forward_ms, kept.backward_ms, kept.update_ms) == (1e3, 2e3, 1.0) and not kept.floor_clamped
 
 

@@ -1,0 +1,87 @@
+"""The analysis cache: hits never read the stored blob, the budget is bytes, the estimate is honest."""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+import tracemalloc
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import text
+
+from app.core.analysis import analyze
+from app.core.vocab import SoftwareStack
+from app.graphs.service import AnalysisCache, BoundGraph, analysis_bytes, analysis_cache, build_graph
+from tests.helpers import light_model
+
+
+def _upload(client: TestClient, name: str) -> str:
+    r = client.post("/v1/graphs", files={"file": (f"{name}.onnx", light_model(name), "application/octet-stream")})
+    assert r.status_code in (200, 201), r.text
+    return str(r.json()["id"])
+
+
+def test_a_hit_never_reads_the_stored_content(client: TestClient) -> None:
+    """After the first prediction, the stored blob is overwritten with garbage: the cached binding still
+    answers (same numbers), and only once the cache is dropped is the blob re-read (and now refused)."""
+    analysis_cache.clear()
+    gid = _upload(client, "squeezenet")
+    body = {"graph_id": gid, "hardware_id": "a100-sxm4-40gb", "batch_size": 16}
+    first = client.post("/v1/predictions", json=body)
+    assert first.status_code == 200, first.text
+    with client.app.state.engine.begin() as conn:  # type: ignore[attr-defined]
+        conn.execute(text("UPDATE graphs SET content = :c WHERE id = :i"), {"c": b"\x00garbage", "i": gid})
+    again = client.post("/v1/predictions", json=body)
+    assert again.status_code == 200 and again.json()["iteration"] == first.json()["iteration"]
+    analysis_cache.clear()
+    assert client.post("/v1/predictions", json=body).status_code == 422
+
+
+def test_summary_detail_has_the_same_totals_without_rows(client: TestClient) -> None:
+    gid = _upload(client, "squeezenet")
+    body = {"graph_id": gid, "hardware_id": "t4", "batch_size": 8, "dataset_size": 10_000, "epochs": 2}
+    full = client.post("/v1/predictions", json=body).json()
+    summary = client.post("/v1/predictions", json={**body, "detail": "summary"}).json()
+    assert summary["layers"] == [] and len(full["layers"]) > 10
+    for key in ("iteration", "epoch", "job", "memory", "totals", "methods", "warnings"):
+        assert summary[key] == full[key], key
+
+
+def _entry(key: str, nbytes: int) -> BoundGraph:
+    a = analyze(build_graph(light_model("squeezenet"), "onnx", batch_size=1))
+    return BoundGraph(key=key, analysis=a, graph_id=None, nbytes=nbytes)
+
+
+def test_budget_is_bytes_least_recently_used_first_out() -> None:
+    cache = AnalysisCache(budget_bytes=1000)
+    for k in "abc":
+        cache.put(_entry(k, 400))
+    assert len(cache) == 2 and cache.nbytes == 800 and cache.get("a") is None  # a evicted
+    assert cache.get("b") is not None  # b is now the most recent
+    cache.put(_entry("d", 400))
+    assert cache.get("c") is None and cache.get("b") is not None and cache.get("d") is not None
+    big = cache.put(_entry("huge", 5000))  # larger than the budget: answered, never kept
+    assert big.key == "huge" and cache.get("huge") is None and cache.nbytes <= 1000
+
+
+@pytest.mark.parametrize("name", ["resnet50", "densenet121", "inception_v2"])
+def test_byte_estimate_is_within_a_factor_two_of_traced_memory(name: str) -> None:
+    content = light_model(name)
+    analyze(build_graph(content, "onnx", batch_size=2), software_stack=SoftwareStack.PYTORCH_EAGER)  # warm imports
+    gc.collect()
+    tracemalloc.start()
+    try:
+        a = analyze(build_graph(content, "onnx", batch_size=4), software_stack=SoftwareStack.PYTORCH_EAGER)
+        gc.collect()
+        traced, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert 0.5 <= analysis_bytes(a) / traced <= 2.0, (analysis_bytes(a), traced)
+
+
+def test_importing_the_api_imports_neither_torch_nor_alembic() -> None:
+    code = "import sys, app.main; print('torch' in sys.modules, 'alembic' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=".")
+    assert out.stdout.split() == ["False", "False"], out.stderr
