@@ -53,7 +53,7 @@ from fastapi import Depends, Request
 from limits import RateLimitItem, parse_many
 from limits.storage import MemoryStorage
 from limits.strategies import MovingWindowRateLimiter
-from sqlalchemy import JSON, String, select
+from sqlalchemy import JSON, String, func, select
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from app.db import Base, utcnow, write_intent
@@ -206,7 +206,7 @@ def list_keys(session: Session) -> Sequence[ApiKey]:
 
 def active_key_count(session: Session) -> int:
     """Keys not revoked."""
-    return len(session.scalars(select(ApiKey.id).where(ApiKey.revoked_at.is_(None))).all())
+    return session.scalar(select(func.count()).select_from(ApiKey).where(ApiKey.revoked_at.is_(None))) or 0
 
 
 # ------------------------------------------------------------------------------------------ principals
@@ -231,7 +231,8 @@ class Principal:
 def authenticate(session: Session, key: str, *, bootstrap_key: str | None) -> Principal:
     """The principal of ``key``: the bootstrap admin key, or a stored key that is not revoked.
     Raises :class:`ApiKeyInvalid` (401) otherwise; the comparison is constant-time either way."""
-    if bootstrap_key and hmac.compare_digest(key.encode("utf-8", "surrogatepass"), bootstrap_key.encode()):
+    # digests of equal length: compare_digest would otherwise leak the bootstrap key's length
+    if bootstrap_key and hmac.compare_digest(_digest(key), _digest(bootstrap_key)):
         return Principal(BOOTSTRAP_OWNER, frozenset({Scope.ADMIN}))
     parts = key.split("_", 2)  # the secret (urlsafe base64) may itself hold "_"
     row = session.get(ApiKey, parts[1]) if len(parts) == 3 and parts[0] == KEY_PREFIX and len(parts[1]) == 16 else None

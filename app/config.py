@@ -17,6 +17,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 #: ``Host`` names of a loopback-bound server (the default allow-list, :meth:`Settings.host_allow_list`).
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1", "[::1]")
+#: Shortest accepted ``LAYERCAST_ADMIN_KEY``: 32 characters of ``secrets.token_urlsafe`` carry 192 bits
+#: (stored keys carry 256, :func:`app.auth.create_key`), out of reach of guessing within any rate limit.
+MIN_ADMIN_KEY_LENGTH = 32
 #: Scopes of requests without a key when ``open_scopes`` is unset, on a loopback bind and on any other.
 LOOPBACK_OPEN_SCOPES = "read,graphs"
 EXPOSED_OPEN_SCOPES = "read"
@@ -40,7 +43,8 @@ class Settings(BaseSettings):
     ``artifact_store``: directory of registered predictor artifacts that every replica can read (a shared
     volume); default ``models_dir``. ``admin_key``: a bootstrap key with the ``admin`` scope (:mod:`app.auth`:
     promote, rollback, retrain, hardware and graphs of any owner), for deployments that cannot run
-    ``layercast keys create`` first; unset = only stored API keys are accepted. ``predictor_poll_s``: how
+    ``layercast keys create`` first, at least :data:`MIN_ADMIN_KEY_LENGTH` characters (a ``ValueError``
+    naming the variable otherwise); unset = only stored API keys are accepted. ``predictor_poll_s``: how
     often (s) a running API re-reads the production version from the database (0 = on every request): the
     bound on how long a promotion takes to be served.
     ``max_upload_bytes``: largest accepted request body, 2 GiB by default (GPT-2 XL-sized ONNX files
@@ -99,6 +103,14 @@ class Settings(BaseSettings):
     def _no_open_admin(cls, value: str | None) -> str | None:
         if value is not None and Scope.ADMIN in parse_scopes(value):
             raise ValueError("open_scopes must not include 'admin': admin actions always need a key")
+        return value
+
+    @field_validator("admin_key")
+    @classmethod
+    def _long_admin_key(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < MIN_ADMIN_KEY_LENGTH:
+            raise ValueError(f"LAYERCAST_ADMIN_KEY must be at least {MIN_ADMIN_KEY_LENGTH} characters (it is an "
+                             "admin credential; e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)")
         return value
 
     @field_validator("rate_limit")

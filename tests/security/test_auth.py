@@ -18,9 +18,10 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
-from app.auth import POLICY, Scope, required_scope, sends_key
+from app.auth import POLICY, Scope, active_key_count, required_scope, revoke_key, sends_key
 from app.cli import main as cli_main
 from app.config import REPO_ROOT, Settings
+from app.db import make_engine, make_sessionmaker
 from app.main import create_app, module_routes
 from app.migrate import upgrade
 from tests.security.test_hostile_inputs import HARDWARE, MEASUREMENT, batch, json_graph, prediction
@@ -335,3 +336,25 @@ def test_the_first_start_says_what_the_open_scopes_really_refuse(
         pass
     warnings = [r.getMessage() for r in caplog.records if "no API key exists" in r.getMessage()]
     assert len(warnings) == 1 and refused in warnings[0], warnings
+
+
+def test_the_bootstrap_admin_key_is_long_and_compared_as_a_digest(db_url: str) -> None:
+    with pytest.raises(ValueError, match="LAYERCAST_ADMIN_KEY must be at least 32 characters"):
+        Settings(database_url=db_url, admin_key="short-admin-key")
+    key = "b" * 32
+    with _client(db_url, admin_key=key) as c:
+        assert c.post("/v1/predictors/retrain", headers=_bearer(key)).status_code == 202
+        for wrong in ("b" * 31, "b" * 33, "c" + key[1:]):  # near misses of every length
+            r = c.post("/v1/predictors/retrain", headers=_bearer(wrong))
+            assert r.status_code == 401 and r.json()["error"]["code"] == "api_key_invalid", wrong
+
+
+def test_active_key_count_counts_in_the_database(db_url: str, keys: dict[str, str]) -> None:
+    engine = make_engine(db_url, pool_size=1)
+    try:
+        with make_sessionmaker(engine).begin() as session:
+            assert active_key_count(session) == len(keys)
+            revoke_key(session, key_id=keys["admin"].split("_")[1])
+            assert active_key_count(session) == len(keys) - 1
+    finally:
+        engine.dispose()
