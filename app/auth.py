@@ -292,7 +292,8 @@ class RateLimiter:
 
 
 def get_principal(request: Request) -> Principal:
-    """The principal of this request, computed once (cached on ``request.state``)."""
+    """The principal of this request, computed once (cached on ``request.state``): anonymous with the open
+    scopes, or a key's with its scopes plus the open ones. Raises :class:`ApiKeyInvalid` (401)."""
     cached = getattr(request.state, "principal", None)
     if cached is not None:
         return cached
@@ -305,9 +306,11 @@ def get_principal(request: Request) -> Principal:
         token = write_intent.set(False)  # a read: never queue behind SQLite's write lock for it
         try:
             with request.app.state.sessionmaker() as session:
-                principal = authenticate(session, key, bootstrap_key=bootstrap)
+                keyed = authenticate(session, key, bootstrap_key=bootstrap)
         finally:
             write_intent.reset(token)
+        # a key never allows less than no key: a `measurements` key still reads and predicts
+        principal = Principal(keyed.key_id, keyed.scopes | settings.open_scope_set)
     request.state.principal = principal
     return principal
 

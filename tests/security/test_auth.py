@@ -111,6 +111,9 @@ def test_scoped_keys(client: TestClient, keys: dict[str, str], db_url: str) -> N
     assert r.status_code == 403 and r.json()["error"]["code"] == "insufficient_scope"
     r = client.post("/v1/measurements", json=batch(MEASUREMENT), headers=_bearer(keys["reader"]))
     assert r.status_code == 403 and r.json()["error"]["code"] == "insufficient_scope"
+    # a key never allows less than no key: the profiler's key still reads and predicts
+    assert client.get("/v1/hardware", headers=_bearer(keys["measure"])).status_code == 200
+    assert client.post("/v1/predictions", json=prediction(), headers=_bearer(keys["measure"])).status_code == 200
     # admin implies every scope
     assert client.post("/v1/measurements", json=batch(MEASUREMENT), headers=_bearer(keys["admin"])).status_code == 201
 
