@@ -17,9 +17,10 @@ Scopes (:class:`Scope`): ``read`` (every GET and the prediction POSTs: nothing i
 retrain, promote, rollback). :data:`POLICY` maps every writing route to its scope; a writing route
 missing from it needs ``admin`` (fail closed), and a test checks that every route of the app is listed.
 
-Requests without a key get :attr:`app.config.Settings.open_scopes` (default ``read,graphs``: the README's
-upload-and-predict commands work out of the box on a laptop, while measurements, hardware and every
-admin action need a key; ``admin`` can never be open). The choice of the default is "safe by default,
+Requests without a key get :attr:`app.config.Settings.open_scopes` (default ``read,graphs`` on a loopback
+bind, ``read`` on any other: the README's upload-and-predict commands work out of the box on a laptop,
+while measurements, hardware and every admin action need a key, and a server reachable from a network
+takes no anonymous uploads; ``admin`` can never be open). The choice of the default is "safe by default,
 useful by default": reading and costing a model cannot change what the service tells anyone else,
 while a measurement or a device spec does (they feed retraining and every comparison).
 
@@ -28,8 +29,10 @@ Errors: 401 ``auth_required`` (no key, the route needs a scope the anonymous cal
 ``insufficient_scope``, 403 ``not_owner``, 429 ``rate_limited`` (with ``Retry-After``).
 
 Rate limits (:class:`RateLimiter`, the ``limits`` library's moving window in process memory): one
-budget per key id, or per client address for anonymous requests; ``Settings.rate_limit`` (e.g.
-``100/second``, empty = none). Each API process counts on its own.
+budget per key id, or per client address for anonymous requests, and one more per client address for
+the requests presenting a key, counted before the key is looked up (so a flood of invalid keys is limited
+too; the keys used from one address share it); ``Settings.rate_limit`` (e.g. ``100/second``, empty = none).
+Each API process counts on its own.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ from fastapi import Depends, Request
 from limits import RateLimitItem, parse_many
 from limits.storage import MemoryStorage
 from limits.strategies import MovingWindowRateLimiter
-from sqlalchemy import JSON, String, select
+from sqlalchemy import JSON, String, func, select
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from app.db import Base, utcnow, write_intent
@@ -203,7 +206,7 @@ def list_keys(session: Session) -> Sequence[ApiKey]:
 
 def active_key_count(session: Session) -> int:
     """Keys not revoked."""
-    return len(session.scalars(select(ApiKey.id).where(ApiKey.revoked_at.is_(None))).all())
+    return session.scalar(select(func.count()).select_from(ApiKey).where(ApiKey.revoked_at.is_(None))) or 0
 
 
 # ------------------------------------------------------------------------------------------ principals
@@ -228,7 +231,8 @@ class Principal:
 def authenticate(session: Session, key: str, *, bootstrap_key: str | None) -> Principal:
     """The principal of ``key``: the bootstrap admin key, or a stored key that is not revoked.
     Raises :class:`ApiKeyInvalid` (401) otherwise; the comparison is constant-time either way."""
-    if bootstrap_key and hmac.compare_digest(key.encode("utf-8", "surrogatepass"), bootstrap_key.encode()):
+    # digests of equal length: compare_digest would otherwise leak the bootstrap key's length
+    if bootstrap_key and hmac.compare_digest(_digest(key), _digest(bootstrap_key)):
         return Principal(BOOTSTRAP_OWNER, frozenset({Scope.ADMIN}))
     parts = key.split("_", 2)  # the secret (urlsafe base64) may itself hold "_"
     row = session.get(ApiKey, parts[1]) if len(parts) == 3 and parts[0] == KEY_PREFIX and len(parts[1]) == 16 else None
@@ -245,15 +249,18 @@ def presented_key(request: Request) -> str | None:
     header = request.headers.get("authorization")
     if header is not None and header[:7].lower() == "bearer ":
         return header[7:].strip() or None
-    return request.headers.get("x-api-key") or None
+    return request.headers.get("x-api-key", "").strip() or None
 
 
 def sends_key(headers: Iterable[tuple[bytes, bytes]]) -> bool:
-    """Whether raw ASGI ``headers`` carry an API key header (used by the cross-site check of
-    :mod:`app.main`: a browser never adds one to a cross-site simple request)."""
+    """Whether raw ASGI ``headers`` carry an API key header with a non-empty key (used by the cross-site
+    check of :mod:`app.main`: a browser never adds one to a cross-site simple request). The same rule as
+    :func:`presented_key`: an empty ``X-API-Key`` or a bare ``Bearer`` is no key, and does not pass."""
     for name, value in headers:
         lower = name.lower()
-        if lower == b"x-api-key" or (lower == b"authorization" and value[:7].lower() == b"bearer "):
+        if (lower == b"x-api-key" and value.strip()) or (
+            lower == b"authorization" and value[:7].lower() == b"bearer " and value[7:].strip()
+        ):
             return True
     return False
 
@@ -285,7 +292,8 @@ class RateLimiter:
 
 
 def get_principal(request: Request) -> Principal:
-    """The principal of this request, computed once (cached on ``request.state``)."""
+    """The principal of this request, computed once (cached on ``request.state``): anonymous with the open
+    scopes, or a key's with its scopes plus the open ones. Raises :class:`ApiKeyInvalid` (401)."""
     cached = getattr(request.state, "principal", None)
     if cached is not None:
         return cached
@@ -298,9 +306,11 @@ def get_principal(request: Request) -> Principal:
         token = write_intent.set(False)  # a read: never queue behind SQLite's write lock for it
         try:
             with request.app.state.sessionmaker() as session:
-                principal = authenticate(session, key, bootstrap_key=bootstrap)
+                keyed = authenticate(session, key, bootstrap_key=bootstrap)
         finally:
             write_intent.reset(token)
+        # a key never allows less than no key: a `measurements` key still reads and predicts
+        principal = Principal(keyed.key_id, keyed.scopes | settings.open_scope_set)
     request.state.principal = principal
     return principal
 
@@ -309,9 +319,14 @@ def authorize(request: Request) -> Principal:
     """Router dependency: the principal, after the rate limit and the scope the route needs
     (:func:`required_scope`). Raises :class:`RateLimited`, :class:`AuthRequired`,
     :class:`ApiKeyInvalid`, :class:`InsufficientScope`."""
-    principal = get_principal(request)
     client = request.client.host if request.client is not None else "unknown"
-    request.app.state.rate_limiter.hit(principal.key_id or f"ip:{client}")
+    limiter: RateLimiter = request.app.state.rate_limiter
+    if getattr(request.state, "principal", None) is None and presented_key(request) is not None:
+        # counted before the key is looked up: a flood of invalid keys is limited like any other
+        # (its own budget per address, apart from the anonymous one)
+        limiter.hit(f"key-attempts:ip:{client}")
+    principal = get_principal(request)
+    limiter.hit(principal.key_id or f"ip:{client}")
     route = request.scope.get("route")
     needed = required_scope(request.method, str(getattr(route, "path", request.url.path)))
     if not principal.has(needed):
@@ -330,10 +345,13 @@ def authorize(request: Request) -> Principal:
 
 def check_owner(principal: Principal, owner: str | None, *, what: str, ident: str) -> None:
     """Raise :class:`NotOwner` (403) unless ``principal`` may change a row owned by ``owner``: the
-    owner itself, an admin, or anyone with the route's scope when the row has no owner (stored
-    anonymously or before owners were recorded)."""
-    if owner is None or principal.is_admin or principal.key_id == owner:
+    owner itself or an admin. A row without an owner (stored anonymously or before owners were recorded)
+    is changed by admins only: an anonymous caller could otherwise delete what every other one stored."""
+    if principal.is_admin or (owner is not None and principal.key_id == owner):
         return
+    if owner is None:
+        raise NotOwner(f"{what} {ident!r} has no owner: only an admin key may change it",
+                       detail={"id": ident, "owner": None})
     raise NotOwner(f"{what} {ident!r} belongs to another key", detail={"id": ident, "owner": owner})
 
 

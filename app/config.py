@@ -17,6 +17,12 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 #: ``Host`` names of a loopback-bound server (the default allow-list, :meth:`Settings.host_allow_list`).
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1", "[::1]")
+#: Shortest accepted ``LAYERCAST_ADMIN_KEY``: 32 characters of ``secrets.token_urlsafe`` carry 192 bits
+#: (stored keys carry 256, :func:`app.auth.create_key`), out of reach of guessing within any rate limit.
+MIN_ADMIN_KEY_LENGTH = 32
+#: Scopes of requests without a key when ``open_scopes`` is unset, on a loopback bind and on any other.
+LOOPBACK_OPEN_SCOPES = "read,graphs"
+EXPOSED_OPEN_SCOPES = "read"
 
 
 def is_loopback(host: str) -> bool:
@@ -37,7 +43,8 @@ class Settings(BaseSettings):
     ``artifact_store``: directory of registered predictor artifacts that every replica can read (a shared
     volume); default ``models_dir``. ``admin_key``: a bootstrap key with the ``admin`` scope (:mod:`app.auth`:
     promote, rollback, retrain, hardware and graphs of any owner), for deployments that cannot run
-    ``layercast keys create`` first; unset = only stored API keys are accepted. ``predictor_poll_s``: how
+    ``layercast keys create`` first, at least :data:`MIN_ADMIN_KEY_LENGTH` characters (a ``ValueError``
+    naming the variable otherwise); unset = only stored API keys are accepted. ``predictor_poll_s``: how
     often (s) a running API re-reads the production version from the database (0 = on every request): the
     bound on how long a promotion takes to be served.
     ``max_upload_bytes``: largest accepted request body, 2 GiB by default (GPT-2 XL-sized ONNX files
@@ -51,8 +58,10 @@ class Settings(BaseSettings):
     per-process cache of analysed graph bindings (:class:`app.graphs.service.AnalysisCache`; 0 disables it).
 
     Access control (:mod:`app.auth`): ``open_scopes``, the scopes of requests without an API key
-    (comma-separated; default ``read,graphs``; ``admin`` is refused); ``rate_limit``, each key's or
-    anonymous client address's budget in the ``limits`` notation (``100/second``; empty = none).
+    (comma-separated; ``admin`` is refused); unset = ``read,graphs`` when ``host`` is a loopback address
+    (a laptop: the README's upload-and-predict commands need no key), else ``read`` only (a server reachable
+    from a network: anonymous uploads would fill its database; see :attr:`open_scope_set`); ``rate_limit``,
+    each key's or anonymous client address's budget in the ``limits`` notation (``100/second``; empty = none).
     ``allowed_hosts``: accepted ``Host`` headers, comma-separated (Starlette ``TrustedHostMiddleware``:
     a DNS-rebinding page names its own host); unset = the loopback names when ``host`` is a loopback
     address, else any. ``cors_origins``: origins allowed to call the API from a browser script,
@@ -83,7 +92,7 @@ class Settings(BaseSettings):
     import_timeout_s: float = DEFAULT_LIMITS.import_timeout_s
     db_pool_size: int = 40
     analysis_cache_bytes: int = Field(default=512 * 2**20, ge=0)
-    open_scopes: str = "read,graphs"
+    open_scopes: str | None = None
     rate_limit: str = "100/second"
     allowed_hosts: str | None = None
     cors_origins: str = ""
@@ -91,9 +100,17 @@ class Settings(BaseSettings):
 
     @field_validator("open_scopes")
     @classmethod
-    def _no_open_admin(cls, value: str) -> str:
-        if Scope.ADMIN in parse_scopes(value):
+    def _no_open_admin(cls, value: str | None) -> str | None:
+        if value is not None and Scope.ADMIN in parse_scopes(value):
             raise ValueError("open_scopes must not include 'admin': admin actions always need a key")
+        return value
+
+    @field_validator("admin_key")
+    @classmethod
+    def _long_admin_key(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < MIN_ADMIN_KEY_LENGTH:
+            raise ValueError(f"LAYERCAST_ADMIN_KEY must be at least {MIN_ADMIN_KEY_LENGTH} characters (it is an "
+                             "admin credential; e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`)")
         return value
 
     @field_validator("rate_limit")
@@ -105,8 +122,11 @@ class Settings(BaseSettings):
 
     @property
     def open_scope_set(self) -> frozenset[Scope]:
-        """``open_scopes`` parsed."""
-        return parse_scopes(self.open_scopes)
+        """``open_scopes`` parsed; unset: :data:`LOOPBACK_OPEN_SCOPES` on a loopback bind, else
+        :data:`EXPOSED_OPEN_SCOPES` (the same rule as :meth:`host_allow_list`)."""
+        if self.open_scopes is not None:
+            return parse_scopes(self.open_scopes)
+        return parse_scopes(LOOPBACK_OPEN_SCOPES if is_loopback(self.host) else EXPOSED_OPEN_SCOPES)
 
     def host_allow_list(self) -> list[str]:
         """The ``Host`` names the API answers (see ``allowed_hosts``)."""

@@ -205,12 +205,42 @@ async def _handle_http_exception(request: Request, exc: Exception) -> JSONRespon
     return problem(exc.status_code, code, message, detail, headers=headers or None)
 
 
-#: Database errors that mean "the database cannot serve now" (server gone, refused, locked past the
-#: busy timeout, pool exhausted), answered 503 ``database_unavailable`` with ``Retry-After``.
+#: Database errors that may mean "the database cannot serve now"; :func:`database_is_down` decides per error.
 DATABASE_DOWN: tuple[type[Exception], ...] = (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.TimeoutError)
+
+#: SQLite messages of a database that is busy or unreachable (``sqlite3.OperationalError`` has no code):
+#: a write lock held past the busy timeout, a file or folder that is gone or unreadable.
+_SQLITE_DOWN = ("database is locked", "unable to open database file", "disk i/o error")
+#: PostgreSQL SQLSTATE classes of a server that cannot serve now (PostgreSQL manual, appendix A):
+#: 08 connection exception, 53 insufficient resources (too many connections), 57P01-57P03 shutdown /
+#: cannot connect now. Other OperationalErrors (57014 statement timeout aside) are bugs, not outages.
+_PG_DOWN_CLASSES = ("08", "53")
+_PG_DOWN_STATES = ("57P01", "57P02", "57P03")
+
+
+def database_is_down(exc: BaseException) -> bool:
+    """Whether database error ``exc`` is a connection-level failure worth a retry (503): a pool timeout,
+    an interface error, a connection SQLAlchemy invalidated, SQLite locked or unable to open its file, or a
+    psycopg connection/shutdown error. Anything else (an unmigrated table, a bad statement) is a bug: 500."""
+    if isinstance(exc, sa_exc.InterfaceError | sa_exc.TimeoutError):
+        return True
+    if not isinstance(exc, sa_exc.DBAPIError):
+        return False
+    if exc.connection_invalidated:
+        return True
+    orig = exc.orig
+    if type(orig).__module__.startswith("sqlite3"):
+        return str(orig).lower().startswith(_SQLITE_DOWN)
+    sqlstate = getattr(orig, "sqlstate", "")
+    if type(orig).__module__.startswith("psycopg"):
+        # no SQLSTATE: psycopg could not reach the server at all (refused, DNS, closed connection)
+        return not sqlstate or sqlstate[:2] in _PG_DOWN_CLASSES or sqlstate in _PG_DOWN_STATES
+    return False
 
 
 async def _handle_database_down(request: Request, exc: Exception) -> JSONResponse:
+    if not database_is_down(exc):
+        return await _handle_unexpected(request, exc)
     logger.error("database unavailable on %s %s: %s", request.method, request.url.path,
                  str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
     retry = request.app.state.settings.db_retry_after_s
@@ -549,6 +579,19 @@ def _make_lifespan(settings: Settings, run_migrations: bool) -> Callable[[FastAP
     return lifespan
 
 
+#: What each scope lets a caller do, for the start-up line (:func:`_log_access_policy`).
+_SCOPE_ACTIONS: dict[AccessScope, str] = {
+    AccessScope.GRAPHS: "graph uploads", AccessScope.MEASUREMENTS: "measurements",
+    AccessScope.HARDWARE: "hardware changes", AccessScope.ADMIN: "admin actions",
+}
+
+
+def _refused_without_key(open_scopes: frozenset[AccessScope]) -> str:
+    """The actions a caller without a key cannot take under ``open_scopes`` (``admin`` is never open)."""
+    refused = [action for scope, action in _SCOPE_ACTIONS.items() if scope not in open_scopes]
+    return (", ".join(refused[:-1]) + " and " + refused[-1]) if len(refused) > 1 else refused[0]
+
+
 def _log_access_policy(app: FastAPI, settings: Settings) -> None:
     """One startup line saying who may do what, and how to create the first key when none exists."""
     with app.state.sessionmaker() as session:
@@ -560,8 +603,8 @@ def _log_access_policy(app: FastAPI, settings: Settings) -> None:
     logger.info("access: requests without a key may use scopes [%s]; %s; hosts %s; rate limit %s",
                 open_scopes, admin, ",".join(settings.host_allow_list()), settings.rate_limit or "none")
     if not keys and settings.admin_key is None:
-        logger.warning("no API key exists: measurements, hardware changes and admin actions are refused until "
-                       "you create one: `layercast keys create NAME --scope admin`")
+        logger.warning("no API key exists: %s are refused until you create one: `layercast keys create NAME --scope "
+                       "admin`", _refused_without_key(settings.open_scope_set))
     if not is_loopback(settings.host) and "*" in settings.host_allow_list():
         logger.warning("serving on %s with any Host header accepted: set LAYERCAST_ALLOWED_HOSTS", settings.host)
 

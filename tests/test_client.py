@@ -14,11 +14,13 @@ from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
 from app.client import AsyncClient, Client, LayercastAPIError, describe_module
+from app.config import Settings
 from app.graphs.schemas import GraphRead
 from app.hardware.schemas import HardwareCreate
 from app.predictions.schemas import PredictionCreate, PredictionRead
 from tests.hardware.test_service import CUSTOM
 from tests.helpers import light_model
+from tests.security.test_auth import _make_key
 
 SMALL_CNN = {
     "name": "small-cnn", "input_shape": [3, 32, 32],
@@ -38,7 +40,10 @@ def api(client: TestClient) -> Client:
     return Client(http=client)
 
 
-def test_graphs_roundtrip(api: Client, tmp_path: Path) -> None:
+def test_graphs_roundtrip(client: TestClient, settings: Settings, tmp_path: Path,
+                          capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    # a key owns what it uploads and may delete it (anonymous uploads are deleted by admins only)
+    api = Client(http=client, api_key=_make_key(settings.database_url, "client", "graphs", capsys=capsys))
     onnx_path = tmp_path / "resnet50.onnx"
     onnx_path.write_bytes(light_model("resnet50"))
     from_path = api.upload_onnx(onnx_path)

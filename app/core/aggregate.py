@@ -93,6 +93,39 @@ class Checkpointing:
 
 
 @dataclass(frozen=True, slots=True)
+class LayerSums:
+    """The layer sums of one step on one device (:func:`layer_sums`): forward, backward, update and the
+    p10/p90 totals in ms; Σ power × time of the whole step and of the forward passes in J (``None`` when a
+    layer has no power figure). They depend on the layer times only, so callers that aggregate many jobs
+    of one scenario (same graph, per-device batch, device, precision, mode, optimizer, stack) compute them
+    once and pass them in :attr:`AggregationInput.sums`."""
+
+    forward_ms: float
+    backward_ms: float
+    update_ms: float
+    total_ms_p10: float
+    total_ms_p90: float
+    energy_j: float | None
+    forward_energy_j: float | None
+
+
+def layer_sums(layers: Sequence[LayerTime]) -> LayerSums:
+    """Sums of ``layers`` (in their order, so any caller gets bit-identical figures)."""
+    powered = not any(layer.power_w is None for layer in layers)
+    return LayerSums(
+        forward_ms=sum(layer.forward_ms for layer in layers),
+        backward_ms=sum(layer.backward_ms for layer in layers),
+        update_ms=sum(layer.update_ms for layer in layers),
+        total_ms_p10=sum(layer.total_ms_p10 for layer in layers),
+        total_ms_p90=sum(layer.total_ms_p90 for layer in layers),
+        energy_j=sum(layer.power_w * layer.total_ms / 1e3 for layer in layers if layer.power_w is not None)
+        if powered else None,
+        forward_energy_j=sum(layer.power_w * layer.forward_ms / 1e3 for layer in layers if layer.power_w is not None)
+        if powered else None,
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class AggregationInput:
     """Everything the aggregation needs. ``global_batch_size`` is split evenly over the devices
     (``layers`` are timed at the per-device batch). ``dataset_size``/``eval_size`` in samples; ``epochs``
@@ -111,6 +144,7 @@ class AggregationInput:
     idle_power_w: float | None = None
     price_usd_per_hour: float | None = None
     grid_gco2_per_kwh: float | None = None
+    sums: LayerSums | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,12 +249,10 @@ def aggregate(inp: AggregationInput) -> Aggregate:
     _check(inp)
     n = inp.data_parallel.device_count if inp.data_parallel is not None else 1
     local_batch = per_device_batch(inp.global_batch_size, n)
-    fwd = sum(layer.forward_ms for layer in inp.layers)
-    bwd = sum(layer.backward_ms for layer in inp.layers)
-    upd = sum(layer.update_ms for layer in inp.layers)
+    sums = inp.sums if inp.sums is not None else layer_sums(inp.layers)
+    fwd, bwd, upd = sums.forward_ms, sums.backward_ms, sums.update_ms
     layers_ms = fwd + bwd + upd
-    p10 = sum(layer.total_ms_p10 for layer in inp.layers)
-    p90 = sum(layer.total_ms_p90 for layer in inp.layers)
+    p10, p90 = sums.total_ms_p10, sums.total_ms_p90
 
     dp = inp.data_parallel
     if dp is not None and n > 1:
@@ -240,7 +272,7 @@ def aggregate(inp: AggregationInput) -> Aggregate:
 
     time_ms = step(layers_ms)
     no_comm_ms = time_ms - ar_exposed if not overlapped else max(layers_ms + inp.overhead_ms, input_ms)
-    energy_layers = _layers_energy_j(inp.layers)
+    energy_layers = sums.energy_j
     energy_j = None
     if energy_layers is not None and inp.idle_power_w is not None:
         energy_j = n * (energy_layers + inp.idle_power_w * max(time_ms - layers_ms, 0.0) / 1e3)
@@ -254,25 +286,12 @@ def aggregate(inp: AggregationInput) -> Aggregate:
         scaling_efficiency=no_comm_ms / time_ms if time_ms > 0 else 1.0,
         energy_j=energy_j,
     )
-    epoch = _epoch(inp, iteration, n)
+    epoch = _epoch(inp, iteration, n, sums.forward_energy_j)
     job = _job(inp, epoch, n) if epoch is not None and inp.epochs is not None else None
     return Aggregate(iteration=iteration, epoch=epoch, job=job)
 
 
-def _layers_energy_j(layers: Sequence[LayerTime]) -> float | None:
-    """Σ power × time (J) of ``layers`` on one device; ``None`` if any layer has no power."""
-    if any(layer.power_w is None for layer in layers):
-        return None
-    return sum(layer.power_w * layer.total_ms / 1e3 for layer in layers if layer.power_w is not None)
-
-
-def _forward_energy_j(layers: Sequence[LayerTime]) -> float | None:
-    if any(layer.power_w is None for layer in layers):
-        return None
-    return sum(layer.power_w * layer.forward_ms / 1e3 for layer in layers if layer.power_w is not None)
-
-
-def _epoch(inp: AggregationInput, it: IterationEstimate, n: int) -> EpochEstimate | None:
+def _epoch(inp: AggregationInput, it: IterationEstimate, n: int, fwd_energy: float | None) -> EpochEstimate | None:
     if inp.dataset_size is None:
         return None
     iters = math.ceil(inp.dataset_size / inp.global_batch_size)
@@ -280,7 +299,6 @@ def _epoch(inp: AggregationInput, it: IterationEstimate, n: int) -> EpochEstimat
     eval_pass_ms = it.forward_ms + inp.overhead_ms
     eval_s = eval_iters * eval_pass_ms / 1e3
     energy = None
-    fwd_energy = _forward_energy_j(inp.layers)
     if it.energy_j is not None and fwd_energy is not None and inp.idle_power_w is not None:
         eval_energy = n * (fwd_energy + inp.idle_power_w * inp.overhead_ms / 1e3)
         energy = iters * it.energy_j + eval_iters * eval_energy

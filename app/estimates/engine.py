@@ -30,7 +30,7 @@ from typing import Any, Generic, TypeVar
 
 from sqlalchemy.orm import Session
 
-from app.core.aggregate import Aggregate, LayerTime, aggregate
+from app.core.aggregate import Aggregate, LayerSums, LayerTime, aggregate, layer_sums
 from app.core.analysis import GraphAnalysis
 from app.core.hardware import HardwareSpec
 from app.core.memory import MemoryFootprint, fits
@@ -111,11 +111,11 @@ class _Lru(Generic[K, V]):
 
 
 class ScenarioCache:
-    """What one predictor answered, by :attr:`Scenario.key`: layer estimates and times (a bounded LRU of
-    :data:`MAX_CACHED_SCENARIOS`)."""
+    """What one predictor answered, by :attr:`Scenario.key`: layer estimates, times and their sums (a bounded
+    LRU of :data:`MAX_CACHED_SCENARIOS`)."""
 
     def __init__(self) -> None:
-        self.layers: _Lru[Hashable, tuple[Estimates, list[LayerTime]]] = _Lru(MAX_CACHED_SCENARIOS)
+        self.layers: _Lru[Hashable, tuple[Estimates, list[LayerTime], LayerSums]] = _Lru(MAX_CACHED_SCENARIOS)
 
 
 _CACHES: weakref.WeakKeyDictionary[Any, ScenarioCache] = weakref.WeakKeyDictionary()
@@ -221,10 +221,12 @@ class GraphCache:
 @dataclass(frozen=True, slots=True)
 class LayerPredictions:
     """What :func:`predict_layers` returns: per scenario, the estimates of its supported layers (graph order)
-    and their layer times, and how many layer predictions were answered and how many computed now."""
+    and their layer times with their sums (:func:`app.core.aggregate.layer_sums`, computed once per scenario
+    and shared by every job of it), and how many layer predictions were answered and how many computed now."""
 
     estimates: list[Estimates]
     times: list[list[LayerTime]]
+    sums: list[LayerSums]
     queries: int
     unique_queries: int
 
@@ -232,29 +234,46 @@ class LayerPredictions:
 def predict_layers(cache: GraphCache, scenarios: Sequence[Scenario]) -> LayerPredictions:
     """Estimates of every supported layer of every scenario: remembered scenarios from the cache, the others'
     layer tables through one vectorised predictor call (:func:`app.predictions.service.predict_tables`).
+    A scenario that recurs within the call is predicted once (its first occurrence) and shares that answer.
     Raises what the predictor raises."""
     recalled = [cache.store.layers.get(s.key) for s in scenarios]
-    todo = [s for s, hit in zip(scenarios, recalled, strict=True) if hit is None]
+    todo: list[Scenario] = []
+    seen: set[Hashable] = set()
+    for s, hit in zip(scenarios, recalled, strict=True):
+        if hit is None and (s.key is None or s.key not in seen):
+            todo.append(s)
+            if s.key is not None:
+                seen.add(s.key)
     items = [(s.bound.table(s.hardware), s.setting) for s in todo]
     found = iter(predict_tables(cache.predictor, items) if items else [])
+    fresh: dict[Hashable, tuple[Estimates, list[LayerTime], LayerSums]] = {}
     estimates: list[Estimates] = []
     layer_times: list[list[LayerTime]] = []
+    sums: list[LayerSums] = []
     queries = computed = 0
     for s, hit in zip(scenarios, recalled, strict=True):
+        if hit is None and s.key is not None:
+            hit = fresh.get(s.key)
         if hit is None:
             est = next(found)
             table = s.bound.table(s.hardware)
-            hit = (est, layer_times_of(table, s.setting, est)[0])
+            times = layer_times_of(table, s.setting, est)[0]
+            hit = (est, times, layer_sums(times))
             cache.store.layers.put(s.key, hit)
+            if s.key is not None:
+                fresh[s.key] = hit
             computed += len(est)
         estimates.append(hit[0])
         layer_times.append(hit[1])
+        sums.append(hit[2])
         queries += len(hit[0])
-    return LayerPredictions(estimates=estimates, times=layer_times, queries=queries, unique_queries=computed)
+    return LayerPredictions(estimates=estimates, times=layer_times, sums=sums, queries=queries,
+                            unique_queries=computed)
 
 
-def scenario_aggregate(cache: GraphCache, s: Scenario, times: Sequence[LayerTime]) -> Aggregate:
-    """Iteration, epoch and job of ``s`` from its layer times: :func:`app.core.aggregate.aggregate` of
-    :func:`app.predictions.service.aggregation_input`, exactly as ``POST /v1/predictions`` computes them."""
+def scenario_aggregate(cache: GraphCache, s: Scenario, times: Sequence[LayerTime], sums: LayerSums) -> Aggregate:
+    """Iteration, epoch and job of ``s`` from its layer times and their sums (:attr:`LayerPredictions.sums`):
+    :func:`app.core.aggregate.aggregate` of :func:`app.predictions.service.aggregation_input`, the numbers
+    ``POST /v1/predictions`` computes; only the job-level terms are computed per call."""
     fp = cache.footprint(s)
-    return aggregate(aggregation_input(s.request, s.hardware, list(times), fp, training=s.training))
+    return aggregate(aggregation_input(s.request, s.hardware, times, fp, training=s.training, sums=sums))

@@ -22,6 +22,7 @@ from app.core.aggregate import (
     Checkpointing,
     DataParallel,
     InputPipeline,
+    LayerSums,
     LayerTime,
     aggregate,
 )
@@ -79,9 +80,11 @@ def check_interconnect(hw: HardwareSpec, request: PredictionCreate) -> None:
 
 
 def aggregation_input(
-    request: PredictionCreate, hw: HardwareSpec, times: list[LayerTime], fp: MemoryFootprint, *, training: bool
+    request: PredictionCreate, hw: HardwareSpec, times: Sequence[LayerTime], fp: MemoryFootprint, *, training: bool,
+    sums: LayerSums | None = None,
 ) -> AggregationInput:
-    """What :func:`app.core.aggregate.aggregate` needs from the request, the device and the footprint."""
+    """What :func:`app.core.aggregate.aggregate` needs from the request, the device and the footprint
+    (``sums``: :func:`app.core.aggregate.layer_sums` of ``times`` when the caller has them)."""
     n = request.device_count
     dp = None
     if n > 1:
@@ -99,7 +102,7 @@ def aggregation_input(
         layers=times, global_batch_size=request.batch_size, overhead_ms=request.iteration_overhead_ms,
         data_parallel=dp, input_pipeline=loading, dataset_size=request.dataset_size, eval_size=request.eval_size,
         epochs=request.epochs, checkpointing=ck, idle_power_w=idle_power_w(hw) if hw.tdp_w is not None else None,
-        price_usd_per_hour=price, grid_gco2_per_kwh=request.grid_gco2_per_kwh,
+        price_usd_per_hour=price, grid_gco2_per_kwh=request.grid_gco2_per_kwh, sums=sums,
     )
 
 

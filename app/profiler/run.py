@@ -8,7 +8,8 @@ Usage::
     python -m app.profiler.run --out data/seed/layers_cpu.jsonl --n-configs 6000 --threads 1 \\
         --precision fp32,bf16 --bf16-fraction 0.15 --seed 0 --max-seconds 1.5
     python -m app.profiler.run e2e ...      # whole training iterations (see app.profiler.e2e)
-    layercast profile --device cuda --out layers_h200.jsonl --upload http://layercast:8000 --hardware-id h200-sxm
+    layercast profile --device cuda --out layers_h200.jsonl --upload http://layercast:8000 --hardware-id h200-sxm \\
+        --api-key "$LAYERCAST_API_KEY"
 
 ``--upload URL`` posts the shard's rows to a running service once the campaign is done
 (:mod:`app.profiler.upload`: batches with idempotency keys, so rerunning it stores nothing twice).
@@ -191,6 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="id of this device on the server (required with --upload): a catalog id, or for a CPU "
                         "the id of the hardware.json written beside --out once added there (POST /v1/hardware); "
                         "'local' only when the server runs on this machine")
+    p.add_argument("--api-key", default=None,
+                   help="API key with the 'measurements' scope for --upload (default $LAYERCAST_API_KEY; "
+                        "`layercast keys create NAME --scope measurements`)")
     return p
 
 
@@ -323,15 +327,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"not uploading: the campaign in {args.out} is not finished (rerun to resume; it uploads at the end)",
               file=sys.stderr)
         return 0
-    return _upload(args.out, server=args.upload, hardware_id=args.hardware_id)
+    return _upload(args.out, server=args.upload, hardware_id=args.hardware_id, api_key=args.api_key)
 
 
-def _upload(path: Path, *, server: str, hardware_id: str) -> int:
+def _upload(path: Path, *, server: str, hardware_id: str, api_key: str | None) -> int:
     """Post the finished shard (:func:`app.profiler.upload.upload_shard`); exit status 0 or 1 (refused)."""
     from app.client import LayercastAPIError
     from app.profiler.upload import http_client, upload_shard
 
-    with http_client(server) as client:
+    with http_client(server, api_key=api_key) as client:
         try:
             upload_shard(path, client=client, hardware_id=hardware_id, log=lambda s: print(s, file=sys.stderr))
         except LayercastAPIError as exc:

@@ -98,7 +98,9 @@ def upload_shard(path: str | Path, *, client: Client, hardware_id: str, chunk: i
     return report
 
 
-def http_client(server: str, *, retries: int = 3, timeout_s: float = 120.0) -> Client:
-    """A :class:`Client` of ``server`` whose transport retries failed connections ``retries`` times."""
-    return Client(http=httpx.Client(base_url=server, timeout=timeout_s,
-                                    transport=httpx.HTTPTransport(retries=retries)))  # fmt: skip
+def http_client(server: str, *, api_key: str | None = None, retries: int = 3, timeout_s: float = 120.0) -> Client:
+    """A :class:`Client` of ``server`` whose transport retries failed connections ``retries`` times, sending
+    ``api_key`` (default ``$LAYERCAST_API_KEY``; measurements need the ``measurements`` scope) as
+    ``Authorization: Bearer``."""
+    return Client(http=httpx.Client(base_url=server, timeout=timeout_s, transport=httpx.HTTPTransport(retries=retries)),
+                  api_key=api_key)  # fmt: skip

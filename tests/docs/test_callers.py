@@ -1,6 +1,10 @@
 """The callers' docs (``docs/callers/*.md``) run as written: every fenced ``python`` and ``sh`` block of a
 page runs, in order and each in a fresh process, against the app served by uvicorn on a free port
-(``$LAYERCAST_URL``), in a folder with the models the pages name. ``sh exit=N`` blocks must exit ``N``."""
+(``$LAYERCAST_URL``), in a folder with the models the pages name. ``sh exit=N`` blocks must exit ``N``.
+
+The server runs with the shipped access defaults (anonymous requests get ``read,graphs``; the suite's
+conftest widening is undone), and ``$LAYERCAST_API_KEY`` holds a key made with ``layercast keys create``,
+as a user would: the pages' writes of measurements and hardware work only because they send it."""
 
 from __future__ import annotations
 
@@ -12,10 +16,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from fastapi import FastAPI
 
+from app.auth import Scope
+from app.config import Settings
+from app.main import create_app
+from app.migrate import upgrade
 from tests.estimates.models import mlp_onnx
 from tests.helpers import REPO, light_model, serve
+from tests.security.test_auth import SHIPPED_DEFAULTS, _make_key
 
 DOCS = REPO / "docs" / "callers"
 CALLERS = ("ci-pipeline", "comparing-hardware", "scheduler", "nas-loop", "adding-a-gpu")
@@ -56,9 +64,14 @@ def _workdir(tmp_path: Path) -> tuple[Path, dict[str, str]]:
 
 
 @pytest.mark.parametrize("name", CALLERS)
-def test_page_examples_run(name: str, app: FastAPI, tmp_path: Path) -> None:
+def test_page_examples_run(name: str, settings: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     work, env = _workdir(tmp_path)
-    with serve(app) as url:
+    upgrade(settings.database_url)
+    env["LAYERCAST_API_KEY"] = _make_key(settings.database_url, name, "read", "graphs", "measurements", "hardware",
+                                         capsys=capsys)
+    shipped = settings.model_copy(update={**SHIPPED_DEFAULTS, "open_scopes": None, "allowed_hosts": None})
+    assert shipped.open_scope_set == {Scope.READ, Scope.GRAPHS}  # the default of a loopback bind
+    with serve(create_app(shipped)) as url:
         env["LAYERCAST_URL"] = url
         for i, (lang, expected, code) in enumerate(blocks(DOCS / f"{name}.md")):
             cmd = [sys.executable, "-c", code] if lang == "python" else ["bash", "-euo", "pipefail", "-c", code]

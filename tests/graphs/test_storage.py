@@ -21,6 +21,7 @@ from app.core.onnx_import import import_onnx
 from app.graphs.models import StoredGraph
 from app.main import create_app
 from app.migrate import upgrade
+from tests.security.test_auth import _make_key
 
 REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "README.md").read_bytes()  # read here, before any test audits opened paths
@@ -65,9 +66,10 @@ def _gpt_like(*, tied_copy: bool = True, seed: int = 0) -> onnx.ModelProto:
 EXPECTED_PARAMS = VOCAB * HIDDEN + HIDDEN * FFN + FFN + FFN * HIDDEN  # the LM head is the tied embedding
 
 
-def _post(client: TestClient, content: bytes, **params) -> object:
+def _post(client: TestClient, content: bytes, headers: dict[str, str] | None = None, **params) -> object:
     return client.post(
-        "/v1/graphs", content=content, headers={"content-type": "application/octet-stream"}, params=params
+        "/v1/graphs", content=content, headers={"content-type": "application/octet-stream", **(headers or {})},
+        params=params,
     )
 
 
@@ -269,12 +271,13 @@ def test_upload_larger_than_the_in_memory_spool(client: TestClient) -> None:
         assert r.json()["size_bytes"] == len(content)
 
 
-def test_delete_graph(client: TestClient) -> None:
-    gid = _post(client, _gpt_like().SerializeToString(), dims="seq=4").json()["id"]
-    assert client.delete(f"/v1/graphs/{gid}").status_code == 204
+def test_delete_graph(client: TestClient, settings: Settings, capsys: pytest.CaptureFixture[str]) -> None:
+    owner = {"Authorization": f"Bearer {_make_key(settings.database_url, 'owner', 'graphs', capsys=capsys)}"}
+    gid = _post(client, _gpt_like().SerializeToString(), headers=owner, dims="seq=4").json()["id"]
+    assert client.delete(f"/v1/graphs/{gid}", headers=owner).status_code == 204
     missing = client.get(f"/v1/graphs/{gid}")
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "graph_not_found"
-    again = client.delete(f"/v1/graphs/{gid}")
+    again = client.delete(f"/v1/graphs/{gid}", headers=owner)
     assert again.status_code == 404
     assert again.json()["error"] == {
         "code": "graph_not_found", "message": f"no graph with id '{gid}'", "detail": {"graph_id": gid}

@@ -20,7 +20,7 @@ from app.predictors import service
 from tests.helpers import light_model
 
 SHIPPED = (REPO_ROOT / "models" / "CURRENT").read_text().strip()
-KEY = "s3cret-admin-key"
+KEY = "s3cret-admin-key-of-at-least-32-characters"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
 

@@ -84,10 +84,10 @@ def test_a_crashed_workers_lease_expires(sqlite_url: str) -> None:
 
 def test_api_request_is_recorded_and_taken_by_the_worker(sqlite_url: str, tmp_path: Path) -> None:
     upgrade(sqlite_url)
-    settings = Settings(database_url=sqlite_url, models_dir=REPO_ROOT / "models", admin_key="k")
+    settings = Settings(database_url=sqlite_url, models_dir=REPO_ROOT / "models", admin_key="k" * 32)
     with TestClient(create_app(settings)) as client:
         assert client.post("/v1/predictors/retrain").status_code == 401
-        r = client.post("/v1/predictors/retrain", headers={"Authorization": "Bearer k"})
+        r = client.post("/v1/predictors/retrain", headers={"Authorization": "Bearer " + "k" * 32})
         assert r.status_code == 202 and r.json()["status"] == "requested"
         run_id = r.json()["id"]
     seen: list[tuple[str, int | None]] = []

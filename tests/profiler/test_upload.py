@@ -10,10 +10,14 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.client import Client, LayercastAPIError
+from app.config import Settings
+from app.main import create_app
 from app.measurements.importers import SOURCE_PROFILER_UPLOAD
 from app.measurements.profiler_rows import iter_profiler_layers
+from app.migrate import upgrade
 from app.profiler import upload
 from app.training.dataset import load_training_rows
+from tests.security.test_auth import _make_key
 
 torch = pytest.importorskip("torch")
 from app.profiler import run  # noqa: E402
@@ -68,3 +72,24 @@ def test_refused_upload_exits_1_and_an_unfinished_campaign_is_not_uploaded(
     assert "not uploading" in capsys.readouterr().err and _uploaded(api) == 0
     with pytest.raises(SystemExit, match="hardware-id"):
         run.main(["--out", str(more), *ARGS, "--upload", "http://test"])
+
+
+def test_upload_sends_its_api_key_to_a_server_with_the_shipped_scopes(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert upload.http_client("http://x", api_key="lck_k").http.headers["authorization"] == "Bearer lck_k"
+    upgrade(settings.database_url)
+    key = _make_key(settings.database_url, "profiler", "measurements", capsys=capsys)
+    shipped = settings.model_copy(update={"open_scopes": "read,graphs", "allowed_hosts": "testserver"})
+    with TestClient(create_app(shipped)) as server:
+        def keyed(server_url: str, *, api_key: str | None = None, **_: object) -> Client:
+            return Client(http=TestClient(server.app), api_key=api_key)
+
+        monkeypatch.setattr(upload, "http_client", keyed)
+        monkeypatch.delenv("LAYERCAST_API_KEY", raising=False)
+        out = tmp_path / "layers_cpu.jsonl"
+        argv = ["--out", str(out), *ARGS, "--upload", "http://test", "--hardware-id", "local"]
+        assert run.main(argv) == 1  # no key: measurements are not an open scope
+        assert "auth_required" in capsys.readouterr().err
+        assert run.main([*argv, "--api-key", key]) == 0
+        assert _uploaded(Client(http=server)) > 0

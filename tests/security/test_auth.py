@@ -9,6 +9,7 @@ fresh install does.
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,9 +18,10 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
-from app.auth import POLICY, Scope, required_scope
+from app.auth import POLICY, Scope, active_key_count, required_scope, revoke_key, sends_key
 from app.cli import main as cli_main
 from app.config import REPO_ROOT, Settings
+from app.db import make_engine, make_sessionmaker
 from app.main import create_app, module_routes
 from app.migrate import upgrade
 from tests.security.test_hostile_inputs import HARDWARE, MEASUREMENT, batch, json_graph, prediction
@@ -109,6 +111,9 @@ def test_scoped_keys(client: TestClient, keys: dict[str, str], db_url: str) -> N
     assert r.status_code == 403 and r.json()["error"]["code"] == "insufficient_scope"
     r = client.post("/v1/measurements", json=batch(MEASUREMENT), headers=_bearer(keys["reader"]))
     assert r.status_code == 403 and r.json()["error"]["code"] == "insufficient_scope"
+    # a key never allows less than no key: the profiler's key still reads and predicts
+    assert client.get("/v1/hardware", headers=_bearer(keys["measure"])).status_code == 200
+    assert client.post("/v1/predictions", json=prediction(), headers=_bearer(keys["measure"])).status_code == 200
     # admin implies every scope
     assert client.post("/v1/measurements", json=batch(MEASUREMENT), headers=_bearer(keys["admin"])).status_code == 201
 
@@ -191,10 +196,27 @@ def test_graphs_belong_to_their_first_uploader(client: TestClient, keys: dict[st
     assert r.status_code == 403 and r.json()["error"]["code"] == "not_owner"
     assert client.delete(f"/v1/graphs/{gid}").status_code == 403  # anonymous cannot either
     assert client.delete(f"/v1/graphs/{gid}", headers=a).status_code == 204
-    # an anonymous upload has no owner: anyone allowed to write graphs may delete it
+    # an anonymous upload has no owner: only an admin may delete it (anyone could, otherwise)
     anon = client.post("/v1/graphs", json=json_graph(name="shared")).json()
     assert anon["owner"] is None
-    assert client.delete(f"/v1/graphs/{anon['id']}").status_code == 204
+    for who in ({}, a):
+        r = client.delete(f"/v1/graphs/{anon['id']}", headers=who)
+        assert r.status_code == 403 and r.json()["error"]["code"] == "not_owner", r.text
+    assert client.delete(f"/v1/graphs/{anon['id']}", headers=_bearer(keys["admin"])).status_code == 204
+
+
+def test_open_scopes_default_to_read_only_on_a_non_loopback_bind(db_url: str) -> None:
+    base = {"database_url": db_url, "models_dir": REPO_ROOT / "models", "rate_limit": "", "open_scopes": None}
+    assert Settings(**base, host="127.0.0.1").open_scope_set == {Scope.READ, Scope.GRAPHS}
+    assert Settings(**base, host="::1").open_scope_set == {Scope.READ, Scope.GRAPHS}
+    exposed = Settings(**base, host="0.0.0.0")  # the Dockerfile's bind
+    assert exposed.open_scope_set == {Scope.READ}
+    widened = Settings(**{**base, "open_scopes": "read,graphs"}, host="0.0.0.0")
+    assert widened.open_scope_set == {Scope.READ, Scope.GRAPHS}
+    with TestClient(create_app(exposed.model_copy(update={"allowed_hosts": "testserver"}))) as client:
+        r = client.post("/v1/graphs", json=json_graph(name="anon"))
+        assert r.status_code == 401 and r.json()["error"]["code"] == "auth_required"
+        assert client.post("/v1/predictions", json=prediction()).status_code == 200
 
 
 def test_every_writing_route_is_in_the_policy() -> None:
@@ -222,6 +244,13 @@ def test_rate_limit_per_key_and_per_address(db_url: str, keys: dict[str, str]) -
         # a key has its own budget, apart from its address's anonymous one
         assert c.get("/v1/hardware", headers=_bearer(keys["reader"])).status_code == 200
         assert c.get("/healthz").status_code == 200  # probes are never limited
+
+
+def test_invalid_keys_are_rate_limited_before_they_are_checked(db_url: str) -> None:
+    with _client(db_url, rate_limit="3/minute") as c:
+        codes = [c.get("/v1/hardware", headers=_bearer(f"lck_{i:016x}_guess")).status_code for i in range(5)]
+        assert codes == [401, 401, 401, 429, 429]
+        assert c.get("/v1/hardware").status_code == 200  # the anonymous budget of the address is apart
 
 
 def test_hosts_outside_the_allow_list_are_refused(db_url: str) -> None:
@@ -261,6 +290,14 @@ def test_cross_site_simple_posts_are_refused(client: TestClient, keys: dict[str,
     assert r.status_code in (200, 201)
 
 
+def test_an_empty_key_header_is_no_key_for_the_cross_site_check(client: TestClient) -> None:
+    for empty in ({"X-API-Key": ""}, {"X-API-Key": "  "}, {"Authorization": "Bearer "}, {"Authorization": "Bearer  "}):
+        assert sends_key([(k.lower().encode(), v.encode()) for k, v in empty.items()]) is False, empty
+        r = client.post("/v1/graphs", headers={"Origin": "http://evil.example", **empty}, **_onnx_form())
+        assert r.status_code == 403 and r.json()["error"]["code"] == "cross_site_request", empty
+    assert sends_key([(b"x-api-key", b"lck_x")]) and sends_key([(b"authorization", b"Bearer lck_x")])
+
+
 def test_cors_is_closed_by_default_and_opens_per_origin(db_url: str, client: TestClient) -> None:
     r = client.options("/v1/hardware", headers={"Origin": "http://ui.example", "Access-Control-Request-Method": "GET"})
     assert "access-control-allow-origin" not in r.headers
@@ -288,3 +325,39 @@ def test_405_names_every_method_of_the_path(client: TestClient) -> None:
     assert r.status_code != 405  # PUT exists there
     r = client.post("/v1/hardware/x")
     assert set(r.headers["allow"].split(", ")) == {"GET", "HEAD", "PUT", "DELETE"}
+
+
+@pytest.mark.parametrize(("open_scopes", "refused"), [
+    ("read,graphs", "measurements, hardware changes and admin actions are refused"),
+    ("read,graphs,measurements,hardware", "no API key exists: admin actions are refused"),
+    ("read", "graph uploads, measurements, hardware changes and admin actions are refused"),
+])  # fmt: skip
+def test_the_first_start_says_what_the_open_scopes_really_refuse(
+    db_url: str, open_scopes: str, refused: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="layercast"), _client(db_url, open_scopes=open_scopes):
+        pass
+    warnings = [r.getMessage() for r in caplog.records if "no API key exists" in r.getMessage()]
+    assert len(warnings) == 1 and refused in warnings[0], warnings
+
+
+def test_the_bootstrap_admin_key_is_long_and_compared_as_a_digest(db_url: str) -> None:
+    with pytest.raises(ValueError, match="LAYERCAST_ADMIN_KEY must be at least 32 characters"):
+        Settings(database_url=db_url, admin_key="short-admin-key")
+    key = "b" * 32
+    with _client(db_url, admin_key=key) as c:
+        assert c.post("/v1/predictors/retrain", headers=_bearer(key)).status_code == 202
+        for wrong in ("b" * 31, "b" * 33, "c" + key[1:]):  # near misses of every length
+            r = c.post("/v1/predictors/retrain", headers=_bearer(wrong))
+            assert r.status_code == 401 and r.json()["error"]["code"] == "api_key_invalid", wrong
+
+
+def test_active_key_count_counts_in_the_database(db_url: str, keys: dict[str, str]) -> None:
+    engine = make_engine(db_url, pool_size=1)
+    try:
+        with make_sessionmaker(engine).begin() as session:
+            assert active_key_count(session) == len(keys)
+            revoke_key(session, key_id=keys["admin"].split("_")[1])
+            assert active_key_count(session) == len(keys) - 1
+    finally:
+        engine.dispose()

@@ -7,15 +7,19 @@ from __future__ import annotations
 
 import logging
 import shutil
+import sqlite3
 from pathlib import Path
 from typing import Any
 
+import psycopg
+import psycopg.errors
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import exc as sa_exc
 
 from app.config import REPO_ROOT, Settings
 from app.db import make_engine, make_sessionmaker
-from app.main import create_app
+from app.main import create_app, database_is_down
 from app.migrate import upgrade
 from app.predictors import service
 from app.predictors.service import PredictorUnavailable
@@ -111,3 +115,36 @@ def test_missing_artifact_file_refuses_to_start(tmp_path: Path) -> None:
     with pytest.raises(PredictorUnavailable, match="FileNotFoundError"), \
             TestClient(create_app(_settings(url, artifact_store=store))):
         pass
+
+
+def test_a_database_bug_is_a_logged_500_not_a_retry_forever_503(tmp_path: Path,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    url = f"sqlite:///{tmp_path / 'layercast.db'}"
+    upgrade(url)
+    with TestClient(create_app(_settings(url)), raise_server_exceptions=False) as client:
+        engine = make_engine(url, pool_size=1)
+        with engine.begin() as conn:
+            conn.exec_driver_sql("DROP TABLE measurements")  # a schema the code does not expect: a bug
+        engine.dispose()
+        with caplog.at_level(logging.ERROR, logger="layercast"):
+            r = client.get("/v1/measurements")
+        assert r.status_code == 500 and r.json()["error"]["code"] == "internal_error", r.text
+        assert "retry-after" not in r.headers
+        logged = [rec for rec in caplog.records if rec.exc_info]
+        assert logged and "no such table" in str(logged[-1].exc_info[1])  # with its traceback
+
+
+@pytest.mark.parametrize(("orig", "down"), [
+    (sqlite3.OperationalError("database is locked"), True),
+    (sqlite3.OperationalError("unable to open database file"), True),
+    (sqlite3.OperationalError("no such table: graphs"), False),
+    (psycopg.OperationalError("connection refused"), True),  # no SQLSTATE: never reached the server
+    (psycopg.errors.AdminShutdown("terminating connection"), True),
+    (psycopg.errors.ConnectionFailure("lost"), True),
+    (psycopg.errors.QueryCanceled("statement timeout"), False),
+])  # fmt: skip
+def test_only_connection_level_database_errors_are_503(orig: Exception, down: bool) -> None:
+    assert database_is_down(sa_exc.OperationalError("SELECT 1", {}, orig)) is down
+    assert database_is_down(sa_exc.TimeoutError("pool exhausted"))
+    invalidated = sa_exc.OperationalError("SELECT 1", {}, sqlite3.OperationalError("?"), connection_invalidated=True)
+    assert database_is_down(invalidated)
