@@ -4,7 +4,7 @@
 (floors, tensor-core flags, transfer mask, learned-step mask, backward kernel counts, the stack's kernel floor)
 and one ``session.run``. :func:`per_row` below is the per-query definition it replaced (plan, featurise, run,
 assemble, written with the scalar helpers of :mod:`app.core` and :mod:`app.predictor.base`); the test compares
-both on ResNet-50, BERT-base and GPT-2 small for every catalog device x precision x mode x stack (relative
+both on ResNet-50 for every catalog device (BERT-base and GPT-2 small: every third) x precision x mode x stack (relative
 1e-6: the model runs in float32 either way, the rest is float64).
 """
 
@@ -203,7 +203,11 @@ def test_vectorised_learned_rows_equal_the_per_row_definition(model: str, learne
                                                                mode="inference", optimizer="none")) is None]
     assert len(pairs) > 20
     checked, kinds_seen, transfers, steps = 0, set(), 0, 0
-    for hw in catalog.values():
+    # ResNet-50 on every catalog device; the two large transformers on every third one (still CPUs, GPUs
+    # with and without tensor cores): the per-row reference costs minutes per model on every device
+    devices = list(catalog.values()) if model == "resnet50" else list(catalog.values())[::3]
+    assert {hw.kind for hw in devices} == {hw.kind for hw in catalog.values()}
+    for hw in devices:
         for prec in Precision:
             try:
                 check_precision(hw, prec)
@@ -229,6 +233,6 @@ def test_vectorised_learned_rows_equal_the_per_row_definition(model: str, learne
                     steps += mode == "training" and stack is SoftwareStack.TF1_SESSION
                     checked += 1
     # every branch ran: transfer, learned train step (TF1 on GPUs), backward from the forward, inference
-    assert checked > 300 and steps > 0
+    assert checked > 100 and steps > 0
     if model == "resnet50":
         assert transfers > 0 and OpKind.CONV in kinds_seen
