@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import weakref
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -129,6 +129,21 @@ def scenario_cache(predictor: Predictor) -> ScenarioCache:
     return found
 
 
+def _remembered(memo: dict[K, V | LayercastError], key: K, compute: Callable[[], V]) -> V:
+    """``memo[key]``, computed by ``compute()`` on first use; a :class:`~app.errors.LayercastError` it
+    raises is remembered too and raised again for every later use of ``key`` within the call (a missing
+    graph or device fails each job that names it, without another database lookup or import)."""
+    if key not in memo:
+        try:
+            memo[key] = compute()
+        except LayercastError as exc:
+            memo[key] = exc
+    found = memo[key]
+    if isinstance(found, LayercastError):
+        raise found
+    return found
+
+
 @dataclass
 class GraphCache:
     """Per-call caches (analyses per ``(graph, batch, dims, stack)``, hardware specs) in front of the
@@ -158,35 +173,26 @@ class GraphCache:
         batch = request.per_device_batch_size
         graph_key = self._graph_key(request)
         key = (graph_key, batch, tuple(sorted(request.dims.items())), request.software_stack)
-        if key not in self._analyses:
-            try:
-                if request.graph_id is not None:
-                    self._analyses[key] = graphs.bound_graph(
-                        self.session, graph_id=request.graph_id, batch_size=batch, dims=request.dims,
-                        software_stack=request.software_stack)
-                else:
-                    content = graph_key[1]  # type: ignore[index]
-                    self._analyses[key] = graphs.bound_inline(content, batch_size=batch, dims=request.dims,
-                                                              software_stack=request.software_stack)
-            except LayercastError as exc:
-                self._analyses[key] = exc
-        found = self._analyses[key]
-        if isinstance(found, LayercastError):
-            raise found
-        return found
+
+        def bind() -> graphs.BoundGraph:
+            if request.graph_id is not None:
+                return graphs.bound_graph(self.session, graph_id=request.graph_id, batch_size=batch,
+                                          dims=request.dims, software_stack=request.software_stack)
+            content = graph_key[1]  # type: ignore[index]
+            return graphs.bound_inline(content, batch_size=batch, dims=request.dims,
+                                       software_stack=request.software_stack)
+
+        return _remembered(self._analyses, key, bind)
 
     def spec(self, hardware_id: str) -> HardwareSpec:
         """Stored spec of ``hardware_id``; raises :class:`app.errors.HardwareNotFound` (404)."""
-        if hardware_id not in self._specs:
-            try:
-                spec = self._specs[hardware_id] = hardware_service.get_spec(self.session, hardware_id=hardware_id)
-                self._fingerprints[hardware_id] = json.dumps(spec_to_dict(spec), sort_keys=True, default=str)
-            except LayercastError as exc:
-                self._specs[hardware_id] = exc
-        found = self._specs[hardware_id]
-        if isinstance(found, LayercastError):
-            raise found
-        return found
+
+        def load() -> HardwareSpec:
+            spec = hardware_service.get_spec(self.session, hardware_id=hardware_id)
+            self._fingerprints[hardware_id] = json.dumps(spec_to_dict(spec), sort_keys=True, default=str)
+            return spec
+
+        return _remembered(self._specs, hardware_id, load)
 
     def scenario(self, request: PredictionCreate) -> Scenario:
         """Bind ``request`` (a ``hardware_id`` request): raises the errors ``POST /v1/predictions`` would
