@@ -9,6 +9,7 @@ page with its problem code (and the response carries the matching 4xx status).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
@@ -111,6 +112,17 @@ def _comparison_section(session: Any, predictor: Any, query: dict[str, Any], par
             + f'<p><a id="comparison-csv" href="/ui/comparison.csv?{params}">comparison as CSV</a></p>')
 
 
+def _csv(build: Callable[[], str], filename: str) -> Response:
+    """``build()``'s CSV text as a download named ``filename``; a request the API refuses answers its
+    problem (status, ``code: message``) as plain text instead."""
+    try:
+        text = build()
+    except ValidationError as exc:
+        status, code, message = _problem(exc)
+        return Response(f"{code}: {message}\n", status_code=status, media_type="text/plain")
+    return Response(text, media_type="text/csv", headers={"content-disposition": f'attachment; filename="{filename}"'})
+
+
 @router.get("/ui/layers.csv")
 def layers_csv(
     session: SessionDep, predictor: PredictorDep, graph_id: str, hardware_id: str, batch_size: Int = 32,
@@ -119,13 +131,7 @@ def layers_csv(
 ) -> Response:
     """The per-layer table of the page's prediction as CSV (errors: the API's problem documents)."""
     query = _query(graph_id, hardware_id, batch_size, mode, precision, device_count, dataset_size, epochs)
-    try:
-        prediction = _predict(session, predictor, query)
-    except ValidationError as exc:
-        status, code, message = _problem(exc)
-        return Response(f"{code}: {message}\n", status_code=status, media_type="text/plain")
-    return Response(render.layers_csv(prediction), media_type="text/csv",
-                    headers={"content-disposition": 'attachment; filename="layers.csv"'})
+    return _csv(lambda: render.layers_csv(_predict(session, predictor, query)), "layers.csv")
 
 
 @router.get("/ui/comparison.csv")
@@ -136,13 +142,7 @@ def comparison_csv(
 ) -> Response:
     """The page's hardware comparison as CSV, one row per device (errors: the API's problem documents)."""
     query = _query(graph_id, hardware_id, batch_size, mode, precision, device_count, dataset_size, epochs)
-    try:
-        read = _compare(session, predictor, query)
-    except ValidationError as exc:
-        status, code, message = _problem(exc)
-        return Response(f"{code}: {message}\n", status_code=status, media_type="text/plain")
-    return Response(render.comparison_csv(read), media_type="text/csv",
-                    headers={"content-disposition": 'attachment; filename="comparison.csv"'})
+    return _csv(lambda: render.comparison_csv(_compare(session, predictor, query)), "comparison.csv")
 
 
 @router.post("/ui/graphs", response_class=HTMLResponse)
