@@ -20,6 +20,7 @@ import os
 import socket
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -95,20 +96,29 @@ def postgres_admin_url() -> URL:
     return url
 
 
-@pytest.fixture
-def postgres_url(request: pytest.FixtureRequest) -> Iterator[str]:
-    """URL of a fresh, empty PostgreSQL database, dropped after the test."""
+@contextmanager
+def _scratch_database(admin: URL, prefix: str, *, template: str | None = None) -> Iterator[str]:
+    """Name of a new PostgreSQL database ``<prefix>_<random>`` (a copy of ``template`` when given) on the
+    server of ``admin``, dropped (connections forced off) when the block ends, however it ends."""
     import psycopg
 
-    admin: URL = request.getfixturevalue("postgres_admin_url")
-    name = f"layercast_test_{uuid.uuid4().hex[:12]}"
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    copy = f' TEMPLATE "{template}"' if template is not None else ""
     with psycopg.connect(_libpq(admin), autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"{copy}')
     try:
-        yield admin.set(database=name).render_as_string(hide_password=False)
+        yield name
     finally:
         with psycopg.connect(_libpq(admin), autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def postgres_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """URL of a fresh, empty PostgreSQL database, dropped after the test."""
+    admin: URL = request.getfixturevalue("postgres_admin_url")
+    with _scratch_database(admin, "layercast_test") as name:
+        yield admin.set(database=name).render_as_string(hide_password=False)
 
 
 @pytest.fixture
@@ -142,33 +152,17 @@ def test_backend() -> str:
 def postgres_template(postgres_admin_url: URL) -> Iterator[str]:
     """Name of a PostgreSQL database migrated to head once per session, the template of
     :func:`postgres_migrated_url` (``CREATE DATABASE ... TEMPLATE`` copies it in ~0.1 s)."""
-    import psycopg
-
-    name = f"layercast_tmpl_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(_libpq(postgres_admin_url), autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
+    with _scratch_database(postgres_admin_url, "layercast_tmpl") as name:
         upgrade(postgres_admin_url.set(database=name).render_as_string(hide_password=False))
         yield name
-    finally:
-        with psycopg.connect(_libpq(postgres_admin_url), autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture
 def postgres_migrated_url(request: pytest.FixtureRequest, postgres_template: str) -> Iterator[str]:
     """URL of a fresh PostgreSQL database already migrated to head, dropped after the test."""
-    import psycopg
-
     admin: URL = request.getfixturevalue("postgres_admin_url")
-    name = f"layercast_test_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(_libpq(admin), autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{postgres_template}"')
-    try:
+    with _scratch_database(admin, "layercast_test", template=postgres_template) as name:
         yield admin.set(database=name).render_as_string(hide_password=False)
-    finally:
-        with psycopg.connect(_libpq(admin), autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture
