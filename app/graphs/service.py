@@ -37,8 +37,6 @@ from app.core.analysis import GraphAnalysis, analyze
 from app.core.hardware import HardwareSpec
 from app.core.ir import Graph
 from app.core.json_import import import_json
-from app.core.onnx_import import import_onnx, parse_model
-from app.core.onnx_weights import strip_weights
 from app.core.vocab import SoftwareStack
 from app.errors import GraphNotFound, InvalidGraph, InvalidRequest, UnknownDimension
 from app.graphs.models import StoredGraph
@@ -81,6 +79,8 @@ def build_graph(
 
 def _import(content: bytes, source_format: str, batch_size: int, dims: dict[str, int], name: str) -> Graph:
     if source_format == "onnx":
+        from app.core.onnx_import import import_onnx  # onnx costs ~0.5 s to import: not at start-up (issue 12)
+
         return import_onnx(content, batch_size=batch_size, dims=dims, name=name or None)
     if source_format == "json":
         try:
@@ -297,12 +297,12 @@ def create_graph(
     """Validate, analyse and store a graph by content hash, without its weight data.
 
     ``content``: the ONNX upload (bytes, or a binary file positioned at its start, e.g. the spooled
-    temporary file of a streamed upload, so the bytes are held in memory only while protobuf parses
-    them) or the canonical JSON layer list; ``upload_sha256``: hex sha256 of those bytes when the caller
-    hashed them while streaming (required with a file; computed here for bytes). An ONNX model is
-    parsed, its external-data references dropped unread and its weight data stripped
-    (:func:`app.core.onnx_weights.strip_weights`); the stripped model is imported at ``batch_size`` /
-    ``dims`` for the summary and stored. The graph is fully imported before anything is written, so
+    temporary file of a streamed upload, never read whole into memory) or the canonical JSON layer
+    list; ``upload_sha256``: hex sha256 of those bytes when the caller hashed them while streaming
+    (required with a file; computed here for bytes). An ONNX model is parsed in bounded slices
+    (:func:`app.core.onnx_wire.read_model`), its external-data references dropped unread and its
+    weight data stripped (:func:`app.core.onnx_weights.strip_weights`); the stripped model is imported
+    at ``batch_size`` / ``dims`` for the summary and stored. The graph is fully imported before anything is written, so
     one that fails (:class:`InvalidGraph`, :class:`UnboundDimension`, :class:`UnknownDimension`)
     leaves the database untouched. An identical upload returns the stored row with ``created=False``,
     changes nothing, and says in ``notices`` what it did with a different ``name``/``batch_size``/``dims``.
@@ -320,12 +320,15 @@ def create_graph(
         return CreateResult(existing, False, _reupload_notices(existing, name=name, batch_size=batch_size, dims=dims))
     stripped_bytes = 0
     if source_format == "onnx":
+        from app.core.onnx_import import parse_model  # imported on first use, as in _import
+        from app.core.onnx_weights import strip_weights
+
         if isinstance(content, bytes):
             size = len(content)
             model = parse_model(content)
         else:
             start = content.tell()
-            model = parse_model(content.read())  # the bytes live only while protobuf parses them
+            model = parse_model(content)  # read in bounded slices, never whole next to the parsed model
             size = content.tell() - start
         report = strip_weights(model)
         stored = model.SerializeToString()
