@@ -35,8 +35,8 @@ from app.core.collectives import (
 )
 from app.core.energy import IDLE_FRACTION_OF_TDP, J_PER_KWH, idle_power_w
 from app.core.hardware import HardwareSpec
+from app.core.ir import EVAL_EXPORT_WARNING
 from app.core.memory import HEADROOM, MemoryFootprint, fits, footprint, largest_batch_that_fits
-from app.core.onnx_import import EVAL_EXPORT_WARNING
 from app.core.precision import (
     PRECISION_SEMANTICS,
     Precision,
