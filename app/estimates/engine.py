@@ -213,11 +213,11 @@ class GraphCache:
 
     def footprint(self, s: Scenario) -> MemoryFootprint:
         """Peak memory of one device of ``s`` (:func:`app.core.memory.footprint`, memoised on the binding)."""
-        return memo_footprint(s.bound, self._memory_opts(s), device=self._fingerprints.get(s.hardware.id))
+        return memo_footprint(s.bound, self._memory_opts(s))
 
     def largest_batch(self, s: Scenario) -> int:
         """Largest per-device batch whose peak fits (:func:`app.core.memory.largest_batch_that_fits`)."""
-        return memo_largest_batch(s.bound, self._memory_opts(s), device=self._fingerprints.get(s.hardware.id))
+        return memo_largest_batch(s.bound, self._memory_opts(s))
 
     def fits(self, s: Scenario) -> bool:
         """Whether one device of ``s`` holds its peak (:func:`app.core.memory.fits`)."""
