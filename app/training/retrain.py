@@ -5,14 +5,22 @@ Stages of :func:`run_retrain`:
 
 1. **watermark**: the newest measurement id (and its ``created_at``) at the start; later rows are left out
    of the evaluation (a row that lands during training may still be trained on: the loader reads once).
-2. **train** (:func:`app.training.train.run`, nothing re-implemented) on the imported sources and every
-   reported source (:func:`with_reported_sources`: rows ingested through ``POST /v1/measurements``) into a
-   temporary folder inside the artifact store, every **frozen benchmark** row left out: a row is in the
-   benchmark when the SHA-256 of ``BENCHMARK_SALT + its configuration key``
-   (:func:`app.training.dataset.config_key`: the shape without device, pass, optimizer and precision)
-   falls below ``benchmark_fraction``. Membership depends on the key alone, so it stays frozen as data
-   grows, and no version trained here ever sees it. (The shipped seed version predates the benchmark and did
-   train on some of it: that favours production, the safe side.)
+2. **train**: the rows (:func:`evaluation_rows`: the imported sources and every reported source,
+   :func:`with_reported_sources`: rows ingested through ``POST /v1/measurements``; every **frozen
+   benchmark** row left out: a row is in the benchmark when the SHA-256 of ``BENCHMARK_SALT + its
+   configuration key`` (:func:`app.training.dataset.config_key`: the shape without device, pass, optimizer
+   and precision) falls below ``benchmark_fraction``; membership depends on the key alone, so it stays
+   frozen as data grows, and no version trained here ever sees it. The shipped seed version predates the
+   benchmark and did train on some of it: that favours production, the safe side.) Then one of two:
+
+   - **fine-tune** when the training split holds GPUs that production's ``training_hardware`` does not list
+     (:func:`app.training.new_hardware.new_devices`: measurements of hardware it never trained on) and its
+     torch weights load (:func:`finetuned_candidate`: production's weights tuned on those devices' training
+     rows, the known devices' replayed, :func:`app.training.new_hardware.adapt`);
+   - otherwise **from scratch** (:func:`app.training.train.run`, nothing re-implemented, on the same rows)
+     into a temporary folder inside the artifact store.
+
+   ``metrics["training"]`` of the run records which and why.
 3. **evaluate** candidate and production on the same rows: the candidate's **fresh held-out** test split
    (:func:`app.training.train.splits` of the non-benchmark rows, the split the candidate was scored on)
    and the benchmark. Metrics (:func:`app.training.metrics.metrics` of the p50) overall, per source,
@@ -26,10 +34,10 @@ Stages of :func:`run_retrain`:
    metadata, promoted when the gate passed, the :class:`app.predictors.models.RetrainRun` row finished
    with both sets of metrics, every gate check and the reason.
 
-6. **new hardware** (:mod:`app.training.new_hardware`): for every GPU with measurements that production never
-   trained on, production's weights are fine-tuned on 25, 50, 100 and 200 of its rows and scored on its
-   held-out rows (Syed & Srinivasan 2021's learning curve), recorded under ``metrics["new_hardware"]`` and
-   logged as a table. The candidate itself is trained on every row, the new device's training split included.
+6. **new hardware** (:mod:`app.training.new_hardware`): for every GPU the candidate was fine-tuned for, the
+   learning curve of that same fine-tune on 25, 50, 100 and 200 of its training rows, scored on its rows of
+   the held-out split (Syed & Srinivasan 2021), recorded under ``metrics["new_hardware"]`` and logged as a
+   table.
 
 7. **job calibration** (:func:`app.estimates.service.refit_job_calibration`): every scheduler actual
    (``POST /v1/job-estimates/actuals``, whole-job rows of the measurement table) up to the watermark is
@@ -97,7 +105,8 @@ class RetrainConfig:
     imported file of every GPU source, None = :data:`app.training.train.DEFAULT_SAMPLE`); tolerances are
     relative (0.10 = a MAPE up to 10 % higher than production's passes). ``reported``: also train on the GPU
     rows of every reported source stored (``POST /v1/measurements``: ``ci``, ``profiler-upload``...; all of
-    their rows, unsampled), added to ``sources`` by :func:`with_reported_sources`."""
+    their rows, unsampled), added to ``sources`` by :func:`with_reported_sources`. ``finetune_epochs``: of the
+    fine-tune for hardware new to production and of each point of its learning curve (``curve_sizes``)."""
 
     epochs: int = int(DEFAULTS["epochs"])
     hidden: int = int(DEFAULTS["hidden"])
@@ -381,6 +390,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group-tolerance", type=float, default=d.group_tolerance)
     p.add_argument("--min-group-rows", type=int, default=d.min_group_rows)
     p.add_argument("--no-reported", action="store_true", help="train on --sources only, not on reported rows")
+    p.add_argument("--finetune-epochs", type=int, default=d.finetune_epochs,
+                   help="epochs of the fine-tune for hardware new to production (and of its learning curve)")
     return p
 
 
@@ -390,7 +401,7 @@ def config_from_args(a: argparse.Namespace) -> RetrainConfig:
                          seed=a.seed, sources=tuple(a.sources), cpu=not a.no_cpu, logo=a.logo,
                          benchmark_fraction=a.benchmark_fraction, overall_tolerance=a.overall_tolerance,
                          group_tolerance=a.group_tolerance, min_group_rows=a.min_group_rows,
-                         reported=not a.no_reported)  # fmt: skip
+                         reported=not a.no_reported, finetune_epochs=a.finetune_epochs)  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
