@@ -25,6 +25,7 @@ from app.core.aggregate import (
     LayerSums,
     LayerTime,
     aggregate,
+    layer_sums_of,
 )
 from app.core.analysis import GraphAnalysis
 from app.core.collectives import (
@@ -172,28 +173,43 @@ def predict_tables(predictor: Predictor, items: Sequence[tuple[LayerTable, Setti
     return out
 
 
-def layer_times(table: LayerTable, setting: Setting, est: Estimates) -> tuple[list[LayerTime], Roofline]:
-    """The aggregation's per-layer times of ``est`` (rows of ``table``), each with its power (the model of
-    :mod:`app.core.energy`: idle + (TDP - idle) x utilisation, vectorised; ``None`` without a TDP), and the
-    rows' roofline (:func:`app.predictor.table.roofline_for`)."""
+def layer_powers(table: LayerTable, setting: Setting, est: Estimates) -> tuple[np.ndarray | None, Roofline]:
+    """Each row's estimated power ``[N]`` (W; the model of :mod:`app.core.energy`: idle + (TDP - idle) x
+    utilisation, vectorised; ``None`` without a TDP) and the rows' roofline
+    (:func:`app.predictor.table.roofline_for`)."""
     hw = setting.hardware
     roof = roofline_for(table, hw, setting.precision, training=setting.training)
-    powers: list[float | None]
     if hw.tdp_w is None:
-        powers = [None] * len(table)
-    else:
-        t_ms = est.forward_ms + est.backward_ms
-        with np.errstate(divide="ignore", invalid="ignore"):
-            t = t_ms / 1e3
-            u = np.maximum(roof.flops / t / roof.peak_flops_per_s, roof.nbytes / t / hw.memory_bandwidth_bytes_per_s)
-        u = np.where(t_ms <= 0, 0.0, np.minimum(np.maximum(u, 0.0), 1.0))
-        idle = idle_power_w(hw)
-        powers = (idle + (max(hw.tdp_w, idle) - idle) * u).tolist()
+        return None, roof
+    t_ms = est.forward_ms + est.backward_ms
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = t_ms / 1e3
+        u = np.maximum(roof.flops / t / roof.peak_flops_per_s, roof.nbytes / t / hw.memory_bandwidth_bytes_per_s)
+    u = np.where(t_ms <= 0, 0.0, np.minimum(np.maximum(u, 0.0), 1.0))
+    idle = idle_power_w(hw)
+    return idle + (max(hw.tdp_w, idle) - idle) * u, roof
+
+
+def layer_times(table: LayerTable, setting: Setting, est: Estimates) -> tuple[list[LayerTime], Roofline]:
+    """The aggregation's per-layer times of ``est`` (rows of ``table``), each with its power
+    (:func:`layer_powers`), and the rows' roofline."""
+    power, roof = layer_powers(table, setting, est)
+    powers: list[float | None] = [None] * len(table) if power is None else power.tolist()
     times = [LayerTime(forward_ms=f, backward_ms=b, update_ms=u_, total_ms_p10=lo, total_ms_p90=hi, power_w=pw)
              for f, b, u_, lo, hi, pw in zip(est.forward_ms.tolist(), est.backward_ms.tolist(),
                                             est.update_ms.tolist(), est.total_ms_p10.tolist(),
                                             est.total_ms_p90.tolist(), powers, strict=True)]
     return times, roof
+
+
+def sums_of(table: LayerTable, setting: Setting, est: Estimates) -> LayerSums:
+    """:func:`app.core.aggregate.layer_sums` of :func:`layer_times` (the same figures, bit for bit) without a
+    :class:`~app.core.aggregate.LayerTime` per row: what the many-scenario endpoints aggregate."""
+    power, _ = layer_powers(table, setting, est)
+    return layer_sums_of(forward_ms=est.forward_ms.tolist(), backward_ms=est.backward_ms.tolist(),
+                         update_ms=est.update_ms.tolist(), total_ms_p10=est.total_ms_p10.tolist(),
+                         total_ms_p90=est.total_ms_p90.tolist(),
+                         power_w=None if power is None else power.tolist())  # fmt: skip
 
 
 def _layer_rows(
