@@ -16,7 +16,8 @@
    floor is :func:`app.core.features.pass_floor_ms` (roofline at the op's peak for the precision, cheapest
    algorithm, bytes at the precision) and the prior is ``ln(1/efficiency + overhead_ms / floor_ms)`` with a
    learned per-launch overhead per software stack (PyTorch eager, TF1 session, kernel time), pass and
-   hardware kind, plus, for gathers and norms (:data:`LATENCY_KINDS`), a term in elements per SM cycle. So no prediction, and no p10, is ever below the physics floor.
+   hardware kind, plus, for gathers (:data:`LATENCY_KINDS`), a term in elements per SM cycle. So no
+   prediction, and no p10, is ever below the physics floor.
 4. **leave-one-GPU-out** (:func:`leave_one_gpu_out`): one fold per GPU chip (catalog ``architecture``: all
    A100 variants are one fold), the recipe retrained without any of its rows; the held-out chip's
    validation rows give the conformal factor of the GPU interval (:func:`conformal_factor`): the shipped
@@ -134,17 +135,19 @@ MODEL_FEATURES: tuple[str, ...] = (
     "is_cpu",
 )
 
-#: The latency term of the prior (:class:`LayerTimeNet`): op kinds whose kernels do per-element index or
-#: per-row reduction work on few bytes per element, with the cycles per element and SM the prior starts from.
-#: Their time is the DRAM floor plus ``cycles x elements / (SMs x clock)``, a term that scales with the SMs
-#: and clock instead of the bandwidth. Measured on Vidur's fp16 ops (A100 and A40, whose DRAM floors differ
-#: 2.8x): PyTorch's embedding gather (``index_select``, two integer divisions of index arithmetic per element)
-#: runs at 0.50 and 0.59 elements per SM cycle on both, so its time is this term alone (~2 cycles per
-#: element, here 4 so that it dominates the floor term of the prior); RMSNorm (one block per token: a
-#: reduction pass, then the normalise pass) fits ``1.0 x floor + 0.57 x elements / (SMs x clock)`` on both
-#: GPUs. Element-wise kernels (PyTorch's are vectorised) stay bandwidth-bound: no term.
-#: Multiply-accumulate kinds have none either (their work per output element, K MACs, is in the floor).
-LATENCY_KINDS: dict[str, float] = {"is_embedding": 4.0, "is_norm": 0.5}
+#: The latency term of the prior (:class:`LayerTimeNet`): op kinds whose kernels do per-element index work on
+#: few bytes per element, with the cycles per element and SM the prior starts from. Their time is
+#: ``floor / memory efficiency + cycles x elements / (SMs x clock)``, a term that scales with the SMs and clock
+#: instead of the DRAM bandwidth. Measured on Vidur's fp16 ops (A100 and A40, whose DRAM floors differ 2.8x):
+#: PyTorch's embedding gather (``index_select``: integer division and offset arithmetic per element, one
+#: 2-byte load and store) runs at 0.50 and 0.59 elements per SM cycle on the two GPUs, 300-350 GB/s on both,
+#: so its time is this term (~2 cycles per element; the prior starts at 8 so that the term, not the floor,
+#: sets how it moves between GPUs). Tried and not kept (full leave-one-GPU-out, worse or within noise): the
+#: same term for norms (0.5), element-wise ops and activations (0.25) and softmax (0.5); RMSNorm, RoPE and
+#: SiLU-and-mul fit ``floor + 0.25-0.6 cycles x elements / (SMs x clock)`` on both GPUs, PyTorch's vectorised add
+#: the floor alone, and one coefficient per op kind cannot tell them apart. Multiply-accumulate kinds have no
+#: term (their work per output element, K MACs, is in the floor).
+LATENCY_KINDS: dict[str, float] = {"is_embedding": 8.0}
 #: DRAM-bandwidth efficiency the prior starts from for :data:`LATENCY_KINDS` rows (streaming kernels reach
 #: ~90 % of the datasheet bandwidth; the other kinds start at 50 %, a GEMM-class compute efficiency).
 MEMORY_EFFICIENCY = 0.9

@@ -61,8 +61,9 @@ def _prior_rows(kind: str, sms: float, mhz: float, n: int = 3) -> np.ndarray:
 
 
 def test_latency_prior_scales_gathers_with_sms_and_clock_not_with_the_floor() -> None:
-    """An embedding's prior is its SM-cycle term: 1e9 elements at 4 cycles per element on 100 SMs x 1 GHz is
-    40 ms over a 1 ms floor; half the SM cycles per second doubles it at the same floor. A GEMM has no such term."""
+    """An embedding's prior is its SM-cycle term: 1e9 elements at c cycles per element on 100 SMs x 1 GHz is
+    10·c ms over a 1 ms floor; half the SM cycles per second doubles it at the same floor. A GEMM has no such
+    term: its prior is 1/efficiency + overhead whatever the SMs."""
     from app.training.train import LATENCY_KINDS, LayerTimeNet
 
     f = len(MODEL_FEATURES)
