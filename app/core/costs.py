@@ -28,7 +28,6 @@ from math import ceil, log2, prod
 import numpy as np
 
 from app.core.ir import (
-    BYTES_PER_ELEMENT,
     AttentionAttrs,
     ConvAttrs,
     EinsumAttrs,
@@ -374,8 +373,3 @@ def optimizer_update_cost(params: int, optimizer: str, *, bytes_per_param: int =
     read = params * bytes_per_param * (2 + states)
     write = params * bytes_per_param * (1 + states)
     return flops_per * params, read + write
-
-
-def dtype_bytes(dtype: str) -> int:
-    """Bytes per element of ``dtype`` (4 when unknown)."""
-    return BYTES_PER_ELEMENT.get(dtype, 4)

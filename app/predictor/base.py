@@ -132,8 +132,9 @@ def split_training_step(
 #: ``assumptions``): the rules of :mod:`app.predictor.onnx_model` and :mod:`app.predictor.roofline`.
 BACKWARD_SEMANTICS = (
     "learned GPU layers under PyTorch stacks: backward = the forward's work x (backward / forward physics "
-    "floor) x the family's measured backward excess (convolutions: DeepBench (bwd_data + bwd_filter) / fwd "
-    "median 2.62 over its FLOP ratio 2; other families 1.0) + the stack's per-kernel cost per backward kernel; "
+    "floor) x the family's measured backward excess (convolutions: the DeepBench (bwd_data + bwd_filter) / fwd "
+    "median in the serving artifact's backward_forward_ratio metadata over its FLOP ratio 2; other families "
+    "1.0) + the stack's per-kernel cost per backward kernel; "
     "tf1-session requests and CPU layers: measured training steps minus the forward; ops never measured on "
     "tensor cores: predicted in strict fp32 and carried to the precision by the physics floors; roofline "
     "fallback layers: bytes and FLOPs of each pass at their peak (app/predictor/onnx_model.py, roofline.py)"

@@ -168,11 +168,6 @@ def fit_roofline_constants(
     return RooflineConstants(eff, floors[0], floors[1], float(min(lo, 1.0)), float(max(hi, 1.0)), source)
 
 
-def predict_total_ms(roofline_ms: np.ndarray, is_train: np.ndarray, constants: RooflineConstants) -> np.ndarray:
-    """Vectorised point estimate ``roofline / efficiency + floor(pass)`` in ms, ``[N]``."""
-    floor = np.where(np.asarray(is_train, dtype=bool), constants.floor_train_step_ms, constants.floor_forward_ms)
-    return np.asarray(roofline_ms, dtype=np.float64) / constants.efficiency + floor
-
 
 def streaming_update_ms(q: LayerTimeQuery) -> float:
     """The optimizer step over ``q``'s parameters (ms) as PyTorch's foreach optimizers run it: a streaming

@@ -21,12 +21,12 @@ Pure numpy.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from app.core.features import feature_index, floor_ms_from_raw, raw_index, roofline_ms_from_raw
+from app.core.features import feature_index, floor_ms_from_raw, raw_index
 from app.training.dataset import TrainingRows
 
 #: Measurement source → the name the reports use.
@@ -114,25 +114,11 @@ def flop_linear_fit(data: TrainingRows) -> dict[str, tuple[float, float]]:
     return coef
 
 
-def flop_linear_predict(data: TrainingRows, coef: Mapping[str, tuple[float, float]]) -> np.ndarray:
-    """Predictions of :func:`flop_linear_fit` in ms (may be ≤ 0, as the linear model allows).
-
-    A device without coefficients gets NaN (the baseline cannot answer for unseen hardware).
-    """
-    flops = data.raw[:, raw_index("pass_flops")]
-    a = np.array([coef[g][0] if g in coef else np.nan for g in data.gpu])
-    b = np.array([coef[g][1] if g in coef else np.nan for g in data.gpu])
-    return a + b * flops
-
 
 def pure_roofline_ms(data: TrainingRows) -> np.ndarray:
     """Pure roofline time of each row's pass in ms at the op's peak for the precision (the physics floor)."""
     return floor_ms_from_raw(data.raw)
 
-
-def generic_roofline_ms(data: TrainingRows) -> np.ndarray:
-    """Roofline of each row's pass in ms at ``peak_for(precision)`` and the graph's bytes (the v1/v2 anchor)."""
-    return roofline_ms_from_raw(data.raw)
 
 
 def flops_at_half_peak_ms(data: TrainingRows) -> np.ndarray:
