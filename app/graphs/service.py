@@ -19,8 +19,10 @@ its :class:`app.predictor.table.LayerTable` and memoised footprints, never the s
 from the database (a deferred column) only on a miss. A binding whose import fails for a reason that
 depends only on the content and the binding (``unbound_dimension``, ``unknown_dimension``,
 ``invalid_graph``, ``unsupported_opset``) is kept as a :class:`FailedBinding` and answered with the
-same error without importing again. Analyses do not depend on the predictor version; what a predictor
-answered is never kept here.
+same error without importing again. Analyses do not depend on the predictor; what a predictor answered
+for a binding is memoised on its entry keyed by the predictor's version and object
+(:func:`app.predictions.service.memo_estimates`), its bytes counted against the same budget, so a swapped
+predictor never gets another's answers.
 """
 
 from __future__ import annotations
@@ -151,6 +153,10 @@ class BoundGraph:
                                                           strict=True) if cost.supported]
             self._table = LayerTable([p[0] for p in pairs], [p[1] for p in pairs], reference=reference)
         return self._table
+
+    def recall(self, key: Hashable) -> Any:
+        """What :meth:`memo` keeps under ``key``, or ``None`` when nothing is kept yet."""
+        return self._memo.get(key)
 
     def memo(self, key: Hashable, build: Callable[[], T], *, nbytes: int = 0) -> T:
         """``build()`` once per ``key`` (a pure function of this analysis and the key); ``nbytes``: about what

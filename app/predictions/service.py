@@ -9,8 +9,11 @@ honest bound).
 
 from __future__ import annotations
 
+import itertools
+import json
+import weakref
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import numpy as np
@@ -58,6 +61,7 @@ from app.core.precision import (
 from app.errors import NoInterconnect, PrecisionNotSupportedError
 from app.graphs import service as graphs
 from app.hardware import service as hardware_service
+from app.hardware.catalog import spec_to_dict
 from app.predictions.schemas import (
     EpochPrediction,
     IterationPrediction,
@@ -212,14 +216,68 @@ def sums_of(table: LayerTable, setting: Setting, est: Estimates) -> LayerSums:
                          power_w=None if power is None else power.tolist())  # fmt: skip
 
 
+#: Approximate bytes of one row of a memoised :class:`~app.predictor.table.Estimates` (seven float64/bool
+#: columns and two list slots; the method and note strings are shared), counted against the analysis cache.
+ESTIMATE_BYTES_PER_ROW = 100
+_ESTIMATE_FIXED_BYTES = 1500  # the Estimates object, its arrays' headers, the LayerSums and the memo key
+
+_TOKENS: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+_NEXT_TOKEN = itertools.count()
+
+
+def predictor_key(predictor: Predictor) -> tuple[str, int]:
+    """``(version, token)`` of ``predictor``: its version and a number unique to the object for the life of
+    the process, so that a predictor swapped in (a new version, or the same version reloaded or wrapped) is
+    never answered another predictor's memoised estimates."""
+    token = _TOKENS.get(predictor)
+    if token is None:
+        token = _TOKENS[predictor] = next(_NEXT_TOKEN)
+    return predictor.version, token
+
+
+def spec_fingerprint(hw: HardwareSpec) -> str:
+    """Every field of ``hw`` as canonical JSON: equal for equal specs, whatever their id (an inline device
+    or a catalog row edited since is another device)."""
+    return json.dumps(spec_to_dict(hw), sort_keys=True, default=str)
+
+
+def estimates_key(predictor: Predictor, setting: Setting, fingerprint: str) -> Hashable:
+    """Memo key, on a :class:`~app.graphs.service.BoundGraph` (which fixes graph, binding and software
+    stack), of the estimates of ``predictor`` in ``setting`` on the device of ``fingerprint``
+    (:func:`spec_fingerprint`)."""
+    return ("estimates", *predictor_key(predictor), fingerprint, setting.precision, setting.mode, setting.optimizer,
+            setting.software_stack)
+
+
+def remember_estimates(bound: graphs.BoundGraph, key: Hashable, table: LayerTable, setting: Setting,
+                       est: Estimates) -> tuple[Estimates, LayerSums]:
+    """Keep ``est`` (the rows of ``table`` in ``setting``) and its :func:`sums_of` on ``bound`` under ``key``
+    (:func:`estimates_key`), their bytes counted against the analysis cache's budget; returns what is kept
+    (an earlier answer when another thread kept one first)."""
+    return bound.memo(key, lambda: (est, sums_of(table, setting, est)),
+                      nbytes=_ESTIMATE_FIXED_BYTES + ESTIMATE_BYTES_PER_ROW * len(table))
+
+
+def memo_estimates(bound: graphs.BoundGraph, predictor: Predictor, setting: Setting, *, fingerprint: str
+                   ) -> tuple[Estimates, LayerSums]:
+    """The estimates of ``bound``'s layer table in ``setting`` and their sums: remembered on the binding per
+    predictor object (:func:`estimates_key`), asked of the predictor (:func:`predict_tables`) only the first
+    time. The one memo of predictor answers; the many-scenario endpoints
+    (:func:`app.estimates.engine.predict_layers`) fill and read it too. Raises what the predictor raises."""
+    key = estimates_key(predictor, setting, fingerprint)
+    found = bound.recall(key)
+    if found is not None:
+        return found  # type: ignore[no-any-return]
+    table = bound.table(setting.hardware)
+    return remember_estimates(bound, key, table, setting, predict_tables(predictor, [(table, setting)])[0])
+
+
 def _layer_rows(
     analysis: GraphAnalysis, table: LayerTable, setting: Setting, est: Estimates, *, detail: str,
-) -> tuple[list[LayerPrediction], list[LayerTime], int, Counter[str]]:
-    """Per-layer stage: the response rows (only with ``detail="layers"``), the costed layers' times and power
-    for the aggregation, how many costed layers lie outside the learned predictor's data, and the layer count
-    per method."""
+) -> tuple[list[LayerPrediction], int, Counter[str]]:
+    """Per-layer stage: the response rows (only with ``detail="layers"``), how many costed layers lie outside
+    the learned predictor's data, and the layer count per method."""
     training = setting.training
-    times, roof = layer_times(table, setting, est)
     ood_layers = int(np.count_nonzero(est.out_of_distribution))
     methods = Counter(est.method)
     n_uns = len(analysis.costs) - len(table)
@@ -227,7 +285,8 @@ def _layer_rows(
         methods["unsupported"] = n_uns
     rows: list[LayerPrediction] = []
     if detail != "layers":
-        return rows, times, ood_layers, methods
+        return rows, ood_layers, methods
+    roof = roofline_for(table, setting.hardware, setting.precision, training=training)
     estimates = iter(est.to_list())
     bounds = iter(zip(roof.time_ms.tolist(), roof.compute_bound.tolist(), strict=True))
     for i, (layer, cost) in enumerate(zip(analysis.graph.layers, analysis.costs, strict=True)):
@@ -260,7 +319,7 @@ def _layer_rows(
             total_ms_p10=e.total_ms_p10, total_ms_p90=e.total_ms_p90, out_of_distribution=e.out_of_distribution,
             physics_floor_ms=e.physics_floor_ms, floor_clamped=e.floor_clamped,
         ))
-    return rows, times, ood_layers, methods
+    return rows, ood_layers, methods
 
 
 def _totals_read(
@@ -389,7 +448,8 @@ def estimate(
 
     ``bound``: the cache entry of ``analysis`` (its layer table and memoised footprints are reused);
     ``estimates``: the supported layers' estimates when the caller predicted them already (the batch
-    endpoint), else the predictor is asked here (:func:`predict_tables`).
+    endpoint), else they come from :func:`memo_estimates` (the predictor is asked on the first request of a
+    binding, device, precision, mode and optimizer only).
 
     Raises :class:`PrecisionNotSupportedError` (422) when ``hw`` lacks the requested precision and
     :class:`NoInterconnect` (422) for several devices on hardware without an interconnect.
@@ -408,13 +468,15 @@ def estimate(
     setting = Setting(hardware=hw, mode=request.mode, optimizer=optimizer, precision=precision,
                       software_stack=request.software_stack)
     if estimates is None:
-        estimates = predict_tables(predictor, [(table, setting)])[0]
-    rows, times, ood_layers, methods = _layer_rows(analysis, table, setting, estimates, detail=request.detail)
+        estimates, sums = memo_estimates(bound, predictor, setting, fingerprint=spec_fingerprint(hw))
+    else:
+        sums = sums_of(table, setting, estimates)
+    rows, ood_layers, methods = _layer_rows(analysis, table, setting, estimates, detail=request.detail)
     mem_opts: dict[str, Any] = {"mode": request.mode, "optimizer": optimizer,
                                 "precision": storage_precision(precision), "hardware": hw,
                                 "activation_checkpointing": request.activation_checkpointing}
     fp = memo_footprint(bound, mem_opts)
-    agg = aggregate(aggregation_input(request, hw, times, fp, training=training))
+    agg = aggregate(aggregation_input(request, hw, (), fp, training=training, sums=sums))
     it = agg.iteration
     fwd = it.forward_ms
     if it.layers_ms <= 0:
