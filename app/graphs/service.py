@@ -12,8 +12,9 @@ re-imports, so the numbers never depend on whether the weights were there.
 
 Analysis cache: a prediction needs the graph imported at its binding and analysed (costed, fused for its
 software stack). :func:`bound_graph` / :func:`bound_inline` keep those analyses in one process-wide
-:class:`AnalysisCache`, keyed by ``(graph id, structure_sha256, batch, dims, software stack)`` (inline
-graphs: the sha256 of their canonical JSON), least recently used first out, bounded by an estimate of
+:class:`AnalysisCache`, keyed by ``(graph id, batch, dims, software stack)`` (the id names the stored
+content, which is never rewritten; inline graphs: the sha256 of their canonical JSON), least recently used
+first out, bounded by an estimate of
 the bytes the entries hold (:func:`analysis_bytes`), never by an entry count; entries hold the analysis,
 its :class:`app.predictor.table.LayerTable` and memoised footprints, never the stored blob, which is read
 from the database (a deferred column) only on a miss. A binding whose import fails for a reason that
@@ -286,13 +287,21 @@ def bound_graph(
     software_stack: SoftwareStack | None = SoftwareStack.PYTORCH_EAGER,
 ) -> BoundGraph:
     """The stored graph ``graph_id`` imported at ``batch_size``/``dims`` and analysed for ``software_stack``,
-    from the analysis cache (the stored content is read only on a miss). Raises :class:`GraphNotFound`
+    from the analysis cache (a hit reads only the primary-key index; the row and its content only on a
+    miss). Raises :class:`GraphNotFound`
     (404) and what :func:`build_graph` raises (422)."""
-    row = get_graph(session, graph_id=graph_id)
+    if not GraphRepository(session).exists(graph_id):
+        raise GraphNotFound(f"no graph with id '{graph_id}'", detail={"graph_id": graph_id})
     dims = dict(dims or {})
-    key = ("id", row.id, row.structure_sha256, batch_size, tuple(sorted(dims.items())), software_stack)
-    return _bind(key, row.id, lambda: build_graph(row.content, row.source_format, batch_size=batch_size,
-                                                  dims=dims, name=row.name), software_stack)
+    # a stored row's content is a function of its id (the sha256 of the upload) and is never rewritten, so
+    # the id names the content: a hit needs only the existence check, not the row
+    key = ("id", graph_id, batch_size, tuple(sorted(dims.items())), software_stack)
+
+    def load() -> Graph:
+        row = get_graph(session, graph_id=graph_id)
+        return build_graph(row.content, row.source_format, batch_size=batch_size, dims=dims, name=row.name)
+
+    return _bind(key, graph_id, load, software_stack)
 
 
 def bound_inline(
