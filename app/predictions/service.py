@@ -258,13 +258,12 @@ def remember_estimates(bound: graphs.BoundGraph, key: Hashable, table: LayerTabl
                       nbytes=_ESTIMATE_FIXED_BYTES + ESTIMATE_BYTES_PER_ROW * len(table))
 
 
-def memo_estimates(bound: graphs.BoundGraph, predictor: Predictor, setting: Setting, *, fingerprint: str
+def memo_estimates(bound: graphs.BoundGraph, predictor: Predictor, setting: Setting, *, key: Hashable
                    ) -> tuple[Estimates, LayerSums]:
-    """The estimates of ``bound``'s layer table in ``setting`` and their sums: remembered on the binding per
-    predictor object (:func:`estimates_key`), asked of the predictor (:func:`predict_tables`) only the first
-    time. The one memo of predictor answers; the many-scenario endpoints
+    """The estimates of ``bound``'s layer table in ``setting`` and their sums: remembered on the binding under
+    ``key`` (:func:`estimates_key`: per predictor object), asked of the predictor (:func:`predict_tables`)
+    only the first time. The one memo of predictor answers; the many-scenario endpoints
     (:func:`app.estimates.engine.predict_layers`) fill and read it too. Raises what the predictor raises."""
-    key = estimates_key(predictor, setting, fingerprint)
     found = bound.recall(key)
     if found is not None:
         return found  # type: ignore[no-any-return]
@@ -272,20 +271,25 @@ def memo_estimates(bound: graphs.BoundGraph, predictor: Predictor, setting: Sett
     return remember_estimates(bound, key, table, setting, predict_tables(predictor, [(table, setting)])[0])
 
 
-def _layer_rows(
-    analysis: GraphAnalysis, table: LayerTable, setting: Setting, est: Estimates, *, detail: str,
-) -> tuple[list[LayerPrediction], int, Counter[str]]:
-    """Per-layer stage: the response rows (only with ``detail="layers"``), how many costed layers lie outside
-    the learned predictor's data, and the layer count per method."""
-    training = setting.training
-    ood_layers = int(np.count_nonzero(est.out_of_distribution))
+#: Approximate bytes of one memoised :class:`LayerPrediction` row (a pydantic model of ~25 fields, its
+#: name and lists), counted against the analysis cache's budget.
+LAYER_ROW_BYTES = 2000
+
+
+def _layer_stats(analysis: GraphAnalysis, table: LayerTable, est: Estimates) -> tuple[int, Counter[str]]:
+    """How many costed layers lie outside the learned predictor's data, and the layer count per method."""
     methods = Counter(est.method)
     n_uns = len(analysis.costs) - len(table)
     if n_uns:
         methods["unsupported"] = n_uns
+    return int(np.count_nonzero(est.out_of_distribution)), methods
+
+
+def _layer_rows(analysis: GraphAnalysis, table: LayerTable, setting: Setting, est: Estimates
+                ) -> list[LayerPrediction]:
+    """The response rows of ``detail="layers"``, one per layer in graph order (unsupported ones included)."""
+    training = setting.training
     rows: list[LayerPrediction] = []
-    if detail != "layers":
-        return rows, ood_layers, methods
     roof = roofline_for(table, setting.hardware, setting.precision, training=training)
     estimates = iter(est.to_list())
     bounds = iter(zip(roof.time_ms.tolist(), roof.compute_bound.tolist(), strict=True))
@@ -319,7 +323,7 @@ def _layer_rows(
             total_ms_p10=e.total_ms_p10, total_ms_p90=e.total_ms_p90, out_of_distribution=e.out_of_distribution,
             physics_floor_ms=e.physics_floor_ms, floor_clamped=e.floor_clamped,
         ))
-    return rows, ood_layers, methods
+    return rows
 
 
 def _totals_read(
@@ -467,11 +471,23 @@ def estimate(
     table = bound.table(hw)
     setting = Setting(hardware=hw, mode=request.mode, optimizer=optimizer, precision=precision,
                       software_stack=request.software_stack)
+    key: Hashable = None
     if estimates is None:
-        estimates, sums = memo_estimates(bound, predictor, setting, fingerprint=spec_fingerprint(hw))
+        key = estimates_key(predictor, setting, spec_fingerprint(hw))
+        estimates, sums = memo_estimates(bound, predictor, setting, key=key)
     else:
         sums = sums_of(table, setting, estimates)
-    rows, ood_layers, methods = _layer_rows(analysis, table, setting, estimates, detail=request.detail)
+    ood_layers, methods = _layer_stats(analysis, table, estimates)
+    rows: list[LayerPrediction] = []
+    if request.detail == "layers":
+        est = estimates
+
+        def build_rows() -> list[LayerPrediction]:
+            return _layer_rows(analysis, table, setting, est)
+
+        # the rows are a pure function of the memoised estimates: memoised with them (shared, never mutated)
+        rows = (build_rows() if key is None else
+                bound.memo(("rows", key), build_rows, nbytes=LAYER_ROW_BYTES * len(analysis.graph.layers)))
     mem_opts: dict[str, Any] = {"mode": request.mode, "optimizer": optimizer,
                                 "precision": storage_precision(precision), "hardware": hw,
                                 "activation_checkpointing": request.activation_checkpointing}
