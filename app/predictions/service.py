@@ -10,7 +10,6 @@ honest bound).
 from __future__ import annotations
 
 import itertools
-import json
 import weakref
 from collections import Counter
 from collections.abc import Hashable, Sequence
@@ -61,7 +60,6 @@ from app.core.precision import (
 from app.errors import NoInterconnect, PrecisionNotSupportedError
 from app.graphs import service as graphs
 from app.hardware import service as hardware_service
-from app.hardware.catalog import spec_to_dict
 from app.predictions.schemas import (
     EpochPrediction,
     IterationPrediction,
@@ -236,9 +234,11 @@ def predictor_key(predictor: Predictor) -> tuple[str, int]:
 
 
 def spec_fingerprint(hw: HardwareSpec) -> str:
-    """Every field of ``hw`` as canonical JSON: equal for equal specs, whatever their id (an inline device
-    or a catalog row edited since is another device)."""
-    return json.dumps(spec_to_dict(hw), sort_keys=True, default=str)
+    """Every field of ``hw`` (its dataclass ``repr``: strings, exact float reprs, mappings in full), so equal
+    fingerprints mean equal specs whatever their id (a catalog row edited since is another device); two
+    equal specs written differently (``40e9`` and ``40000000000``) only miss the memo. A third of the cost
+    of canonical JSON (5 us against 13 us), paid on every prediction."""
+    return repr(hw)
 
 
 def estimates_key(predictor: Predictor, setting: Setting, fingerprint: str) -> Hashable:
