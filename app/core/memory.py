@@ -206,6 +206,13 @@ def runtime_for(hardware: HardwareSpec | None) -> DeviceRuntime:
     return DEVICE_RUNTIME.get(gen, GPU_DEFAULT_RUNTIME)
 
 
+def device_key(hardware: HardwareSpec | None) -> tuple[DeviceRuntime, bool]:
+    """What of ``hardware`` :func:`footprint` depends on: its runtime (:func:`runtime_for`) and whether it
+    is a GPU (the autocast op lists). Two devices with equal keys have equal footprints for every graph and
+    option, so a memo of footprints can be keyed by this instead of by the whole spec."""
+    return runtime_for(hardware), hardware is not None and hardware.kind == "gpu"
+
+
 # ------------------------------------------------------------------------------------------ tensor model
 @dataclass(slots=True)
 class _Plan:
@@ -495,8 +502,7 @@ def footprint(
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, not {batch_size}")
     scale = 1.0 if batch_size is None else batch_size / analysis.graph.batch_size
-    runtime = runtime_for(hardware)
-    gpu = hardware is not None and hardware.kind == "gpu"
+    runtime, gpu = device_key(hardware)
     graph = analysis.graph
     layers = graph.layers
     weights: dict[str, Tensor] = {}
@@ -595,6 +601,7 @@ def largest_batch_that_fits(
     hardware: HardwareSpec | None = None,
     activation_checkpointing: bool = False,
     max_batch: int = 1 << 20,
+    total_bytes: Callable[[int], int] | None = None,
 ) -> int:
     """Largest batch size whose predicted peak fits in ``memory_bytes`` (:func:`fits`); 0 if none does.
 
@@ -606,13 +613,17 @@ def largest_batch_that_fits(
     the piece they lie on: exact once both lie on the answer's piece) inside a bracket ``fits(lo)``,
     ``not fits(hi)``, and stops when ``hi == lo + 1``: the answer is verified by exact evaluations at it
     and at its successor. 4-8 evaluations on real graphs instead of a bisection's 14-30. Capped at
-    ``max_batch`` (returned when it fits). Raises like :func:`footprint`.
+    ``max_batch`` (returned when it fits). ``total_bytes``: the peak at a batch, ``footprint(...,
+    batch_size=b).total_bytes`` of these options (the default), for a caller that memoises it. Raises like
+    :func:`footprint`.
     """
     limit = HEADROOM * memory_bytes
 
-    def total(b: int) -> int:
+    def exact(b: int) -> int:
         return footprint(analysis, mode=mode, optimizer=optimizer, precision=precision, hardware=hardware,
                          activation_checkpointing=activation_checkpointing, batch_size=b).total_bytes
+
+    total = total_bytes or exact
 
     t1 = total(1)
     if t1 > limit:

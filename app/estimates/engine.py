@@ -155,6 +155,7 @@ class GraphCache:
     _analyses: dict[Hashable, graphs.BoundGraph | LayercastError] = field(default_factory=dict)
     _specs: dict[str, HardwareSpec | LayercastError] = field(default_factory=dict)
     _fingerprints: dict[str, str] = field(default_factory=dict)
+    _footprints: dict[Hashable, MemoryFootprint] = field(default_factory=dict)  # by Scenario.key, this call
 
     @property
     def store(self) -> ScenarioCache:
@@ -184,13 +185,23 @@ class GraphCache:
 
         return _remembered(self._analyses, key, bind)
 
+    def preload_hardware(self, hardware_ids: set[str]) -> None:
+        """Load the specs of ``hardware_ids`` in one query (1,000 jobs name a few dozen devices), so that
+        :meth:`spec` of each needs no query of its own; unknown ids are left to :meth:`spec` to refuse."""
+        found = hardware_service.get_specs(self.session, hardware_ids=hardware_ids - set(self._specs))
+        for hardware_id, spec in found.items():
+            self._remember_spec(hardware_id, spec)
+
+    def _remember_spec(self, hardware_id: str, spec: HardwareSpec) -> HardwareSpec:
+        self._specs[hardware_id] = spec
+        self._fingerprints[hardware_id] = json.dumps(spec_to_dict(spec), sort_keys=True, default=str)
+        return spec
+
     def spec(self, hardware_id: str) -> HardwareSpec:
         """Stored spec of ``hardware_id``; raises :class:`app.errors.HardwareNotFound` (404)."""
 
         def load() -> HardwareSpec:
-            spec = hardware_service.get_spec(self.session, hardware_id=hardware_id)
-            self._fingerprints[hardware_id] = json.dumps(spec_to_dict(spec), sort_keys=True, default=str)
-            return spec
+            return self._remember_spec(hardware_id, hardware_service.get_spec(self.session, hardware_id=hardware_id))
 
         return _remembered(self._specs, hardware_id, load)
 
@@ -212,12 +223,16 @@ class GraphCache:
                 "hardware": s.hardware, "activation_checkpointing": s.request.activation_checkpointing}
 
     def footprint(self, s: Scenario) -> MemoryFootprint:
-        """Peak memory of one device of ``s`` (:func:`app.core.memory.footprint`, memoised on the binding)."""
-        return memo_footprint(s.bound, self._memory_opts(s), device=self._fingerprints.get(s.hardware.id))
+        """Peak memory of one device of ``s`` (:func:`app.core.memory.footprint`, memoised on the binding, and
+        by :attr:`Scenario.key` for this call: the jobs of one scenario look it up once)."""
+        found = self._footprints.get(s.key)
+        if found is None:
+            found = self._footprints[s.key] = memo_footprint(s.bound, self._memory_opts(s))
+        return found
 
     def largest_batch(self, s: Scenario) -> int:
         """Largest per-device batch whose peak fits (:func:`app.core.memory.largest_batch_that_fits`)."""
-        return memo_largest_batch(s.bound, self._memory_opts(s), device=self._fingerprints.get(s.hardware.id))
+        return memo_largest_batch(s.bound, self._memory_opts(s))
 
     def fits(self, s: Scenario) -> bool:
         """Whether one device of ``s`` holds its peak (:func:`app.core.memory.fits`)."""

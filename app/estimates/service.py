@@ -169,6 +169,7 @@ class _JobModel:
 def _model_jobs(session: Session, predictor: Predictor, jobs: Sequence[JobSpec]) -> list[_JobModel | ItemError]:
     """Uncalibrated job time of every job, all layers predicted in one call."""
     cache = GraphCache(session, predictor)
+    cache.preload_hardware({job.hardware_id for job in jobs})
     scenarios = [_attempt(partial(_job_scenario, cache, job)) for job in jobs]
     ok = [s for s in scenarios if isinstance(s, Scenario)]
     found = engine.predict_layers(cache, ok)

@@ -36,8 +36,8 @@ from app.core.collectives import (
 )
 from app.core.energy import IDLE_FRACTION_OF_TDP, J_PER_KWH, idle_power_w
 from app.core.hardware import HardwareSpec
-from app.core.memory import HEADROOM, MemoryFootprint, fits, footprint, largest_batch_that_fits
-from app.core.onnx_import import EVAL_EXPORT_WARNING
+from app.core.ir import EVAL_EXPORT_WARNING
+from app.core.memory import HEADROOM, MemoryFootprint, device_key, fits, footprint, largest_batch_that_fits
 from app.core.precision import (
     PRECISION_SEMANTICS,
     Precision,
@@ -291,23 +291,30 @@ def _totals_read(
     return iteration, epoch, job
 
 
-def _memo_key(what: str, mem_opts: dict[str, Any], device: str | None) -> tuple[Any, ...]:
-    return (what, *((device or repr(v)) if k == "hardware" else v for k, v in sorted(mem_opts.items())))
+def _memo_key(what: str, mem_opts: dict[str, Any], *extra: Any) -> tuple[Any, ...]:
+    """Memo key of a memory result: the options, the device by what footprints depend on
+    (:func:`app.core.memory.device_key`: devices of one generation share their footprints)."""
+    return (what, device_key(mem_opts["hardware"]), *extra,
+            *(v for k, v in sorted(mem_opts.items()) if k != "hardware"))
 
 
-def memo_footprint(bound: graphs.BoundGraph, mem_opts: dict[str, Any], *, device: str | None = None) -> MemoryFootprint:
-    """:func:`app.core.memory.footprint` of ``bound``'s analysis with ``mem_opts``, memoised on the cache entry
-    (a pure function of the analysis and the options; the device by its full spec: ``device``, a fingerprint
-    of the whole spec the caller has already, else its ``repr``)."""
-    return bound.memo(_memo_key("footprint", mem_opts, device), lambda: footprint(bound.analysis, **mem_opts))
+def memo_footprint(bound: graphs.BoundGraph, mem_opts: dict[str, Any], *, batch_size: int | None = None
+                   ) -> MemoryFootprint:
+    """:func:`app.core.memory.footprint` of ``bound``'s analysis with ``mem_opts`` (at ``batch_size``, default
+    the binding's), memoised on the cache entry (a pure function of the analysis, the options and the
+    device's :func:`~app.core.memory.device_key`)."""
+    return bound.memo(_memo_key("footprint", mem_opts, batch_size),
+                      lambda: footprint(bound.analysis, batch_size=batch_size, **mem_opts))
 
 
-def memo_largest_batch(bound: graphs.BoundGraph, mem_opts: dict[str, Any], *, device: str | None = None) -> int:
-    """:func:`app.core.memory.largest_batch_that_fits` on the options' device, memoised like
-    :func:`memo_footprint`."""
+def memo_largest_batch(bound: graphs.BoundGraph, mem_opts: dict[str, Any]) -> int:
+    """:func:`app.core.memory.largest_batch_that_fits` on the options' device (its memory size), memoised
+    like :func:`memo_footprint`; the search's footprints are memoised too, so devices of one generation
+    share them."""
     hw = mem_opts["hardware"]
-    return bound.memo(_memo_key("largest", mem_opts, device), lambda: largest_batch_that_fits(
-        bound.analysis, memory_bytes=hw.memory_bytes, **mem_opts))
+    return bound.memo(_memo_key("largest", mem_opts, hw.memory_bytes), lambda: largest_batch_that_fits(
+        bound.analysis, memory_bytes=hw.memory_bytes, **mem_opts,
+        total_bytes=lambda b: memo_footprint(bound, mem_opts, batch_size=b).total_bytes))
 
 
 def checked_precision(hw: HardwareSpec, precision: Precision) -> Precision:
