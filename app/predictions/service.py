@@ -192,21 +192,10 @@ def layer_powers(table: LayerTable, setting: Setting, est: Estimates) -> tuple[n
     return idle + (max(hw.tdp_w, idle) - idle) * u, roof
 
 
-def layer_times(table: LayerTable, setting: Setting, est: Estimates) -> tuple[list[LayerTime], Roofline]:
-    """The aggregation's per-layer times of ``est`` (rows of ``table``), each with its power
-    (:func:`layer_powers`), and the rows' roofline."""
-    power, roof = layer_powers(table, setting, est)
-    powers: list[float | None] = [None] * len(table) if power is None else power.tolist()
-    times = [LayerTime(forward_ms=f, backward_ms=b, update_ms=u_, total_ms_p10=lo, total_ms_p90=hi, power_w=pw)
-             for f, b, u_, lo, hi, pw in zip(est.forward_ms.tolist(), est.backward_ms.tolist(),
-                                            est.update_ms.tolist(), est.total_ms_p10.tolist(),
-                                            est.total_ms_p90.tolist(), powers, strict=True)]
-    return times, roof
-
-
 def sums_of(table: LayerTable, setting: Setting, est: Estimates) -> LayerSums:
-    """:func:`app.core.aggregate.layer_sums` of :func:`layer_times` (the same figures, bit for bit) without a
-    :class:`~app.core.aggregate.LayerTime` per row: what the many-scenario endpoints aggregate."""
+    """:func:`app.core.aggregate.layer_sums` of a :class:`~app.core.aggregate.LayerTime` per row with its
+    :func:`layer_powers` (the same figures, bit for bit, ``tests/estimates/test_scenario_sums.py``) without
+    building them: what every prediction aggregates."""
     power, _ = layer_powers(table, setting, est)
     return layer_sums_of(forward_ms=est.forward_ms.tolist(), backward_ms=est.backward_ms.tolist(),
                          update_ms=est.update_ms.tolist(), total_ms_p10=est.total_ms_p10.tolist(),
