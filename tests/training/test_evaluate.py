@@ -108,3 +108,18 @@ def test_evaluate_writes_report_with_targets_and_baselines(tmp_path: Path, kerne
     assert rep["targets"]["below_roofline_pct"]["reached"] is True
     md = (out / "evaluation.md").read_text()
     assert "## Targets" in md and "Leave-one-GPU-out" in md and "lookup table" in md and "FLOPs at 50 %" in md
+    # only the two Vidur folds: the same fold results, nothing else retrained, and the report says so
+    vidur = ["Ampere (GA100)", "Ampere (GA102)"]
+    quick = tmp_path / "quick"
+    assert evaluate_main(["--models-dir", str(models), "--previous", "", "--database-url", kernels_training_db,
+                          "--out-dir", str(quick), "--logo-epochs", "1", "--no-e2e", "--logo-gpus", *vidur]) == 0
+    q = json.loads((quick / "evaluation.json").read_text())["logo"]
+    assert sorted(q["per_gpu"]) == vidur and q["only_folds"] == vidur
+    assert q["vidur_a100_a40"] == logo["vidur_a100_a40"]  # the folds do not depend on which others run
+    assert "Only the folds Ampere (GA100), Ampere (GA102)" in (quick / "evaluation.md").read_text()
+
+
+def test_evaluate_rejects_an_unknown_gpu_chip_before_loading_anything(capsys: pytest.CaptureFixture[str]) -> None:
+    assert evaluate_main(["--database-url", "sqlite:////nonexistent/x.db", "--logo-gpus", "Ampere (GA999)"]) == 2
+    err = capsys.readouterr().err
+    assert "Ampere (GA999)" in err and "Ampere (GA100)" in err  # names the bad chip and the known ones
