@@ -110,6 +110,9 @@ DEFAULT_CACHE_BYTES = 512 * 2**20
 # (benchmarks/perf.py records the estimate next to the traced figure).
 _LAYER_BYTES = 1200
 _TENSOR_BYTES = 260
+LAYOUT_BYTES_PER_LAYER = 900
+"""Approximate bytes of one layer's share of a memoised :class:`app.core.memory.Layout` (tracemalloc on the
+ResNet-50, DenseNet-121 and Inception-v2 model-zoo graphs: 874-914 B per layer)."""
 
 T = TypeVar("T")
 E = TypeVar("E", "BoundGraph", "FailedBinding")
@@ -149,10 +152,13 @@ class BoundGraph:
             self._table = LayerTable([p[0] for p in pairs], [p[1] for p in pairs], reference=reference)
         return self._table
 
-    def memo(self, key: Hashable, build: Callable[[], T]) -> T:
-        """``build()`` once per ``key`` (a pure function of this analysis and the key)."""
+    def memo(self, key: Hashable, build: Callable[[], T], *, nbytes: int = 0) -> T:
+        """``build()`` once per ``key`` (a pure function of this analysis and the key); ``nbytes``: about what
+        the result holds, added to this entry's share of the analysis cache's budget."""
         if key not in self._memo:
             self._memo[key] = build()
+            if nbytes:
+                analysis_cache.grow(self, nbytes)
         return self._memo[key]  # type: ignore[no-any-return]
 
 
@@ -227,6 +233,18 @@ class AnalysisCache:
                 _, evicted = self._entries.popitem(last=False)
                 self._bytes -= evicted.nbytes
             return entry
+
+    def grow(self, entry: BoundGraph, nbytes: int) -> None:
+        """``entry`` now holds ``nbytes`` more (a memoised result): counted against the budget, least recently
+        used entries evicted if it is exceeded (``entry`` itself too, when it alone exceeds it)."""
+        with self._lock:
+            entry.nbytes += nbytes
+            if self._entries.get(entry.key) is not entry:
+                return
+            self._bytes += nbytes
+            while self._bytes > self.budget_bytes and self._entries:
+                _, evicted = self._entries.popitem(last=False)
+                self._bytes -= evicted.nbytes
 
     def clear(self, budget_bytes: int | None = None) -> None:
         """Drop every entry (and set a new budget when given)."""

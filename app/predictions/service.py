@@ -37,7 +37,17 @@ from app.core.collectives import (
 from app.core.energy import IDLE_FRACTION_OF_TDP, J_PER_KWH, idle_power_w
 from app.core.hardware import HardwareSpec
 from app.core.ir import EVAL_EXPORT_WARNING
-from app.core.memory import HEADROOM, MemoryFootprint, device_key, fits, footprint, largest_batch_that_fits
+from app.core.memory import (
+    HEADROOM,
+    PRECISIONS,
+    Layout,
+    MemoryFootprint,
+    device_key,
+    fits,
+    footprint,
+    largest_batch_that_fits,
+    memory_layout,
+)
 from app.core.precision import (
     PRECISION_SEMANTICS,
     Precision,
@@ -298,13 +308,25 @@ def _memo_key(what: str, mem_opts: dict[str, Any], *extra: Any) -> tuple[Any, ..
             *(v for k, v in sorted(mem_opts.items()) if k != "hardware"))
 
 
+def _memo_layout(bound: graphs.BoundGraph, mem_opts: dict[str, Any]) -> Layout | None:
+    """The :func:`app.core.memory.memory_layout` of a training footprint, memoised on the cache entry by
+    precision and device key (``None`` for inference, which needs none)."""
+    if mem_opts["mode"] != "training":
+        return None
+    hw, precision = mem_opts["hardware"], mem_opts["precision"]
+    return bound.memo(("layout", device_key(hw), PRECISIONS[precision]),  # fp32/tf32, fp16/bf16 share one
+                      lambda: memory_layout(bound.analysis, precision=precision, hardware=hw),
+                      nbytes=graphs.LAYOUT_BYTES_PER_LAYER * len(bound.analysis.graph.layers))
+
+
 def memo_footprint(bound: graphs.BoundGraph, mem_opts: dict[str, Any], *, batch_size: int | None = None
                    ) -> MemoryFootprint:
     """:func:`app.core.memory.footprint` of ``bound``'s analysis with ``mem_opts`` (at ``batch_size``, default
     the binding's), memoised on the cache entry (a pure function of the analysis, the options and the
-    device's :func:`~app.core.memory.device_key`)."""
-    return bound.memo(_memo_key("footprint", mem_opts, batch_size),
-                      lambda: footprint(bound.analysis, batch_size=batch_size, **mem_opts))
+    device's :func:`~app.core.memory.device_key`); the walk over the layers (its layout) is done once per
+    precision and device key, not per batch."""
+    return bound.memo(_memo_key("footprint", mem_opts, batch_size), lambda: footprint(
+        bound.analysis, batch_size=batch_size, layout=_memo_layout(bound, mem_opts), **mem_opts))
 
 
 def memo_largest_batch(bound: graphs.BoundGraph, mem_opts: dict[str, Any]) -> int:

@@ -122,3 +122,20 @@ def _symbolic_seq_model() -> bytes:
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 64])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 64])], [w])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def test_memoised_results_count_against_the_budget() -> None:
+    """What an entry memoises with its size (the memory layouts) grows the entry: the cache evicts the least
+    recently used entries to stay within its budget."""
+    budget = analysis_cache.budget_bytes
+    analysis_cache.clear(budget_bytes=1000)
+    try:
+        a, b = analysis_cache.put(_entry("a", 300)), analysis_cache.put(_entry("b", 300))
+        assert b.memo("k", lambda: 1, nbytes=200) == 1 and analysis_cache.nbytes == 800 and b.nbytes == 500
+        assert b.memo("k", lambda: 2, nbytes=200) == 1 and analysis_cache.nbytes == 800  # built once, counted once
+        b.memo("k2", lambda: 3, nbytes=300)
+        assert analysis_cache.get("a") is None and analysis_cache.nbytes == 800  # a evicted, b (800) kept
+        assert analysis_cache.get("b") is b
+        assert a.memo("x", lambda: 4, nbytes=10) == 4 and analysis_cache.nbytes == 800  # not cached: not counted
+    finally:
+        analysis_cache.clear(budget_bytes=budget)
