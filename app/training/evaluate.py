@@ -215,12 +215,14 @@ def e2e_predictions(
     """Per e2e record: measured train step, learned layer sum, roofline layer sum, layer count, FLOPs.
 
     Each architecture is exported once (:func:`app.profiler.e2e.export_onnx`) and imported at every
-    measured batch size; prediction follows the API (:func:`app.predictions.service.estimate`): one
-    training-mode query per costed layer with the record's optimizer, summed.
+    measured batch size; prediction follows the API (:func:`app.predictions.service.estimate`): the graph
+    analysed for the record's software stack (fused as it fuses), one training-mode query per costed layer with
+    the record's optimizer and stack, summed.
     """
     from app.core.analysis import analyze
     from app.core.onnx_import import import_onnx
     from app.core.precision import Precision
+    from app.core.vocab import SoftwareStack
     from app.predictor.roofline import RooflineConstants, RooflinePredictor
     from app.profiler.e2e import export_onnx
 
@@ -239,12 +241,15 @@ def e2e_predictions(
             log(f"e2e {arch} b={r['batch_size']}: cannot rebuild ({type(exc).__name__}: {exc})")
             out.append({"arch": arch, "batch_size": r["batch_size"], "error": f"{type(exc).__name__}: {exc}"[:300]})
             continue
-        a = analyze(g)
+        # as the API analyses a graph for the request's software stack (default PyTorch eager): fused as that
+        # stack fuses (attention, GELU, bias: app.core.fusion), every query under that stack
+        stack = SoftwareStack(str(r.get("software_stack") or SoftwareStack.PYTORCH_EAGER.value))
+        a = analyze(g, software_stack=stack)
         opt = str(r.get("optimizer", "sgd"))
         queries = [
             LayerTimeQuery(layer=layer, cost=cost, hardware=cpu_hardware, mode="training", optimizer=opt,
-                           precision=Precision(str(r.get("precision", "fp32"))))
-            for layer, cost in zip(g.layers, a.costs, strict=True)
+                           precision=Precision(str(r.get("precision", "fp32"))), software_stack=stack)
+            for layer, cost in zip(a.graph.layers, a.costs, strict=True)
             if cost.supported
         ]  # fmt: skip
         est = predictor.estimate(queries)
