@@ -64,12 +64,26 @@ SETTING_FIELDS: tuple[str, ...] = (
 @dataclass(frozen=True, slots=True)
 class _Rescaled:
     """Per storage precision: forward / backward DRAM bytes at that precision and the cheapest algorithm's
-    forward / backward FLOPs (``[N]`` float64 each)."""
+    forward / backward FLOPs (``[N]`` float64 each), and each row's cost at that precision
+    (:func:`app.core.precision.cost_at_precision`, what the roofline fallback reads)."""
 
+    costs: tuple[LayerCost, ...]
     forward_bytes: np.ndarray
     backward_bytes: np.ndarray
     forward_flops_min: np.ndarray
     backward_flops_min: np.ndarray
+
+
+#: Approximate CPython bytes of one row's :class:`~app.core.costs.LayerCost` at a precision (tracemalloc
+#: around :meth:`LayerTable.rescaled` on the model-zoo ResNet-50, DenseNet-121 and Inception-v2: 304-439 B
+#: per layer beyond the arrays).
+RESCALED_COST_BYTES = 450
+
+
+def _rescaled_nbytes(r: _Rescaled) -> int:
+    """Bytes a precision's rescaled entry holds: its four ``[N]`` arrays and ``N`` costs."""
+    arrays = (r.forward_bytes, r.backward_bytes, r.forward_flops_min, r.backward_flops_min)
+    return int(sum(a.nbytes for a in arrays)) + RESCALED_COST_BYTES * len(r.costs)
 
 
 class LayerTable:
@@ -79,8 +93,12 @@ class LayerTable:
     analysis) and reuse for every device and setting. Raises ``ValueError`` for an unsupported cost.
     """
 
-    def __init__(self, layers: Sequence[Layer], costs: Sequence[LayerCost], *, reference: HardwareSpec) -> None:
+    def __init__(self, layers: Sequence[Layer], costs: Sequence[LayerCost], *, reference: HardwareSpec,
+                 on_grow: Callable[[int], None] | None = None) -> None:
+        """``on_grow(nbytes)`` is told about what the table adds later (a precision's rescaled columns and
+        costs), so that an owner with a byte budget (the analysis cache) counts them."""
         self.layers = tuple(layers)
+        self._on_grow = on_grow
         self.costs = tuple(costs)
         if len(self.layers) != len(self.costs):
             raise ValueError("layers and costs differ in length")
@@ -119,9 +137,7 @@ class LayerTable:
         """Bytes held by the table's arrays (for the analysis cache's byte budget)."""
         arrays = [self.base, self.forward_flops, self.backward_flops, self.forward_bytes, self.backward_bytes,
                   self.params, self.forward_macs, self.winograd, self.tensor_core, self.cudnn, self.dropout]
-        for r in self._rescaled.values():
-            arrays += [r.forward_bytes, r.backward_bytes, r.forward_flops_min, r.backward_flops_min]
-        return int(sum(a.nbytes for a in arrays))
+        return int(sum(a.nbytes for a in arrays)) + sum(_rescaled_nbytes(r) for r in self._rescaled.values())
 
     def memo(self, key: object, build: object) -> object:
         """A per-table memo (e.g. the learned predictor's routing of these layers per device kind):
@@ -137,18 +153,19 @@ class LayerTable:
         key = width if width == 4 else (2 if Precision(precision) is Precision.FP16 else 3)
         found = self._rescaled.get(key)
         if found is None:
-            fb, bb = [], []
-            for layer, cost in zip(self.layers, self.costs, strict=True):
-                c = cost_at_precision(layer, cost, precision)
-                fb.append(c.forward_bytes)
-                bb.append(c.backward_bytes)
+            costs = tuple(cost_at_precision(layer, cost, precision)
+                          for layer, cost in zip(self.layers, self.costs, strict=True))  # fmt: skip
+            fb, bb = [c.forward_bytes for c in costs], [c.backward_bytes for c in costs]
             mac = 2.0 * self.forward_macs
             found = self._rescaled[key] = _Rescaled(
+                costs=costs,
                 forward_bytes=np.asarray(fb, dtype=np.float64).reshape(len(self)),
                 backward_bytes=np.asarray(bb, dtype=np.float64).reshape(len(self)),
                 forward_flops_min=np.maximum(mac / self.winograd + (self.forward_flops - mac), 0.0),
                 backward_flops_min=self.backward_flops / self.winograd,
             )
+            if self._on_grow is not None:
+                self._on_grow(_rescaled_nbytes(found))
         return found
 
 
