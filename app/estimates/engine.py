@@ -183,6 +183,8 @@ class GraphCache:
     def footprint(self, s: Scenario) -> MemoryFootprint:
         """Peak memory of one device of ``s`` (:func:`app.core.memory.footprint`, memoised on the binding, and
         by :attr:`Scenario.key` for this call: the jobs of one scenario look it up once)."""
+        if s.key is None:  # no scenario identity: nothing to share it with
+            return memo_footprint(s.bound, self._memory_opts(s))
         found = self._footprints.get(s.key)
         if found is None:
             found = self._footprints[s.key] = memo_footprint(s.bound, self._memory_opts(s))

@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
@@ -130,6 +131,9 @@ def analysis_bytes(analysis: GraphAnalysis) -> int:
     return n
 
 
+_TABLE_LOCK = threading.Lock()
+
+
 @dataclass(eq=False)
 class BoundGraph:
     """A graph imported at one binding and analysed, plus what every prediction on it reuses: the
@@ -152,9 +156,20 @@ class BoundGraph:
 
             pairs = [(layer, cost) for layer, cost in zip(self.analysis.graph.layers, self.analysis.costs,
                                                           strict=True) if cost.supported]
-            self._table = LayerTable([p[0] for p in pairs], [p[1] for p in pairs], reference=reference,
-                                     on_grow=lambda n: analysis_cache.grow(self, n))
-            analysis_cache.grow(self, self._table.nbytes)
+            me = weakref.ref(self)  # the table must not keep an evicted entry alive (a reference cycle)
+
+            def grow(n: int) -> None:
+                entry = me()
+                if entry is not None:
+                    analysis_cache.grow(entry, n)
+
+            built = LayerTable([p[0] for p in pairs], [p[1] for p in pairs], reference=reference, on_grow=grow)
+            with _TABLE_LOCK:  # two threads may build it at once: the one kept is counted, once
+                kept = self._table is None
+                if kept:
+                    self._table = built
+            if kept:
+                analysis_cache.grow(self, built.nbytes)
         return self._table
 
     def recall(self, key: Hashable) -> Any:
@@ -165,8 +180,9 @@ class BoundGraph:
         """``build()`` once per ``key`` (a pure function of this analysis and the key); ``nbytes``: about what
         the result holds, added to this entry's share of the analysis cache's budget."""
         if key not in self._memo:
-            self._memo[key] = build()
-            if nbytes:
+            built = build()
+            # two threads may build it at once: the one kept is counted, once
+            if self._memo.setdefault(key, built) is built and nbytes:
                 analysis_cache.grow(self, nbytes)
         return self._memo[key]  # type: ignore[no-any-return]
 
