@@ -128,7 +128,7 @@ def test_profiler_writes_the_measuring_machine_and_keeps_one_per_folder(tmp_path
     before = path.read_text()
     assert record_machine(tmp_path, ctx) == path and path.read_text() == before  # resumed: kept
     with pytest.raises(SystemExit, match="describes another machine"):
-        record_machine(tmp_path, {**ctx, "cpu_model": "AMD EPYC"})
+        record_machine(tmp_path, {**ctx, "cpu_model": ctx["cpu_model"] + " (another model)"})
     assert record_machine(tmp_path / "gpu", {"device": "cuda", "device_name": "NVIDIA H200"}) is None
 
 
