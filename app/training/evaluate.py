@@ -150,7 +150,8 @@ def logo_block(
     """Block 2 of the module docstring (needs torch)."""
     from app.training.train import DEFAULTS, conformal_factor, is_cpu_rows, leave_one_gpu_out
 
-    recipe = {**DEFAULTS, **meta.get("model", {}).get("recipe", {}), **(recipe_override or {})}
+    # an artifact whose recipe names no member_features (v3 and older) had every member read every feature
+    recipe = {**DEFAULTS, "member_features": None, **meta.get("model", {}).get("recipe", {}), **(recipe_override or {})}
     recipe["feature_names"] = tuple(meta["feature_names"])
     folds = leave_one_gpu_out(tr, va, te, recipe=recipe, seed=seed, log=log)
     gtr = tr.subset(~is_cpu_rows(tr))
