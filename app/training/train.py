@@ -1,4 +1,4 @@
-"""Train the learned per-layer runtime predictor v3: efficiency over the physics floor, GPU and CPU heads.
+"""Train the learned per-layer runtime predictor v4: efficiency over the physics floor, GPU and CPU heads.
 
 ``python -m app.training.train [--version V] [--epochs N] [--sample N] [--no-logo] ...`` (also
 ``layercast train``). Stages, each a function below:
@@ -11,7 +11,8 @@
    row featurised by :mod:`app.core.features`.
 2. **split** (:func:`splits`): each source by distinct configuration (shape without the device) 70/10/20.
 3. **fit** (:func:`fit_recipe`): two heads, each an ensemble of :class:`LayerTimeNet`; the GPU head on every
-   GPU row (sources weighted equally), the CPU head on the CPU rows. The network predicts
+   GPU row (sources weighted equally), one member per feature set of :data:`MEMBER_FEATURES` (v3's datasheet
+   figures, device-blind, per-SM-cycle ratios; averaged in ln ms), the CPU head on the CPU rows. The network predicts
    ``ln(time / floor)`` and cannot go below 0: ``p50 = log_floor_ms + softplus(prior + MLP)``, where the
    floor is :func:`app.core.features.pass_floor_ms` (roofline at the op's peak for the precision, cheapest
    algorithm, bytes at the precision) and the prior is ``ln(1/efficiency + overhead_ms / floor_ms)`` with a
@@ -1062,7 +1063,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, default=DEFAULTS["epochs"])
     p.add_argument("--sample", type=int, default=None, help="rows per file of every source (quick runs)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--version", default="3")
+    p.add_argument("--version", default="4")
     p.add_argument("--hidden", type=int, default=DEFAULTS["hidden"])
     p.add_argument("--depth", type=int, default=DEFAULTS["depth"])
     p.add_argument("--ensemble", type=int, default=DEFAULTS["ensemble"])
