@@ -110,19 +110,37 @@ class LayerSums:
 
 
 def layer_sums(layers: Sequence[LayerTime]) -> LayerSums:
-    """Sums of ``layers`` (in their order, so any caller gets bit-identical figures)."""
+    """Sums of ``layers`` (in their order, so any caller gets bit-identical figures): :func:`layer_sums_of`
+    of their columns."""
     powered = not any(layer.power_w is None for layer in layers)
-    return LayerSums(
-        forward_ms=sum(layer.forward_ms for layer in layers),
-        backward_ms=sum(layer.backward_ms for layer in layers),
-        update_ms=sum(layer.update_ms for layer in layers),
-        total_ms_p10=sum(layer.total_ms_p10 for layer in layers),
-        total_ms_p90=sum(layer.total_ms_p90 for layer in layers),
-        energy_j=sum(layer.power_w * layer.total_ms / 1e3 for layer in layers if layer.power_w is not None)
-        if powered else None,
-        forward_energy_j=sum(layer.power_w * layer.forward_ms / 1e3 for layer in layers if layer.power_w is not None)
-        if powered else None,
-    )
+    return layer_sums_of(
+        forward_ms=[layer.forward_ms for layer in layers], backward_ms=[layer.backward_ms for layer in layers],
+        update_ms=[layer.update_ms for layer in layers], total_ms_p10=[layer.total_ms_p10 for layer in layers],
+        total_ms_p90=[layer.total_ms_p90 for layer in layers],
+        power_w=[layer.power_w for layer in layers] if powered else None)  # type: ignore[misc]  # fmt: skip
+
+
+def layer_sums_of(
+    *,
+    forward_ms: Sequence[float],
+    backward_ms: Sequence[float],
+    update_ms: Sequence[float],
+    total_ms_p10: Sequence[float],
+    total_ms_p90: Sequence[float],
+    power_w: Sequence[float] | None,
+) -> LayerSums:
+    """:class:`LayerSums` of layer columns (``[N]`` each: ms per pass, p10/p90 totals in ms, power in W or
+    ``None`` when a layer has none), without a :class:`LayerTime` per layer: each column summed left to
+    right as Python floats (``sum``), energy as Σ power × (forward + backward + update) / 1e3 J, so the
+    figures are those of summing the layers one by one, bit for bit."""
+    energy_j = forward_energy_j = None
+    if power_w is not None:
+        energy_j = sum(p * ((f + b) + u) / 1e3 for p, f, b, u in zip(power_w, forward_ms, backward_ms, update_ms,
+                                                                    strict=True))  # fmt: skip
+        forward_energy_j = sum(p * f / 1e3 for p, f in zip(power_w, forward_ms, strict=True))
+    return LayerSums(forward_ms=sum(forward_ms), backward_ms=sum(backward_ms), update_ms=sum(update_ms),
+                     total_ms_p10=sum(total_ms_p10), total_ms_p90=sum(total_ms_p90), energy_j=energy_j,
+                     forward_energy_j=forward_energy_j)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)

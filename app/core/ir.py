@@ -266,6 +266,11 @@ class Layer:
         return self.attrs.group if isinstance(self.attrs, ConvAttrs) else 1
 
 
+EVAL_EXPORT_WARNING = "eval-mode export"
+"""Prefix of the :attr:`Graph.warnings` an importer writes for a graph exported in inference mode
+(BatchNormalization folded or in eval mode); the API shows them for training requests only."""
+
+
 @dataclass(frozen=True, slots=True)
 class Graph:
     """An imported network at one concrete binding of its symbolic dimensions.

@@ -206,6 +206,13 @@ def runtime_for(hardware: HardwareSpec | None) -> DeviceRuntime:
     return DEVICE_RUNTIME.get(gen, GPU_DEFAULT_RUNTIME)
 
 
+def device_key(hardware: HardwareSpec | None) -> tuple[DeviceRuntime, bool]:
+    """What of ``hardware`` :func:`footprint` depends on: its runtime (:func:`runtime_for`) and whether it
+    is a GPU (the autocast op lists). Two devices with equal keys have equal footprints for every graph and
+    option, so a memo of footprints can be keyed by this instead of by the whole spec."""
+    return runtime_for(hardware), hardware is not None and hardware.kind == "gpu"
+
+
 # ------------------------------------------------------------------------------------------ tensor model
 @dataclass(slots=True)
 class _Plan:
@@ -224,30 +231,109 @@ def _is_float(t: Tensor) -> bool:
     return t.dtype.startswith(("float", "bfloat"))
 
 
-def _plan(layers: Sequence[Layer], outputs: Iterable[Tensor], *, half: int | None, gpu: bool,
-          runtime: DeviceRuntime, scale: float, weight_names: set[str]) -> _Plan:
+# A byte count of the walk, before the batch is known: ("t", numel, bytes per element, is a weight) is a
+# tensor (an activation's element count scales with the batch, a weight's does not), ("r", bytes, per batch)
+# a buffer; both are rounded as the allocator hands them out (:meth:`DeviceRuntime.rounded`).
+_Size = tuple[str, float, int, bool]
+
+
+class _Terms:
+    """A sum of ``coefficient × size`` terms (the extra bytes a layer saves), evaluated at a batch later;
+    supports the ``+``, ``sum`` and integer ``*`` the walk writes, so it reads like the integers it stands for."""
+
+    __slots__ = ("terms",)
+
+    def __init__(self, terms: tuple[tuple[int, _Size], ...] = ()) -> None:
+        self.terms = terms
+
+    def __add__(self, other: object) -> _Terms:
+        if isinstance(other, _Terms):
+            return _Terms(self.terms + other.terms)
+        if other == 0:
+            return self
+        return NotImplemented
+
+    __radd__ = __add__
+
+    def __mul__(self, k: int) -> _Terms:
+        return _Terms(tuple((c * k, size) for c, size in self.terms))
+
+    __rmul__ = __mul__
+
+
+@dataclass(slots=True)
+class Layout:
+    """What :func:`footprint`'s walk over the layers finds that does not depend on the batch size (aliases,
+    autocast dtypes, what each layer saves, producers and consumers) with every byte count kept as a
+    :data:`_Size` to evaluate at a batch: built once per graph, precision and device runtime by
+    :func:`memory_layout`, then sized per batch without walking the layers again."""
+
+    sizes: dict[str, _Size]
+    saved: list[set[str]]
+    extra: list[_Terms | int]
+    produced: list[set[str]]
+    consumed: list[set[str]]
+    needs_grad: set[str]
+    transient: list[tuple[_Size, ...] | None]
+    half: int | None
+    device: tuple[DeviceRuntime, bool]
+
+
+def _bytes(size: _Size, scale: float, runtime: DeviceRuntime) -> int:
+    if size[0] == "t":
+        _, numel, per, weight = size
+        return runtime.rounded((int(numel) if weight else int(numel * scale)) * per)
+    _, nbytes, _, per_batch = size
+    return runtime.rounded(int(nbytes * scale) if per_batch else int(nbytes))
+
+
+def _sized(layout: Layout, scale: float) -> _Plan:
+    """The :class:`_Plan` of ``layout`` at ``scale`` (batch / the graph's batch)."""
+    runtime = layout.device[0]
+    nbytes = {k: _bytes(v, scale, runtime) for k, v in layout.sizes.items()}
+    extra = [sum(c * _bytes(size, scale, runtime) for c, size in e.terms) if isinstance(e, _Terms) else e
+             for e in layout.extra]
+    transient = [0 if t is None else min(sum(_bytes(size, scale, runtime) for size in t), 1024 * MIB)
+                 for t in layout.transient]
+    return _Plan(nbytes, layout.saved, extra, layout.produced, layout.consumed, layout.needs_grad, transient)
+
+
+def memory_layout(analysis: GraphAnalysis, *, precision: str = "fp32", hardware: HardwareSpec | None = None
+                  ) -> Layout:
+    """The batch-independent part of :func:`footprint`'s training walk for ``precision`` (a key of
+    :data:`PRECISIONS`) on ``hardware`` (its :func:`device_key`); pass it to :func:`footprint` (and
+    :func:`largest_batch_that_fits`) to size many batches of one graph without walking its layers each
+    time. Raises ``KeyError`` for an unknown precision."""
+    half = PRECISIONS[precision]
+    device = device_key(hardware)
+    weights = {w.name for layer in analysis.graph.layers for w in layer.weights}
+    return _plan(analysis.graph.layers, analysis.graph.outputs, half=half, device=device, weight_names=weights)
+
+
+def _plan(layers: Sequence[Layer], outputs: Iterable[Tensor], *, half: int | None,
+          device: tuple[DeviceRuntime, bool], weight_names: set[str]) -> Layout:
     """Walk the layers in order: alias views, assign autocast dtypes, list what each layer saves."""
+    gpu = device[1]
     alias: dict[str, str] = {}
     is16: dict[str, bool] = {}
-    nbytes: dict[str, int] = {}
+    nbytes: dict[str, _Size] = {}
     needs_grad: set[str] = set()
     n = len(layers)
     saved: list[set[str]] = [set() for _ in range(n)]
-    extra = [0] * n
+    extra: list[_Terms | int] = [0] * n
     produced: list[set[str]] = [set() for _ in range(n)]
     consumed: list[set[str]] = [set() for _ in range(n)]
-    transient = [0] * n
+    transient: list[tuple[_Size, ...] | None] = [None] * n
 
     def canon(name: str) -> str:
         return alias.get(name, name)
 
-    def size(t: Tensor, sixteen: bool) -> int:
-        own = BYTES_PER_ELEMENT.get(t.dtype, 4)
-        numel = t.numel if t.name in weight_names else int(t.numel * scale)  # activations carry the batch
-        return runtime.rounded(numel * (half if (sixteen and half and _is_float(t)) else own))
+    def size(t: Tensor, sixteen: bool) -> _Size:
+        own = BYTES_PER_ELEMENT.get(t.dtype, 4)  # activations carry the batch, weights do not
+        return ("t", t.numel, half if (sixteen and half and _is_float(t)) else own, t.name in weight_names)
 
-    def rnd(nbytes: float, per_batch: bool = True) -> int:
-        return runtime.rounded(int(nbytes * scale) if per_batch else int(nbytes))
+    def rnd(nbytes: float, per_batch: bool = True) -> _Terms:
+        return _Terms(((1, ("r", nbytes, 0, per_batch)),))
 
     def key(t: Tensor, sixteen: bool | None = None) -> str:
         """Key of ``t`` as stored (``sixteen=None``) or as a copy cast to 16/32 bits; registers its size."""
@@ -296,10 +382,10 @@ def _plan(layers: Sequence[Layer], outputs: Iterable[Tensor], *, half: int | Non
         saved[i] |= s
         extra[i] += e
         if gpu and kind in (OpKind.CONV, OpKind.CONV_TRANSPOSE) and outs:
-            transient[i] = min(sum(nbytes[canon(o.name)] for o in outs), 1024 * MIB)  # cuDNN workspace
+            transient[i] = tuple(nbytes[canon(o.name)] for o in outs)  # cuDNN workspace (capped at 1 GiB)
     for t in outputs:  # the model output is alive until backward has consumed its gradient
-        nbytes.setdefault(canon(t.name), rnd(t.nbytes))
-    return _Plan(nbytes, saved, extra, produced, consumed, needs_grad, transient)
+        nbytes.setdefault(canon(t.name), ("r", t.nbytes, 0, True))
+    return Layout(nbytes, saved, extra, produced, consumed, needs_grad, transient, half, device)
 
 
 def _fused_attention(layers: Sequence[Layer]) -> dict[int, tuple[int, int]]:
@@ -336,13 +422,13 @@ def _fused_attention(layers: Sequence[Layer]) -> dict[int, tuple[int, int]]:
 
 
 def _saved_by(layer: Layer, i: int, fused: dict[int, tuple[int, int]], *, key: Callable[..., str],
-              rnd: Callable[..., int], half: int | None, out16: bool, grad_in: bool,
-              gpu: bool) -> tuple[set[str], int]:
+              rnd: Callable[..., _Terms], half: int | None, out16: bool, grad_in: bool,
+              gpu: bool) -> tuple[set[str], _Terms | int]:
     """Keys of the tensors ``layer`` saves for backward and the bytes of saved buffers it creates."""
     ins, outs, op, kind = layer.inputs, layer.outputs, layer.op_type, layer.kind
     f_ins = [t for t in ins if _is_float(t)]
     s: set[str] = set()
-    extra = 0
+    extra: _Terms | int = 0
     cast = True if (half and kind in _MAC_KINDS) else (False if half and gpu and op in CUDA_AUTOCAST_FP32_OPS
                                                           else None)
     # addmm/mm keep the weight only for the input gradient; convolution keeps it whatever its input
@@ -477,6 +563,7 @@ def footprint(
     hardware: HardwareSpec | None = None,
     activation_checkpointing: bool = False,
     batch_size: int | None = None,
+    layout: Layout | None = None,
 ) -> MemoryFootprint:
     """Peak memory of one step of ``analysis.graph`` at its batch size, by component, in bytes.
 
@@ -485,8 +572,10 @@ def footprint(
     the module docstring); ``hardware`` decides the device runtime (:func:`runtime_for`; ``None`` = CPU)
     and the autocast op lists. ``activation_checkpointing`` recomputes activations in backward (training
     only). ``batch_size`` (default: the graph's) rescales every activation tensor linearly from the
-    graph's batch (each carries the batch axis), so other batches need no re-import. Raises ``KeyError``
-    for an unknown optimizer or precision and ``ValueError`` for an unknown mode or a batch below 1.
+    graph's batch (each carries the batch axis), so other batches need no re-import. ``layout``: the
+    :func:`memory_layout` of this analysis, precision and device, when the caller kept it (training only;
+    built here otherwise). Raises ``KeyError`` for an unknown optimizer or precision and ``ValueError`` for
+    an unknown mode, a batch below 1 or a ``layout`` of another precision or device.
     """
     half = PRECISIONS[precision]
     _, states = OPTIMIZERS[optimizer]
@@ -495,8 +584,7 @@ def footprint(
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, not {batch_size}")
     scale = 1.0 if batch_size is None else batch_size / analysis.graph.batch_size
-    runtime = runtime_for(hardware)
-    gpu = hardware is not None and hardware.kind == "gpu"
+    runtime, gpu = device_key(hardware)
     graph = analysis.graph
     layers = graph.layers
     weights: dict[str, Tensor] = {}
@@ -515,8 +603,11 @@ def footprint(
                                                                BYTES_PER_ELEMENT.get(t.dtype, 4)) for t in ts))
         return MemoryFootprint(w_bytes, 0, 0, working, 0, 0, runtime_bytes, precision)
 
-    plan = _plan(layers, graph.outputs, half=half, gpu=gpu, runtime=runtime, scale=scale,
-                 weight_names=set(weights))
+    if layout is None:
+        layout = _plan(layers, graph.outputs, half=half, device=(runtime, gpu), weight_names=set(weights))
+    elif layout.half != half or layout.device != (runtime, gpu):
+        raise ValueError("layout was built for another precision or device")
+    plan = _sized(layout, scale)
     n = len(layers)
     saved, extra = (_checkpoint(plan, n) if activation_checkpointing else (plan.saved, plan.extra))
     out_keys = {k for k in plan.nbytes if k in {t.name for t in graph.outputs}}
@@ -595,6 +686,8 @@ def largest_batch_that_fits(
     hardware: HardwareSpec | None = None,
     activation_checkpointing: bool = False,
     max_batch: int = 1 << 20,
+    total_bytes: Callable[[int], int] | None = None,
+    layout: Layout | None = None,
 ) -> int:
     """Largest batch size whose predicted peak fits in ``memory_bytes`` (:func:`fits`); 0 if none does.
 
@@ -606,13 +699,20 @@ def largest_batch_that_fits(
     the piece they lie on: exact once both lie on the answer's piece) inside a bracket ``fits(lo)``,
     ``not fits(hi)``, and stops when ``hi == lo + 1``: the answer is verified by exact evaluations at it
     and at its successor. 4-8 evaluations on real graphs instead of a bisection's 14-30. Capped at
-    ``max_batch`` (returned when it fits). Raises like :func:`footprint`.
+    ``max_batch`` (returned when it fits). ``total_bytes``: the peak at a batch, ``footprint(...,
+    batch_size=b).total_bytes`` of these options (the default), for a caller that memoises it; ``layout``
+    as for :func:`footprint` (built once here otherwise). Raises like :func:`footprint`.
     """
     limit = HEADROOM * memory_bytes
+    if layout is None and total_bytes is None and mode == "training":
+        layout = memory_layout(analysis, precision=precision, hardware=hardware)
 
-    def total(b: int) -> int:
+    def exact(b: int) -> int:
         return footprint(analysis, mode=mode, optimizer=optimizer, precision=precision, hardware=hardware,
-                         activation_checkpointing=activation_checkpointing, batch_size=b).total_bytes
+                         activation_checkpointing=activation_checkpointing, batch_size=b,
+                         layout=layout).total_bytes
+
+    total = total_bytes or exact
 
     t1 = total(1)
     if t1 > limit:

@@ -26,12 +26,13 @@ attribute record.
 from __future__ import annotations
 
 import ast
+import io
 import math
 import operator
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import onnx
@@ -41,6 +42,7 @@ from onnx import TensorProto, helper, numpy_helper, shape_inference
 
 from app.core.costs import einsum_macs, gemm_dims
 from app.core.ir import (
+    EVAL_EXPORT_WARNING,
     AttentionAttrs,
     ConvAttrs,
     EinsumAttrs,
@@ -58,6 +60,7 @@ from app.core.ir import (
 )
 from app.core.limits import Deadline, Limits, current_limits
 from app.core.onnx_weights import drop_external_data, has_inline_data
+from app.core.onnx_wire import read_model
 from app.core.shape_prop import MAX_VALUE_NUMEL, propagate_shapes
 from app.errors import GraphTooLarge, InvalidGraph, LimitExceeded, UnboundDimension, UnsupportedOpset
 
@@ -147,15 +150,17 @@ _DTYPES = {
 }
 
 
-def parse_model(content: bytes) -> onnx.ModelProto:
-    """Deserialize ONNX bytes (external-data references are kept as references; nothing is opened).
+def parse_model(content: bytes | IO[bytes]) -> onnx.ModelProto:
+    """Deserialize ONNX bytes, or a seekable binary file from its position to its end, read in bounded
+    slices (:func:`app.core.onnx_wire.read_model`: the file is never held whole as bytes next to the
+    parsed model). External-data references are kept as references; nothing is opened.
 
     Raises :class:`InvalidGraph` (code ``invalid_graph``) when the bytes are not a ModelProto with at
     least one node.
     """
     try:
-        model = onnx.load_model_from_string(content)
-    except Exception as exc:  # protobuf DecodeError and friends
+        model = read_model(io.BytesIO(content) if isinstance(content, bytes) else content)
+    except Exception as exc:  # WireError, protobuf DecodeError and friends
         raise InvalidGraph(f"not a valid ONNX model: {exc.__class__.__name__}") from exc
     if not model.graph.node:
         raise InvalidGraph("ONNX model has no nodes (empty graph or not an ONNX file)")
@@ -1018,9 +1023,6 @@ def import_onnx(
         warnings=tuple(warnings),
         shared_weights=shared,
     )
-
-
-EVAL_EXPORT_WARNING = "eval-mode export"  # prefix of the warnings below; the API shows them for training
 
 
 def _export_mode_warnings(model: onnx.ModelProto, layers: list[Layer]) -> list[str]:

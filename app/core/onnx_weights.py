@@ -136,12 +136,29 @@ def drop_external_data(model: onnx.ModelProto) -> tuple[int, int]:
     return count, size
 
 
+def _value_key(arr: np.ndarray) -> tuple[int, float, float] | None:
+    """A fingerprint of the multiset of ``arr``'s values, equal for two arrays that ``np.array_equal``
+    calls equal in any element order (so for a tensor and its transpose): the wrapping uint64 sum of the
+    elements' bit patterns with ``-0.0`` counted as ``+0.0``, the minimum and the maximum. ``None`` for a
+    constant-valued array (freshly initialised constant tensors match by accident)."""
+    lo, hi = arr.min(), arr.max()
+    if lo == hi:
+        return None
+    flat = np.ascontiguousarray(arr).reshape(-1)
+    bits = flat.view(np.dtype(f"u{flat.dtype.itemsize}"))
+    sign = 1 << (8 * flat.dtype.itemsize - 1)
+    negative_zeros = int(np.count_nonzero(bits == sign))
+    total = (int(bits.sum(dtype=np.uint64)) - negative_zeros * sign) % 2**64
+    return total, float(lo), float(hi)
+
+
 def _tied_copies(g: onnx.GraphProto) -> dict[str, tuple[str, bool]]:
     """Initializers (weight-sized, float, rank ≥ 2, not constant-valued) that hold exactly the values of
     an earlier one or of its 2-D transpose: ``copy name → (original name, transposed)``.
 
-    Only tensors whose (element count, dtype, sorted dims) collide are decoded, so a model without
-    tied copies decodes nothing.
+    Only tensors whose (element count, dtype, sorted dims) collide are decoded, one at a time, to a
+    value fingerprint (:func:`_value_key`); only those whose fingerprints collide are compared element
+    by element, so a model without tied copies compares nothing and holds one decoded tensor at a time.
     """
     groups: dict[tuple, list[TensorProto]] = {}
     for init in g.initializer:
@@ -152,20 +169,21 @@ def _tied_copies(g: onnx.GraphProto) -> dict[str, tuple[str, bool]]:
     for members in groups.values():
         if len(members) < 2:
             continue
-        seen: list[tuple[str, np.ndarray]] = []
+        seen: dict[tuple[int, float, float], list[TensorProto]] = {}
         for init in members:
-            arr = numpy_helper.to_array(init)
-            if arr.min() == arr.max():
-                continue  # freshly initialised constant tensors match by accident
-            for name, other in seen:
+            key = _value_key(numpy_helper.to_array(init))  # decoded, fingerprinted, dropped
+            if key is None:
+                continue
+            for original in seen.get(key, ()):
+                arr, other = numpy_helper.to_array(init), numpy_helper.to_array(original)
                 if other.shape == arr.shape and np.array_equal(other, arr):
-                    out[init.name] = (name, False)
+                    out[init.name] = (original.name, False)
                     break
                 if arr.ndim == 2 and other.shape == arr.shape[::-1] and np.array_equal(other.T, arr):
-                    out[init.name] = (name, True)
+                    out[init.name] = (original.name, True)
                     break
             else:
-                seen.append((init.name, arr))
+                seen.setdefault(key, []).append(init)
     return out
 
 

@@ -30,7 +30,7 @@ from typing import Any, Generic, TypeVar
 
 from sqlalchemy.orm import Session
 
-from app.core.aggregate import Aggregate, LayerSums, LayerTime, aggregate, layer_sums
+from app.core.aggregate import Aggregate, LayerSums, aggregate
 from app.core.analysis import GraphAnalysis
 from app.core.hardware import HardwareSpec
 from app.core.memory import MemoryFootprint, fits
@@ -47,8 +47,8 @@ from app.predictions.service import (
     memo_footprint,
     memo_largest_batch,
     predict_tables,
+    sums_of,
 )
-from app.predictions.service import layer_times as layer_times_of
 from app.predictor.base import Predictor
 from app.predictor.table import Estimates, Setting
 
@@ -111,11 +111,11 @@ class _Lru(Generic[K, V]):
 
 
 class ScenarioCache:
-    """What one predictor answered, by :attr:`Scenario.key`: layer estimates, times and their sums (a bounded
-    LRU of :data:`MAX_CACHED_SCENARIOS`)."""
+    """What one predictor answered, by :attr:`Scenario.key`: layer estimates and their sums (a bounded LRU of
+    :data:`MAX_CACHED_SCENARIOS`)."""
 
     def __init__(self) -> None:
-        self.layers: _Lru[Hashable, tuple[Estimates, list[LayerTime], LayerSums]] = _Lru(MAX_CACHED_SCENARIOS)
+        self.layers: _Lru[Hashable, tuple[Estimates, LayerSums]] = _Lru(MAX_CACHED_SCENARIOS)
 
 
 _CACHES: weakref.WeakKeyDictionary[Any, ScenarioCache] = weakref.WeakKeyDictionary()
@@ -155,6 +155,7 @@ class GraphCache:
     _analyses: dict[Hashable, graphs.BoundGraph | LayercastError] = field(default_factory=dict)
     _specs: dict[str, HardwareSpec | LayercastError] = field(default_factory=dict)
     _fingerprints: dict[str, str] = field(default_factory=dict)
+    _footprints: dict[Hashable, MemoryFootprint] = field(default_factory=dict)  # by Scenario.key, this call
 
     @property
     def store(self) -> ScenarioCache:
@@ -184,13 +185,23 @@ class GraphCache:
 
         return _remembered(self._analyses, key, bind)
 
+    def preload_hardware(self, hardware_ids: set[str]) -> None:
+        """Load the specs of ``hardware_ids`` in one query (1,000 jobs name a few dozen devices), so that
+        :meth:`spec` of each needs no query of its own; unknown ids are left to :meth:`spec` to refuse."""
+        found = hardware_service.get_specs(self.session, hardware_ids=hardware_ids - set(self._specs))
+        for hardware_id, spec in found.items():
+            self._remember_spec(hardware_id, spec)
+
+    def _remember_spec(self, hardware_id: str, spec: HardwareSpec) -> HardwareSpec:
+        self._specs[hardware_id] = spec
+        self._fingerprints[hardware_id] = json.dumps(spec_to_dict(spec), sort_keys=True, default=str)
+        return spec
+
     def spec(self, hardware_id: str) -> HardwareSpec:
         """Stored spec of ``hardware_id``; raises :class:`app.errors.HardwareNotFound` (404)."""
 
         def load() -> HardwareSpec:
-            spec = hardware_service.get_spec(self.session, hardware_id=hardware_id)
-            self._fingerprints[hardware_id] = json.dumps(spec_to_dict(spec), sort_keys=True, default=str)
-            return spec
+            return self._remember_spec(hardware_id, hardware_service.get_spec(self.session, hardware_id=hardware_id))
 
         return _remembered(self._specs, hardware_id, load)
 
@@ -212,12 +223,16 @@ class GraphCache:
                 "hardware": s.hardware, "activation_checkpointing": s.request.activation_checkpointing}
 
     def footprint(self, s: Scenario) -> MemoryFootprint:
-        """Peak memory of one device of ``s`` (:func:`app.core.memory.footprint`, memoised on the binding)."""
-        return memo_footprint(s.bound, self._memory_opts(s), device=self._fingerprints.get(s.hardware.id))
+        """Peak memory of one device of ``s`` (:func:`app.core.memory.footprint`, memoised on the binding, and
+        by :attr:`Scenario.key` for this call: the jobs of one scenario look it up once)."""
+        found = self._footprints.get(s.key)
+        if found is None:
+            found = self._footprints[s.key] = memo_footprint(s.bound, self._memory_opts(s))
+        return found
 
     def largest_batch(self, s: Scenario) -> int:
         """Largest per-device batch whose peak fits (:func:`app.core.memory.largest_batch_that_fits`)."""
-        return memo_largest_batch(s.bound, self._memory_opts(s), device=self._fingerprints.get(s.hardware.id))
+        return memo_largest_batch(s.bound, self._memory_opts(s))
 
     def fits(self, s: Scenario) -> bool:
         """Whether one device of ``s`` holds its peak (:func:`app.core.memory.fits`)."""
@@ -227,11 +242,10 @@ class GraphCache:
 @dataclass(frozen=True, slots=True)
 class LayerPredictions:
     """What :func:`predict_layers` returns: per scenario, the estimates of its supported layers (graph order)
-    and their layer times with their sums (:func:`app.core.aggregate.layer_sums`, computed once per scenario
-    and shared by every job of it), and how many layer predictions were answered and how many computed now."""
+    and the sums of their layer times (:func:`app.predictions.service.sums_of`, computed once per scenario and
+    shared by every job of it), and how many layer predictions were answered and how many computed now."""
 
     estimates: list[Estimates]
-    times: list[list[LayerTime]]
     sums: list[LayerSums]
     queries: int
     unique_queries: int
@@ -252,9 +266,8 @@ def predict_layers(cache: GraphCache, scenarios: Sequence[Scenario]) -> LayerPre
                 seen.add(s.key)
     items = [(s.bound.table(s.hardware), s.setting) for s in todo]
     found = iter(predict_tables(cache.predictor, items) if items else [])
-    fresh: dict[Hashable, tuple[Estimates, list[LayerTime], LayerSums]] = {}
+    fresh: dict[Hashable, tuple[Estimates, LayerSums]] = {}
     estimates: list[Estimates] = []
-    layer_times: list[list[LayerTime]] = []
     sums: list[LayerSums] = []
     queries = computed = 0
     for s, hit in zip(scenarios, recalled, strict=True):
@@ -262,24 +275,21 @@ def predict_layers(cache: GraphCache, scenarios: Sequence[Scenario]) -> LayerPre
             hit = fresh.get(s.key)
         if hit is None:
             est = next(found)
-            table = s.bound.table(s.hardware)
-            times = layer_times_of(table, s.setting, est)[0]
-            hit = (est, times, layer_sums(times))
+            hit = (est, sums_of(s.bound.table(s.hardware), s.setting, est))
             cache.store.layers.put(s.key, hit)
             if s.key is not None:
                 fresh[s.key] = hit
             computed += len(est)
         estimates.append(hit[0])
-        layer_times.append(hit[1])
-        sums.append(hit[2])
+        sums.append(hit[1])
         queries += len(hit[0])
-    return LayerPredictions(estimates=estimates, times=layer_times, sums=sums, queries=queries,
+    return LayerPredictions(estimates=estimates, sums=sums, queries=queries,
                             unique_queries=computed)
 
 
-def scenario_aggregate(cache: GraphCache, s: Scenario, times: Sequence[LayerTime], sums: LayerSums) -> Aggregate:
-    """Iteration, epoch and job of ``s`` from its layer times and their sums (:attr:`LayerPredictions.sums`):
+def scenario_aggregate(cache: GraphCache, s: Scenario, sums: LayerSums) -> Aggregate:
+    """Iteration, epoch and job of ``s`` from the sums of its layer times (:attr:`LayerPredictions.sums`):
     :func:`app.core.aggregate.aggregate` of :func:`app.predictions.service.aggregation_input`, the numbers
     ``POST /v1/predictions`` computes; only the job-level terms are computed per call."""
     fp = cache.footprint(s)
-    return aggregate(aggregation_input(s.request, s.hardware, times, fp, training=s.training, sums=sums))
+    return aggregate(aggregation_input(s.request, s.hardware, (), fp, training=s.training, sums=sums))

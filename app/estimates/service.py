@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
-from app.core.aggregate import Aggregate, LayerSums, LayerTime
+from app.core.aggregate import Aggregate, LayerSums
 from app.core.precision import PRECISION_SEMANTICS
 from app.core.vocab import Granularity, Pass
 from app.errors import LayercastError, PayloadTooLarge
@@ -119,11 +119,11 @@ def predict_batch(session: Session, predictor: Predictor, *, request: BatchPredi
     results: list[BatchItemRead] = [
         BatchItemRead(index=i, error=s) for i, s in enumerate(scenarios) if isinstance(s, ItemError)
     ]
-    for (i, s), estimates, times, sums in zip(ok, found.estimates, found.times, found.sums, strict=True):
+    for (i, s), estimates, sums in zip(ok, found.estimates, found.sums, strict=True):
 
         def answer(i: int = i, s: Scenario = s, estimates: Estimates = estimates,
-                   times: list[LayerTime] = times, sums: LayerSums = sums) -> BatchItemRead:
-            agg = engine.scenario_aggregate(cache, s, times, sums)
+                   sums: LayerSums = sums) -> BatchItemRead:
+            agg = engine.scenario_aggregate(cache, s, sums)
             read = BatchItemRead(index=i, summary=_summary(cache, s, agg))
             if request.detail == "layers":
                 read.prediction = estimate(s.analysis, s.hardware, predictor, request=s.request,
@@ -169,19 +169,20 @@ class _JobModel:
 def _model_jobs(session: Session, predictor: Predictor, jobs: Sequence[JobSpec]) -> list[_JobModel | ItemError]:
     """Uncalibrated job time of every job, all layers predicted in one call."""
     cache = GraphCache(session, predictor)
+    cache.preload_hardware({job.hardware_id for job in jobs})
     scenarios = [_attempt(partial(_job_scenario, cache, job)) for job in jobs]
     ok = [s for s in scenarios if isinstance(s, Scenario)]
     found = engine.predict_layers(cache, ok)
-    times = iter(zip(found.times, found.sums, strict=True))
+    sums_of = iter(found.sums)
     out: list[_JobModel | ItemError] = []
     for s in scenarios:
         if isinstance(s, ItemError):
             out.append(s)
             continue
-        layer_times, sums = next(times)
+        sums = next(sums_of)
 
-        def model(s: Scenario = s, layer_times: list[LayerTime] = layer_times, sums: LayerSums = sums) -> _JobModel:
-            job = engine.scenario_aggregate(cache, s, layer_times, sums).job
+        def model(s: Scenario = s, sums: LayerSums = sums) -> _JobModel:
+            job = engine.scenario_aggregate(cache, s, sums).job
             assert job is not None
             return _JobModel(p50_s=job.time_s, p90_s=job.time_s_p90, fits=cache.fits(s))
 
@@ -415,8 +416,8 @@ def compare(session: Session, predictor: Predictor, *, request: ComparisonCreate
     ]
     found = engine.predict_layers(cache, scenarios + sweep_scenarios)
     rows: list[ComparisonRow] = []
-    for s, times, sums in zip(scenarios, found.times[: len(scenarios)], found.sums[: len(scenarios)], strict=True):
-        row = _attempt(partial(_comparison_row, cache, s, times, sums))
+    for s, sums in zip(scenarios, found.sums[: len(scenarios)], strict=True):
+        row = _attempt(partial(_comparison_row, cache, s, sums))
         if isinstance(row, ItemError):
             unavailable.append(Unavailable(hardware_id=s.hardware.id, device_count=s.request.device_count,
                                            code=row.code, reason=row.message))
@@ -427,9 +428,8 @@ def compare(session: Session, predictor: Predictor, *, request: ComparisonCreate
     sweep_rows = None
     if request.sweep is not None:
         sweep_rows = []
-        for s, times, sums in zip(sweep_scenarios, found.times[len(scenarios):], found.sums[len(scenarios):],
-                                  strict=True):
-            it = engine.scenario_aggregate(cache, s, times, sums).iteration
+        for s, sums in zip(sweep_scenarios, found.sums[len(scenarios):], strict=True):
+            it = engine.scenario_aggregate(cache, s, sums).iteration
             sweep_rows.append(SweepRow(batch_size=s.request.batch_size, iteration_ms=it.time_ms,
                                        time_per_sample_ms=it.time_ms / s.request.batch_size,
                                        peak_memory_bytes=cache.footprint(s).total_bytes, fits=cache.fits(s)))
@@ -451,8 +451,8 @@ def compare(session: Session, predictor: Predictor, *, request: ComparisonCreate
     )
 
 
-def _comparison_row(cache: GraphCache, s: Scenario, times: list[LayerTime], sums: LayerSums) -> ComparisonRow:
-    agg = engine.scenario_aggregate(cache, s, times, sums)
+def _comparison_row(cache: GraphCache, s: Scenario, sums: LayerSums) -> ComparisonRow:
+    agg = engine.scenario_aggregate(cache, s, sums)
     assert agg.epoch is not None and agg.job is not None
     it, job = agg.iteration, agg.job
     return ComparisonRow(

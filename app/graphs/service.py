@@ -16,8 +16,11 @@ software stack). :func:`bound_graph` / :func:`bound_inline` keep those analyses 
 graphs: the sha256 of their canonical JSON), least recently used first out, bounded by an estimate of
 the bytes the entries hold (:func:`analysis_bytes`), never by an entry count; entries hold the analysis,
 its :class:`app.predictor.table.LayerTable` and memoised footprints, never the stored blob, which is read
-from the database (a deferred column) only on a miss. Analyses do not depend on the predictor version;
-what a predictor answered is never kept here.
+from the database (a deferred column) only on a miss. A binding whose import fails for a reason that
+depends only on the content and the binding (``unbound_dimension``, ``unknown_dimension``,
+``invalid_graph``, ``unsupported_opset``) is kept as a :class:`FailedBinding` and answered with the
+same error without importing again. Analyses do not depend on the predictor version; what a predictor
+answered is never kept here.
 """
 
 from __future__ import annotations
@@ -37,10 +40,16 @@ from app.core.analysis import GraphAnalysis, analyze
 from app.core.hardware import HardwareSpec
 from app.core.ir import Graph
 from app.core.json_import import import_json
-from app.core.onnx_import import import_onnx, parse_model
-from app.core.onnx_weights import strip_weights
 from app.core.vocab import SoftwareStack
-from app.errors import GraphNotFound, InvalidGraph, InvalidRequest, UnknownDimension
+from app.errors import (
+    GraphNotFound,
+    InvalidGraph,
+    InvalidRequest,
+    LayercastError,
+    UnboundDimension,
+    UnknownDimension,
+    UnsupportedOpset,
+)
 from app.graphs.models import StoredGraph
 from app.graphs.repository import GraphRepository
 
@@ -81,6 +90,8 @@ def build_graph(
 
 def _import(content: bytes, source_format: str, batch_size: int, dims: dict[str, int], name: str) -> Graph:
     if source_format == "onnx":
+        from app.core.onnx_import import import_onnx  # onnx costs ~0.5 s to import: not at start-up (issue 12)
+
         return import_onnx(content, batch_size=batch_size, dims=dims, name=name or None)
     if source_format == "json":
         try:
@@ -99,8 +110,12 @@ DEFAULT_CACHE_BYTES = 512 * 2**20
 # (benchmarks/perf.py records the estimate next to the traced figure).
 _LAYER_BYTES = 1200
 _TENSOR_BYTES = 260
+LAYOUT_BYTES_PER_LAYER = 900
+"""Approximate bytes of one layer's share of a memoised :class:`app.core.memory.Layout` (tracemalloc on the
+ResNet-50, DenseNet-121 and Inception-v2 model-zoo graphs: 874-914 B per layer)."""
 
 T = TypeVar("T")
+E = TypeVar("E", "BoundGraph", "FailedBinding")
 
 
 def analysis_bytes(analysis: GraphAnalysis) -> int:
@@ -137,20 +152,51 @@ class BoundGraph:
             self._table = LayerTable([p[0] for p in pairs], [p[1] for p in pairs], reference=reference)
         return self._table
 
-    def memo(self, key: Hashable, build: Callable[[], T]) -> T:
-        """``build()`` once per ``key`` (a pure function of this analysis and the key)."""
+    def memo(self, key: Hashable, build: Callable[[], T], *, nbytes: int = 0) -> T:
+        """``build()`` once per ``key`` (a pure function of this analysis and the key); ``nbytes``: about what
+        the result holds, added to this entry's share of the analysis cache's budget."""
         if key not in self._memo:
             self._memo[key] = build()
+            if nbytes:
+                analysis_cache.grow(self, nbytes)
         return self._memo[key]  # type: ignore[no-any-return]
 
 
+#: Import failures that depend on nothing but the stored content and the binding (the cache key): remembered
+#: in the analysis cache, so a graph that cannot be imported at a binding is not imported again on every call.
+#: Limits (LimitExceeded, GraphTooLarge: the import deadline, the settings' bounds) are not among them.
+REMEMBERED_FAILURES: tuple[type[LayercastError], ...] = (InvalidGraph, UnboundDimension, UnknownDimension,
+                                                         UnsupportedOpset)
+_FAILURE_BYTES = 600  # a FailedBinding with its key and error, before the message and detail text
+
+
+@dataclass(frozen=True, eq=False)
+class FailedBinding:
+    """A binding whose import failed with one of :data:`REMEMBERED_FAILURES`: :meth:`error` is a fresh
+    exception equal to the one raised then (same type, message and detail)."""
+
+    key: Hashable
+    kind: type[LayercastError]
+    message: str
+    detail: dict[str, Any]
+    nbytes: int
+
+    @classmethod
+    def of(cls, key: Hashable, exc: LayercastError) -> FailedBinding:
+        return cls(key, type(exc), exc.message, dict(exc.detail),
+                   _FAILURE_BYTES + 2 * (len(exc.message) + len(repr(exc.detail))))
+
+    def error(self) -> LayercastError:
+        return self.kind(self.message, detail=dict(self.detail))
+
+
 class AnalysisCache:
-    """Least-recently-used :class:`BoundGraph` entries within ``budget_bytes`` (by :attr:`BoundGraph.nbytes`;
-    an entry larger than the whole budget is answered but not kept). Thread-safe."""
+    """Least-recently-used :class:`BoundGraph` (and :class:`FailedBinding`) entries within ``budget_bytes``
+    (by their ``nbytes``; an entry larger than the whole budget is answered but not kept). Thread-safe."""
 
     def __init__(self, budget_bytes: int = DEFAULT_CACHE_BYTES) -> None:
         self.budget_bytes = budget_bytes
-        self._entries: OrderedDict[Hashable, BoundGraph] = OrderedDict()
+        self._entries: OrderedDict[Hashable, BoundGraph | FailedBinding] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
         self.hits = 0
@@ -164,7 +210,7 @@ class AnalysisCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def get(self, key: Hashable) -> BoundGraph | None:
+    def get(self, key: Hashable) -> BoundGraph | FailedBinding | None:
         with self._lock:
             found = self._entries.get(key)
             if found is None:
@@ -174,7 +220,7 @@ class AnalysisCache:
             self.hits += 1
             return found
 
-    def put(self, entry: BoundGraph) -> BoundGraph:
+    def put(self, entry: E) -> E:
         with self._lock:
             old = self._entries.pop(entry.key, None)
             if old is not None:
@@ -187,6 +233,18 @@ class AnalysisCache:
                 _, evicted = self._entries.popitem(last=False)
                 self._bytes -= evicted.nbytes
             return entry
+
+    def grow(self, entry: BoundGraph, nbytes: int) -> None:
+        """``entry`` now holds ``nbytes`` more (a memoised result): counted against the budget, least recently
+        used entries evicted if it is exceeded (``entry`` itself too, when it alone exceeds it)."""
+        with self._lock:
+            entry.nbytes += nbytes
+            if self._entries.get(entry.key) is not entry:
+                return
+            self._bytes += nbytes
+            while self._bytes > self.budget_bytes and self._entries:
+                _, evicted = self._entries.popitem(last=False)
+                self._bytes -= evicted.nbytes
 
     def clear(self, budget_bytes: int | None = None) -> None:
         """Drop every entry (and set a new budget when given)."""
@@ -203,9 +261,16 @@ analysis_cache = AnalysisCache()
 
 def _bind(key: Hashable, graph_id: str | None, load: Callable[[], Graph], stack: SoftwareStack | None) -> BoundGraph:
     found = analysis_cache.get(key)
+    if isinstance(found, FailedBinding):
+        raise found.error()
     if found is not None:
         return found
-    analysis = analyze(load(), software_stack=stack)
+    try:
+        graph = load()
+    except REMEMBERED_FAILURES as exc:
+        analysis_cache.put(FailedBinding.of(key, exc))
+        raise
+    analysis = analyze(graph, software_stack=stack)
     return analysis_cache.put(BoundGraph(key=key, analysis=analysis, graph_id=graph_id,
                                          nbytes=analysis_bytes(analysis)))
 
@@ -297,12 +362,12 @@ def create_graph(
     """Validate, analyse and store a graph by content hash, without its weight data.
 
     ``content``: the ONNX upload (bytes, or a binary file positioned at its start, e.g. the spooled
-    temporary file of a streamed upload, so the bytes are held in memory only while protobuf parses
-    them) or the canonical JSON layer list; ``upload_sha256``: hex sha256 of those bytes when the caller
-    hashed them while streaming (required with a file; computed here for bytes). An ONNX model is
-    parsed, its external-data references dropped unread and its weight data stripped
-    (:func:`app.core.onnx_weights.strip_weights`); the stripped model is imported at ``batch_size`` /
-    ``dims`` for the summary and stored. The graph is fully imported before anything is written, so
+    temporary file of a streamed upload, never read whole into memory) or the canonical JSON layer
+    list; ``upload_sha256``: hex sha256 of those bytes when the caller hashed them while streaming
+    (required with a file; computed here for bytes). An ONNX model is parsed in bounded slices
+    (:func:`app.core.onnx_wire.read_model`), its external-data references dropped unread and its
+    weight data stripped (:func:`app.core.onnx_weights.strip_weights`); the stripped model is imported
+    at ``batch_size`` / ``dims`` for the summary and stored. The graph is fully imported before anything is written, so
     one that fails (:class:`InvalidGraph`, :class:`UnboundDimension`, :class:`UnknownDimension`)
     leaves the database untouched. An identical upload returns the stored row with ``created=False``,
     changes nothing, and says in ``notices`` what it did with a different ``name``/``batch_size``/``dims``.
@@ -320,12 +385,15 @@ def create_graph(
         return CreateResult(existing, False, _reupload_notices(existing, name=name, batch_size=batch_size, dims=dims))
     stripped_bytes = 0
     if source_format == "onnx":
+        from app.core.onnx_import import parse_model  # imported on first use, as in _import
+        from app.core.onnx_weights import strip_weights
+
         if isinstance(content, bytes):
             size = len(content)
             model = parse_model(content)
         else:
             start = content.tell()
-            model = parse_model(content.read())  # the bytes live only while protobuf parses them
+            model = parse_model(content)  # read in bounded slices, never whole next to the parsed model
             size = content.tell() - start
         report = strip_weights(model)
         stored = model.SerializeToString()

@@ -21,6 +21,11 @@ class HardwareRepository:
         """The row with primary key ``hardware_id``, or ``None``."""
         return self.session.get(Hardware, hardware_id)
 
+    def get_many(self, hardware_ids: set[str]) -> Sequence[Hardware]:
+        """The rows with these ids, in one query (they stay in the session, so a later :meth:`get` of one
+        of them is answered without SQL); unknown ids are absent."""
+        return self.session.scalars(select(Hardware).where(Hardware.id.in_(sorted(hardware_ids)))).all()
+
     def list(self, *, kind: str | None = None) -> Sequence[Hardware]:
         """All rows (of ``kind`` when given): built-in entries first, then custom ones, each by id."""
         stmt = select(Hardware).order_by(Hardware.builtin.desc(), Hardware.id)

@@ -130,6 +130,12 @@ def _stored_local(repo: HardwareRepository) -> HardwareSpec | None:
         return None
 
 
+def get_specs(session: Session, *, hardware_ids: set[str]) -> dict[str, HardwareSpec]:
+    """The stored specs of those of ``hardware_ids`` that exist, by id, in one query (:func:`get_spec` of
+    each, without a query per id; an unknown id is absent, for :func:`get_spec` to refuse)."""
+    return {row.id: spec_from_dict(row.spec) for row in HardwareRepository(session).get_many(hardware_ids)}
+
+
 def get_spec(session: Session, *, hardware_id: str) -> HardwareSpec:
     """The stored spec of ``hardware_id`` (units as in :class:`HardwareSpec`).
 

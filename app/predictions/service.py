@@ -25,6 +25,7 @@ from app.core.aggregate import (
     LayerSums,
     LayerTime,
     aggregate,
+    layer_sums_of,
 )
 from app.core.analysis import GraphAnalysis
 from app.core.collectives import (
@@ -35,8 +36,18 @@ from app.core.collectives import (
 )
 from app.core.energy import IDLE_FRACTION_OF_TDP, J_PER_KWH, idle_power_w
 from app.core.hardware import HardwareSpec
-from app.core.memory import HEADROOM, MemoryFootprint, fits, footprint, largest_batch_that_fits
-from app.core.onnx_import import EVAL_EXPORT_WARNING
+from app.core.ir import EVAL_EXPORT_WARNING
+from app.core.memory import (
+    HEADROOM,
+    PRECISIONS,
+    Layout,
+    MemoryFootprint,
+    device_key,
+    fits,
+    footprint,
+    largest_batch_that_fits,
+    memory_layout,
+)
 from app.core.precision import (
     PRECISION_SEMANTICS,
     Precision,
@@ -162,28 +173,43 @@ def predict_tables(predictor: Predictor, items: Sequence[tuple[LayerTable, Setti
     return out
 
 
-def layer_times(table: LayerTable, setting: Setting, est: Estimates) -> tuple[list[LayerTime], Roofline]:
-    """The aggregation's per-layer times of ``est`` (rows of ``table``), each with its power (the model of
-    :mod:`app.core.energy`: idle + (TDP - idle) x utilisation, vectorised; ``None`` without a TDP), and the
-    rows' roofline (:func:`app.predictor.table.roofline_for`)."""
+def layer_powers(table: LayerTable, setting: Setting, est: Estimates) -> tuple[np.ndarray | None, Roofline]:
+    """Each row's estimated power ``[N]`` (W; the model of :mod:`app.core.energy`: idle + (TDP - idle) x
+    utilisation, vectorised; ``None`` without a TDP) and the rows' roofline
+    (:func:`app.predictor.table.roofline_for`)."""
     hw = setting.hardware
     roof = roofline_for(table, hw, setting.precision, training=setting.training)
-    powers: list[float | None]
     if hw.tdp_w is None:
-        powers = [None] * len(table)
-    else:
-        t_ms = est.forward_ms + est.backward_ms
-        with np.errstate(divide="ignore", invalid="ignore"):
-            t = t_ms / 1e3
-            u = np.maximum(roof.flops / t / roof.peak_flops_per_s, roof.nbytes / t / hw.memory_bandwidth_bytes_per_s)
-        u = np.where(t_ms <= 0, 0.0, np.minimum(np.maximum(u, 0.0), 1.0))
-        idle = idle_power_w(hw)
-        powers = (idle + (max(hw.tdp_w, idle) - idle) * u).tolist()
+        return None, roof
+    t_ms = est.forward_ms + est.backward_ms
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = t_ms / 1e3
+        u = np.maximum(roof.flops / t / roof.peak_flops_per_s, roof.nbytes / t / hw.memory_bandwidth_bytes_per_s)
+    u = np.where(t_ms <= 0, 0.0, np.minimum(np.maximum(u, 0.0), 1.0))
+    idle = idle_power_w(hw)
+    return idle + (max(hw.tdp_w, idle) - idle) * u, roof
+
+
+def layer_times(table: LayerTable, setting: Setting, est: Estimates) -> tuple[list[LayerTime], Roofline]:
+    """The aggregation's per-layer times of ``est`` (rows of ``table``), each with its power
+    (:func:`layer_powers`), and the rows' roofline."""
+    power, roof = layer_powers(table, setting, est)
+    powers: list[float | None] = [None] * len(table) if power is None else power.tolist()
     times = [LayerTime(forward_ms=f, backward_ms=b, update_ms=u_, total_ms_p10=lo, total_ms_p90=hi, power_w=pw)
              for f, b, u_, lo, hi, pw in zip(est.forward_ms.tolist(), est.backward_ms.tolist(),
                                             est.update_ms.tolist(), est.total_ms_p10.tolist(),
                                             est.total_ms_p90.tolist(), powers, strict=True)]
     return times, roof
+
+
+def sums_of(table: LayerTable, setting: Setting, est: Estimates) -> LayerSums:
+    """:func:`app.core.aggregate.layer_sums` of :func:`layer_times` (the same figures, bit for bit) without a
+    :class:`~app.core.aggregate.LayerTime` per row: what the many-scenario endpoints aggregate."""
+    power, _ = layer_powers(table, setting, est)
+    return layer_sums_of(forward_ms=est.forward_ms.tolist(), backward_ms=est.backward_ms.tolist(),
+                         update_ms=est.update_ms.tolist(), total_ms_p10=est.total_ms_p10.tolist(),
+                         total_ms_p90=est.total_ms_p90.tolist(),
+                         power_w=None if power is None else power.tolist())  # fmt: skip
 
 
 def _layer_rows(
@@ -275,23 +301,42 @@ def _totals_read(
     return iteration, epoch, job
 
 
-def _memo_key(what: str, mem_opts: dict[str, Any], device: str | None) -> tuple[Any, ...]:
-    return (what, *((device or repr(v)) if k == "hardware" else v for k, v in sorted(mem_opts.items())))
+def _memo_key(what: str, mem_opts: dict[str, Any], *extra: Any) -> tuple[Any, ...]:
+    """Memo key of a memory result: the options, the device by what footprints depend on
+    (:func:`app.core.memory.device_key`: devices of one generation share their footprints)."""
+    return (what, device_key(mem_opts["hardware"]), *extra,
+            *(v for k, v in sorted(mem_opts.items()) if k != "hardware"))
 
 
-def memo_footprint(bound: graphs.BoundGraph, mem_opts: dict[str, Any], *, device: str | None = None) -> MemoryFootprint:
-    """:func:`app.core.memory.footprint` of ``bound``'s analysis with ``mem_opts``, memoised on the cache entry
-    (a pure function of the analysis and the options; the device by its full spec: ``device``, a fingerprint
-    of the whole spec the caller has already, else its ``repr``)."""
-    return bound.memo(_memo_key("footprint", mem_opts, device), lambda: footprint(bound.analysis, **mem_opts))
+def _memo_layout(bound: graphs.BoundGraph, mem_opts: dict[str, Any]) -> Layout | None:
+    """The :func:`app.core.memory.memory_layout` of a training footprint, memoised on the cache entry by
+    precision and device key (``None`` for inference, which needs none)."""
+    if mem_opts["mode"] != "training":
+        return None
+    hw, precision = mem_opts["hardware"], mem_opts["precision"]
+    return bound.memo(("layout", device_key(hw), PRECISIONS[precision]),  # fp32/tf32, fp16/bf16 share one
+                      lambda: memory_layout(bound.analysis, precision=precision, hardware=hw),
+                      nbytes=graphs.LAYOUT_BYTES_PER_LAYER * len(bound.analysis.graph.layers))
 
 
-def memo_largest_batch(bound: graphs.BoundGraph, mem_opts: dict[str, Any], *, device: str | None = None) -> int:
-    """:func:`app.core.memory.largest_batch_that_fits` on the options' device, memoised like
-    :func:`memo_footprint`."""
+def memo_footprint(bound: graphs.BoundGraph, mem_opts: dict[str, Any], *, batch_size: int | None = None
+                   ) -> MemoryFootprint:
+    """:func:`app.core.memory.footprint` of ``bound``'s analysis with ``mem_opts`` (at ``batch_size``, default
+    the binding's), memoised on the cache entry (a pure function of the analysis, the options and the
+    device's :func:`~app.core.memory.device_key`); the walk over the layers (its layout) is done once per
+    precision and device key, not per batch."""
+    return bound.memo(_memo_key("footprint", mem_opts, batch_size), lambda: footprint(
+        bound.analysis, batch_size=batch_size, layout=_memo_layout(bound, mem_opts), **mem_opts))
+
+
+def memo_largest_batch(bound: graphs.BoundGraph, mem_opts: dict[str, Any]) -> int:
+    """:func:`app.core.memory.largest_batch_that_fits` on the options' device (its memory size), memoised
+    like :func:`memo_footprint`; the search's footprints are memoised too, so devices of one generation
+    share them."""
     hw = mem_opts["hardware"]
-    return bound.memo(_memo_key("largest", mem_opts, device), lambda: largest_batch_that_fits(
-        bound.analysis, memory_bytes=hw.memory_bytes, **mem_opts))
+    return bound.memo(_memo_key("largest", mem_opts, hw.memory_bytes), lambda: largest_batch_that_fits(
+        bound.analysis, memory_bytes=hw.memory_bytes, **mem_opts,
+        total_bytes=lambda b: memo_footprint(bound, mem_opts, batch_size=b).total_bytes))
 
 
 def checked_precision(hw: HardwareSpec, precision: Precision) -> Precision:

@@ -201,12 +201,15 @@ class LearnedPredictor:
                      else int(x.backward_flops > 0 or x.backward_bytes > 0)
                      for k, x in zip(table.kinds, table.costs, strict=True)]
             n = len(table)
+            notes = [self._layer_notes(layer) for layer in table.layers]
+            sets: dict[tuple[str, ...], int] = {}
             return _Rows(
                 kinds=tuple(kinds),
                 kind_index=np.asarray([pos[k] for k in table.kinds], dtype=np.intp).reshape(n),
                 backward_kernels=np.asarray(n_bwd, dtype=np.float64).reshape(n),
                 weight_tensors=np.asarray([len(layer.weights) for layer in table.layers], dtype=np.float64).reshape(n),
-                layer_notes=tuple(self._layer_notes(layer) for layer in table.layers),
+                layer_note_index=np.asarray([sets.setdefault(nt, len(sets)) for nt in notes], dtype=np.intp).reshape(n),
+                layer_note_sets=tuple(sets),
                 reasons={},
             )
 
@@ -225,26 +228,34 @@ class LearnedPredictor:
             notes.append("dilated convolutions were not measured")
         return tuple(notes)
 
-    def _range_notes(self, hw_kind: str, rows: _Rows, idx: np.ndarray, feats: np.ndarray) -> list[str | None]:
+    def _range_notes(
+        self, hw_kind: str, rows: _Rows, idx: np.ndarray, feats: np.ndarray
+    ) -> tuple[np.ndarray, list[str | None]]:
         """Per row ``idx`` (features ``feats`` ``[len(idx), len(FEATURE_NAMES)]``): the note on features outside
         the widened training range of its (hardware kind, op kind), or on missing training rows of that op
-        kind; ``None`` inside the range."""
+        kind; ``None`` inside the range. As ``(codes [len(idx)], texts)``: row ``j``'s note is
+        ``texts[codes[j]]`` (``texts[0]`` is ``None``; one text per distinct set of features out of range)."""
         x = select_features(feats, self.feature_names)
-        notes: list[str | None] = [None] * len(idx)
+        codes = np.zeros(len(idx), dtype=np.intp)
+        texts: list[str | None] = [None]
         ki = rows.kind_index[idx]
         for k in np.unique(ki).tolist():
             kind = rows.kinds[k]
             sel = np.nonzero(ki == k)[0]
             rng = self._ranges.get((hw_kind, kind.value)) or self._ranges.get((hw_kind, "*"))
             if rng is None:
-                for j in sel.tolist():
-                    notes[j] = f"no {hw_kind} training rows of op kind {kind.value}"
+                codes[sel] = len(texts)
+                texts.append(f"no {hw_kind} training rows of op kind {kind.value}")
                 continue
             out = (x[sel] < rng[0]) | (x[sel] > rng[1])
-            for h in np.nonzero(out.any(axis=1))[0].tolist():
-                notes[int(sel[h])] = "features outside the training range: " + ", ".join(
-                    self.feature_names[c] for c in np.nonzero(out[h])[0].tolist())
-        return notes
+            bad = np.nonzero(out.any(axis=1))[0]
+            if not len(bad):
+                continue
+            patterns, which = np.unique(out[bad], axis=0, return_inverse=True)
+            codes[sel[bad]] = len(texts) + which.reshape(len(bad))
+            texts += ["features outside the training range: " + ", ".join(
+                self.feature_names[c] for c in np.nonzero(pattern)[0].tolist()) for pattern in patterns]  # fmt: skip
+        return codes, texts
 
     def _prepare(self, table: LayerTable, idx: np.ndarray, s: Setting) -> _Prepared:
         """Plan and featurise rows ``idx`` of ``table`` in ``s`` (module docstring, "Whole-model assembly"), numpy
@@ -327,10 +338,13 @@ class LearnedPredictor:
         """
         return estimate_queries(queries, self.estimate_tables)
 
-    def _notes(self, p: _Prepared) -> tuple[list[tuple[str, ...]], np.ndarray]:
+    def _notes(self, p: _Prepared, suffix: Mapping[int, tuple[str, ...]]) -> tuple[list[tuple[str, ...]], np.ndarray]:
         """Notes per row and whether the row is out of distribution (any note besides how its backward was
         obtained): transfer, unseen hardware, feature range, stack, optimizer, precision, layer, then the
-        train-step row's range note where it differs."""
+        train-step row's range note where it differs, then ``suffix[kind]`` (how the backward of that op
+        kind index was obtained; not out of distribution). Rows with the same notes share one tuple: the
+        notes are built once per distinct combination (range notes, optimizer, layer notes, transfer, kind),
+        not once per row."""
         s, idx, rows = p.setting, p.idx, p.rows
         hw = s.hardware
         scope = self._scope.get(hw.kind, {})
@@ -343,28 +357,39 @@ class LearnedPredictor:
         prec_note = ([f"precision {str(s.precision)!r} was not measured"]
                      if str(s.precision) not in scope.get("measured_precision", scope.get("precision", ("fp32",)))
                      else [])
-        f_range = self._range_notes(hw.kind, rows, idx, p.features[0::2] if p.learned_step else p.features)
-        t_range = self._range_notes(hw.kind, rows, idx, p.features[1::2]) if p.learned_step else f_range
-        params = p.table.params[idx].tolist()
-        transfer = p.transfer.tolist()
-        notes: list[tuple[str, ...]] = []
-        for j, i in enumerate(idx.tolist()):
+        f_code, f_text = self._range_notes(hw.kind, rows, idx, p.features[0::2] if p.learned_step else p.features)
+        t_code, t_text = (self._range_notes(hw.kind, rows, idx, p.features[1::2]) if p.learned_step
+                          else (f_code, f_text))  # fmt: skip
+        columns = (f_code, t_code, (p.table.params[idx] != 0).astype(np.intp) if opt_note is not None
+                   else np.zeros(len(idx), dtype=np.intp), rows.layer_note_index[idx], p.transfer.astype(np.intp),
+                   rows.kind_index[idx])  # fmt: skip
+        radix = (len(f_text), len(t_text), 2, max(len(rows.layer_note_sets), 1), 2, max(len(rows.kinds), 1))
+        key = np.zeros(len(idx), dtype=np.int64)
+        for col, size in zip(columns, radix, strict=True):
+            key = key * size + col
+        distinct, first, which = np.unique(key, return_index=True, return_inverse=True)
+        built: list[tuple[str, ...]] = []
+        ood = np.zeros(len(distinct), dtype=bool)
+        for u, j in enumerate(first.tolist()):
+            f, t, opt, ln, tr, ki = (int(col[j]) for col in columns)
             row = list(before)
-            if f_range[j] is not None:
-                row.append(f_range[j])  # type: ignore[arg-type]
+            if f_text[f] is not None:
+                row.append(f_text[f])  # type: ignore[arg-type]
             row += after
-            if opt_note is not None and params[j]:
-                row.append(opt_note)
+            if opt:
+                row.append(opt_note)  # type: ignore[arg-type]
             row += prec_note
-            row += rows.layer_notes[i]
-            if t_range[j] is not None and t_range[j] not in row:
-                row.append(t_range[j])  # type: ignore[arg-type]
-            if transfer[j]:
-                row.insert(0, f"{rows.kinds[rows.kind_index[i]].value} was not measured on tensor cores: predicted "
+            row += rows.layer_note_sets[ln]
+            if t_text[t] is not None and t_text[t] not in row:
+                row.append(t_text[t])  # type: ignore[arg-type]
+            if tr:
+                row.insert(0, f"{rows.kinds[ki].value} was not measured on tensor cores: predicted "
                               f"at {REFERENCE_PRECISION.value} and carried to {s.precision} by the physics floors "
                               "(same efficiency above the launch cost)")
-            notes.append(tuple(row))
-        return notes, np.asarray([bool(n) for n in notes], dtype=bool).reshape(len(notes))
+            ood[u] = bool(row)
+            built.append((*row, *suffix.get(ki, ())))
+        which = which.reshape(len(idx))
+        return [built[u] for u in which.tolist()], ood[which]
 
     def _assemble(self, p: _Prepared, out_ln: np.ndarray) -> Estimates:
         """Estimates of a :meth:`_prepare` from the model's ln-ms quantiles ``out_ln`` ``[rows, 3]`` of its features
@@ -381,7 +406,12 @@ class LearnedPredictor:
             fwd_q = fwd_q.copy()
             fwd_q[tr] = transfer_precision_ms(time_ms=fwd_q[tr], floor_from_ms=(row_floor[0::2] if step else row_floor)
                                               [tr, None], floor_to_ms=p.forward_floor_ms[tr, None], overhead_ms=k)
-        notes, ood = self._notes(p)
+        suffix: dict[int, tuple[str, ...]] = {}
+        if s.mode == "training" and not step:
+            for ki, c in enumerate(p.rows.kinds):
+                e = self._excess.get(c, PHYSICS_EXCESS)
+                suffix[ki] = (f"backward from the forward: {e.median:.3g} x the physics-floor ratio ({e.source})",)
+        notes, ood = self._notes(p, suffix)
         f10, f50, f90 = fwd_q[:, 0], fwd_q[:, 1], fwd_q[:, 2]
         n = len(idx)
         if s.mode == "inference":
@@ -409,11 +439,6 @@ class LearnedPredictor:
             fwd, bwd = f50, backward(f50)
             # the interval is the forward's (conformal, leave-one-GPU-out) carried through the same ratio
             p10, p90 = f10 + backward(f10) + upd, f90 + backward(f90) + upd
-            hows = {c: self._excess.get(c, PHYSICS_EXCESS) for c in p.rows.kinds}
-            how = {c: f"backward from the forward: {e.median:.3g} x the physics-floor ratio ({e.source})"
-                   for c, e in hows.items()}
-            kinds = p.rows.kind_index[idx].tolist()
-            notes = [(*nt, how[p.rows.kinds[ki]]) for nt, ki in zip(notes, kinds, strict=True)]
         total = fwd + bwd + upd
         return Estimates(forward_ms=fwd, backward_ms=bwd, update_ms=upd, total_ms_p10=np.minimum(p10, total),
                          total_ms_p90=np.maximum(p90, total), method=["learned"] * n, out_of_distribution=ood,
@@ -454,13 +479,15 @@ class LearnedPredictor:
 class _Rows:
     """Layer facts of a table's rows (``[N]`` each): the distinct op kinds and each row's index into them, the
     backward's kernel launches (input and weight gradients, or one), the parameter tensors, the layer-only
-    notes, and per device kind the reason :meth:`LearnedPredictor.applies` rejects a row (``None``: served)."""
+    notes (each row's index into the distinct sets of them), and per device kind the reason
+    :meth:`LearnedPredictor.applies` rejects a row (``None``: served)."""
 
     kinds: tuple[OpKind, ...]
     kind_index: np.ndarray
     backward_kernels: np.ndarray
     weight_tensors: np.ndarray
-    layer_notes: tuple[tuple[str, ...], ...]
+    layer_note_index: np.ndarray
+    layer_note_sets: tuple[tuple[str, ...], ...]
     reasons: dict[str, list[str | None]]
 
 

@@ -27,7 +27,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,12 +45,14 @@ from app.training.train import (
     LayerTimeNet,
     calibrate,
     export_onnx,
+    feature_ranges,
     hardware_snapshot,
     is_cpu_rows,
     load_weights,
     model_inputs,
     predict,
     save_weights,
+    set_scale,
     train_model,
 )
 
@@ -99,6 +101,82 @@ def finetune_model(
     return Ensemble(members)
 
 
+def finetune_heads(
+    base: KindHeads,
+    tune: TrainingRows,
+    *,
+    calib: TrainingRows,
+    replay: TrainingRows | None,
+    scales: Mapping[str, Sequence[float]],
+    epochs: int = 30,
+    seed: int = 0,
+    log: Callable[[str], None] = print,
+) -> tuple[KindHeads, dict[str, list[float]]]:
+    """Fine-tune ``base`` on ``tune`` (:func:`finetune_model`, ``replay`` at :data:`REPLAY_SHARE`), then
+    calibrate the interval of the tuned hardware kind split-conformally on ``calib`` rows of that kind
+    (:func:`app.training.train.calibrate`); the other kind keeps its ``scales`` (``{"gpu": [lo, hi],
+    "cpu": [lo, hi]}``, the base artifact's ``conformal_scales``), and so does the tuned kind when ``calib``
+    is empty. Returns the model (``base`` untouched) and the scales set in it."""
+    tuned = finetune_model(base, tune, replay=replay, epochs=epochs, seed=seed, log=log)
+    assert isinstance(tuned, KindHeads)
+    kept = {k: [float(v) for v in vals] for k, vals in scales.items()}
+    kind = "cpu" if is_cpu_rows(tune).any() else "gpu"
+    names = base.feature_names
+    mine = calib.subset(is_cpu_rows(calib) == (kind == "cpu")) if len(calib) else calib
+    if len(mine):
+        kept[kind] = list(calibrate(tuned, model_inputs(mine, names), np.log(mine.time_ms), is_cpu_rows(mine))[kind])
+    for k in ("gpu", "cpu"):
+        lo, hi = kept.get(k, kept["gpu"])
+        set_scale(tuned, k, (lo, hi))
+    return tuned, kept
+
+
+def write_finetuned(
+    tuned: KindHeads,
+    *,
+    base_training: Mapping[str, Any],
+    base_version: str,
+    scales: Mapping[str, Sequence[float]],
+    tune: TrainingRows,
+    hardware: Mapping[str, HardwareSpec],
+    out_dir: Path,
+    version: str,
+    record: Mapping[str, Any],
+) -> dict[str, Any]:
+    """Write a fine-tuned version ``<name>-<version>`` into ``out_dir`` (ONNX graph, torch weights, JSON
+    metadata) and return its metadata: the base's (``base_training``, the trainer's JSON) with the new files,
+    ``hardware`` (the devices tuned for) added to ``training_hardware``, ``feature_ranges`` (when the base
+    has them) widened to cover ``tune``, ``scales`` as ``conformal_scales``, the tuning rows added to
+    ``training_data.rows.train`` and ``finetune`` = ``{"base": base_version, "hardware_ids", "rows":
+    {"tuning"}, "method"}`` updated by ``record``."""
+    meta = json.loads(json.dumps(base_training))  # a deep copy: the base's metadata is not modified
+    names = tuple(meta["feature_names"])
+    stem = f"{meta['name']}-{version}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    export_onnx(tuned, out_dir / f"{stem}.onnx", len(names))
+    save_weights(tuned, out_dir / f"{stem}.weights.npz")
+    devices = sorted(hardware)
+    ranges = meta.get("feature_ranges")
+    for hw_kind, per_op in (feature_ranges(tune, names) if ranges is not None else {}).items():
+        for op, new in per_op.items():
+            old = ranges.setdefault(hw_kind, {}).get(op)
+            ranges[hw_kind][op] = new if old is None else {
+                "min": [min(a, b) for a, b in zip(old["min"], new["min"], strict=True)],
+                "max": [max(a, b) for a, b in zip(old["max"], new["max"], strict=True)]}  # fmt: skip
+    rows = meta.setdefault("training_data", {}).setdefault("rows", {})
+    rows["train"] = int(rows.get("train", 0)) + len(tune)
+    meta.update(version=version, onnx_file=f"{stem}.onnx", weights_file=f"{stem}.weights.npz",
+                created_unix_s=int(time.time()))  # fmt: skip
+    meta["training_hardware"] = {**meta.get("training_hardware", {}),
+                                 **{g: hardware_snapshot(hardware[g]) for g in devices}}  # fmt: skip
+    meta["model"] = {**meta["model"], "conformal_scales": {k: list(v) for k, v in scales.items()}}
+    meta["finetune"] = {"base": base_version, "hardware_ids": devices, "rows": {"tuning": len(tune)},
+                        "method": "Syed & Srinivasan 2021: fine-tune all parameters of each member from the base "
+                        f"weights, lr 1e-3, replay share {REPLAY_SHARE}", **record}  # fmt: skip
+    (out_dir / f"{stem}.json").write_text(json.dumps(meta, indent=1) + "\n")
+    return meta
+
+
 def run(
     *,
     models_dir: Path,
@@ -114,7 +192,9 @@ def run(
     promote: bool = False,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Fine-tune ``models_dir``'s artifact on ``new`` rows of ``hardware``; write a new version; return its metadata."""
+    """Fine-tune ``models_dir``'s artifact on ``new`` rows of ``hardware`` (:func:`finetune_heads`, the
+    interval calibrated on the held-out 20 %); write a new version (:func:`write_finetuned`); return its
+    metadata. Raises ``ValueError`` when ``new`` has too few configurations to split."""
     from app.predictor.registry import current_stem
 
     t0 = time.time()
@@ -126,7 +206,6 @@ def run(
     names = tuple(meta["feature_names"])
     base = load_weights(models_dir / meta["weights_file"], feature_names=names, hidden=int(recipe["hidden"]),
                         depth=int(recipe["depth"]))  # fmt: skip
-    scales = meta["model"]["conformal_scales"]
     split = split_by_config(new.config, seed=seed, fractions=(0.8, 0.0, 0.2))
     tune, hold = new.subset(split == 0), new.subset(split == 2)
     if len(tune) == 0 or len(hold) == 0:
@@ -137,21 +216,8 @@ def run(
         replay = load_from_database(database_url, sources=(SOURCE_JUSTUS,), hardware_kinds=("gpu",),
                                     sample_per_file=per_file, seed=seed + 1)  # fmt: skip
         replay = replay.subset(replay.gpu != hardware.id)
-    tuned = finetune_model(base, tune, replay=replay, epochs=epochs, seed=seed, log=log)
-    kind_row = 1 if hardware.kind == "cpu" else 0
-    members = [m for h in tuned.heads().values() for m in h.members] if isinstance(tuned, KindHeads) else []
-    for m in members:
-        assert isinstance(m, LayerTimeNet)
-        m.q_scale.copy_(torch.tensor([scales["gpu"], scales.get("cpu", scales["gpu"])], dtype=torch.float32))
-    # calibrate this kind's interval on the held-out new rows (the other kind keeps the base scales)
-    kept = {k: [float(v) for v in vals] for k, vals in scales.items()}
-    new_scales = calibrate(tuned, model_inputs(hold, names), np.log(hold.time_ms), is_cpu_rows(hold))
-    kind = "cpu" if kind_row else "gpu"
-    kept[kind] = list(new_scales[kind])
-    for m in members:
-        assert isinstance(m, LayerTimeNet)
-        m.q_scale.copy_(torch.tensor([kept["gpu"], kept.get("cpu", kept["gpu"])], dtype=torch.float32))
-
+    tuned, scales = finetune_heads(base, tune, calib=hold, replay=replay, scales=meta["model"]["conformal_scales"],
+                                   epochs=epochs, seed=seed, log=log)  # fmt: skip
     before = np.exp(predict(base, model_inputs(hold, names)))
     after = np.exp(predict(tuned, model_inputs(hold, names)))
     nn_ = nearest_neighbour_predict(tune, hold)
@@ -164,32 +230,13 @@ def run(
         f"held-out new-device rows: base MAPE {gain['base']['mape_pct']} % -> fine-tuned "
         f"{gain['finetuned']['mape_pct']} % (lookup table {gain['lookup_table_of_the_tuning_rows']['mape_pct']} %)"
     )
-
-    name = meta["name"]
-    new_stem = f"{name}-{version}"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    assert isinstance(tuned, KindHeads)
-    export_onnx(tuned, out_dir / f"{new_stem}.onnx", len(names))
-    save_weights(tuned, out_dir / f"{new_stem}.weights.npz")
-    meta.update(
-        version=version,
-        onnx_file=f"{new_stem}.onnx",
-        weights_file=f"{new_stem}.weights.npz",
-        created_unix_s=int(time.time()),
-    )
-    meta["training_hardware"] = {**meta["training_hardware"], hardware.id: hardware_snapshot(hardware)}
-    meta["model"] = {**meta["model"], "conformal_scales": kept}
-    meta["finetune"] = {
-        "base": stem,
-        "hardware_id": hardware.id,
-        "rows": {"tuning": len(tune), "held_out": len(hold), "replayed": 0 if replay is None else len(replay)},
-        "epochs": epochs,
-        "held_out_metrics": gain,
-        "method": "Syed & Srinivasan 2021: fine-tune all parameters of each member from the base weights, "
-        f"lr 1e-3, replay share {REPLAY_SHARE}",
-        "wall_time_s": round(time.time() - t0, 1),
-    }
-    (out_dir / f"{new_stem}.json").write_text(json.dumps(meta, indent=1) + "\n")
+    new_stem = f"{meta['name']}-{version}"
+    rows = {"tuning": len(tune), "held_out": len(hold), "replayed": 0 if replay is None else len(replay)}
+    meta = write_finetuned(tuned, base_training=meta, base_version=stem, scales=scales, tune=tune,
+                           hardware={hardware.id: hardware}, out_dir=out_dir,
+                           version=version, record={"hardware_id": hardware.id, "rows": rows, "epochs": epochs,
+                                                    "held_out_metrics": gain,
+                                                    "wall_time_s": round(time.time() - t0, 1)})  # fmt: skip
     improved = gain["finetuned"]["mape_pct"] < gain["base"]["mape_pct"]
     if promote and improved:
         (out_dir / "CURRENT").write_text(new_stem + "\n")

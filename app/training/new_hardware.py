@@ -1,20 +1,22 @@
-"""Devices new to production: the learning curve of a fine-tune on a few of their measurements (issue 10 item 6).
+"""New hardware: a GPU whose measurements production never trained on gets a fine-tuned candidate, and the
+learning curve of that fine-tune on a few of its measurements (issue 10 item 6).
 
 Syed & Srinivasan 2021 (*Generalized Latency Performance Estimation for Once-For-All NAS*) fine-tune a base
 predictor that takes hardware parameters as input on a small number of a new device's measurements, and
-report its error against that number. A retrain (:mod:`app.training.retrain`) does the same for every GPU
-whose measurements are stored but which production never trained on (:func:`new_devices`):
+report its error against that number. A retrain (:mod:`app.training.retrain`) finds every GPU with stored
+measurements that production's ``training_hardware`` does not list (:func:`new_devices`) and then
 
-1. **split** the device's rows by configuration (:func:`app.training.dataset.split_by_config`, seeded):
-   :data:`HOLD_OUT` of its configurations are held out, the rest are the pool;
-2. for each ``k`` of :data:`CURVE_SIZES` not above the pool: **fine-tune** production's torch weights
-   (:func:`app.training.finetune.finetune_model`: every member from the base weights, other devices' rows
-   replayed so they are not forgotten) on the first ``k`` rows of a seeded permutation of the pool (the
-   sets are nested: 25 ⊂ 50 ⊂ 100 ⊂ 200), and **score** it on the held-out rows; each point is the mean
-   over :data:`REPEATS` permutations;
-3. score on the same held-out rows production as it is (``k = 0``) and the lookup table of the same ``k``
-   rows (:func:`app.training.metrics.nearest_neighbour_predict`, NaN rows left out of its metrics and
-   counted as ``lookup_coverage``).
+1. builds its **candidate** with :func:`adapt`: production's torch weights (:func:`production_weights`)
+   fine-tuned (:func:`app.training.finetune.finetune_heads`: every member from the base weights, the new
+   devices' training-split rows, :data:`REPLAY_ROWS` training-split rows of the devices production knows
+   replayed so they are not forgotten, the GPU interval recalibrated on the new devices' validation rows);
+   the candidate is gated like any other (same fresh held-out split, same frozen benchmark);
+2. measures the **learning curve** of that same :func:`adapt` (:func:`learning_curve`): for each ``k`` of
+   :data:`CURVE_SIZES` not above the device's training rows, the first ``k`` of a seeded permutation of them
+   (nested: 25 ⊂ 50 ⊂ 100 ⊂ 200), scored on the device's rows of the retrain's held-out split, each point
+   the mean over :data:`REPEATS` permutations; production as it is (``k = 0``) and the lookup table of the
+   same ``k`` rows (:func:`app.training.metrics.nearest_neighbour_predict`, NaN rows left out of its metrics
+   and counted as ``lookup_coverage``) on the same rows.
 
 Everything is :func:`app.training.metrics.metrics` of the p50 (MAPE, RMSPE... in %).
 """
@@ -28,15 +30,13 @@ from typing import Any
 import numpy as np
 
 from app.predictor.metadata import ArtifactMetadata, verify_sha256
-from app.training.dataset import TrainingRows, split_by_config
-from app.training.finetune import finetune_model
+from app.training.dataset import TrainingRows
+from app.training.finetune import finetune_heads
 from app.training.metrics import metrics, nearest_neighbour_predict
 from app.training.train import KindHeads, is_cpu_rows, load_weights, model_inputs, predict
 
 #: Numbers of a new device's measurements the curve is measured at (those of Syed & Srinivasan's figure).
 CURVE_SIZES: tuple[int, ...] = (25, 50, 100, 200)
-#: Share of a new device's configurations held out to score every point of the curve.
-HOLD_OUT = 0.2
 #: Rows of the other devices replayed while fine-tuning (a seeded sample of the training rows).
 REPLAY_ROWS = 2000
 #: Draws of the ``k`` rows each point of the curve averages (one draw's error swings by about a point).
@@ -69,33 +69,67 @@ def _mean(ms: Sequence[Mapping[str, float]]) -> dict[str, float]:
     return {"n": ms[0]["n"], **out}
 
 
+def replay_sample(known: TrainingRows, *, seed: int) -> TrainingRows | None:
+    """At most :data:`REPLAY_ROWS` of ``known`` (a seeded sample, order kept); None when it is empty."""
+    if len(known) == 0:
+        return None
+    if len(known) <= REPLAY_ROWS:
+        return known
+    pick = np.random.default_rng(seed + 1).choice(len(known), REPLAY_ROWS, replace=False)
+    return known.subset(np.sort(pick))
+
+
+def adapt(
+    base: KindHeads,
+    scales: Mapping[str, Sequence[float]],
+    new: TrainingRows,
+    *,
+    calib: TrainingRows,
+    known: TrainingRows,
+    epochs: int = 30,
+    seed: int = 0,
+    log: Callable[[str], None] = print,
+) -> tuple[KindHeads, dict[str, list[float]]]:
+    """The retrain's fine-tune for new devices: ``base`` (with its ``conformal_scales`` ``scales``) tuned on
+    the ``new`` devices' rows with :func:`replay_sample` of the ``known`` devices' rows replayed, the
+    interval recalibrated on ``calib`` (:func:`app.training.finetune.finetune_heads`). Returns the model and
+    its scales. Raises ``ValueError`` when ``new`` is empty."""
+    if len(new) == 0:
+        raise ValueError("no rows of the new devices to fine-tune on")
+    return finetune_heads(base, new, calib=calib, replay=replay_sample(known, seed=seed), scales=scales,
+                          epochs=epochs, seed=seed, log=log)  # fmt: skip
+
+
 def learning_curve(
     base: KindHeads,
-    device_rows: TrainingRows,
-    replay: TrainingRows | None,
+    scales: Mapping[str, Sequence[float]],
+    pool: TrainingRows,
+    held_out: TrainingRows,
     *,
-    feature_names: Sequence[str],
+    calib: TrainingRows,
+    known: TrainingRows,
     sizes: Sequence[int] = CURVE_SIZES,
     epochs: int = 30,
     repeats: int = REPEATS,
     seed: int = 0,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """The curve of one device (module docstring), each point the mean over ``repeats`` seeded draws of its
-    ``k`` rows (draw ``r``: the first ``k`` of permutation ``seed + r`` of the pool, fine-tuned with seed
-    ``seed + r``). Returns ``{"rows", "held_out", "pool", "repeats", "base": metrics of production, "points":
-    [{"k", "finetuned", "finetuned_mape_pct_per_draw", "lookup_table", "lookup_coverage"}]}``; ``points`` stops
-    at the pool's size. Raises ``ValueError`` when the device has no held-out row or ``repeats`` < 1."""
+    """The curve of one device (module docstring): :func:`adapt` on ``k`` rows of its training rows
+    ``pool``, scored on its ``held_out`` rows; each point the mean over ``repeats`` seeded draws (draw ``r``:
+    the first ``k`` of permutation ``seed + r`` of the pool, fine-tuned with seed ``seed + r``). Returns
+    ``{"rows", "held_out", "pool", "repeats", "base": metrics of production, "points": [{"k", "finetuned",
+    "finetuned_mape_pct_per_draw", "lookup_table", "lookup_coverage"}]}``; ``points`` stops at the pool's
+    size. Raises ``ValueError`` when the device has no held-out row or ``repeats`` < 1."""
     if repeats < 1:
         raise ValueError(f"repeats must be positive, got {repeats}")
-    split = split_by_config(device_rows.config, seed=seed, fractions=(1 - HOLD_OUT, 0.0, HOLD_OUT))
-    pool, hold = device_rows.subset(split == 0), device_rows.subset(split == 2)
-    if len(hold) == 0:
-        raise ValueError(f"{len(device_rows)} rows of one device: too few configurations to hold some out")
+    if len(held_out) == 0:
+        raise ValueError(f"{len(pool)} training rows of one device and none held out: too few configurations")
+    names = base.feature_names
     orders = [np.random.default_rng(seed + r).permutation(len(pool)) for r in range(repeats)]
-    x_hold = model_inputs(hold, feature_names)
-    out: dict[str, Any] = {"rows": len(device_rows), "held_out": len(hold), "pool": len(pool), "repeats": repeats,
-                           "base": metrics(hold.time_ms, np.exp(predict(base, x_hold)[:, 1]))}  # fmt: skip
+    x_hold = model_inputs(held_out, names)
+    out: dict[str, Any] = {"rows": len(pool) + len(held_out), "held_out": len(held_out), "pool": len(pool),
+                           "repeats": repeats,
+                           "base": metrics(held_out.time_ms, np.exp(predict(base, x_hold)[:, 1]))}  # fmt: skip
     points = []
     for k in sizes:
         if k > len(pool):
@@ -103,13 +137,14 @@ def learning_curve(
         tuned_m, lookup_m, coverage = [], [], []
         for r, order in enumerate(orders):
             tune = pool.subset(np.sort(order[:k]))
-            tuned = finetune_model(base, tune, replay=replay, epochs=epochs, seed=seed + r, log=lambda s: None)
-            tuned_m.append(metrics(hold.time_ms, np.exp(predict(tuned, x_hold)[:, 1])))
-            nn_ = nearest_neighbour_predict(tune, hold)
+            tuned, _ = adapt(base, scales, tune, calib=calib, known=known, epochs=epochs, seed=seed + r,
+                             log=lambda s: None)  # fmt: skip
+            tuned_m.append(metrics(held_out.time_ms, np.exp(predict(tuned, x_hold)[:, 1])))
+            nn_ = nearest_neighbour_predict(tune, held_out)
             ok = np.isfinite(nn_)
             coverage.append(float(ok.mean()))
             if ok.any():
-                lookup_m.append(metrics(hold.time_ms[ok], nn_[ok]))
+                lookup_m.append(metrics(held_out.time_ms[ok], nn_[ok]))
         tuned_mean = _mean(tuned_m)
         lookup_mean = _mean(lookup_m) if lookup_m else {"n": 0}
         points.append({"k": k, "finetuned": tuned_mean, "finetuned_mape_pct_per_draw": [m["mape_pct"] for m in tuned_m],
@@ -121,38 +156,29 @@ def learning_curve(
 
 
 def curves(
+    base: KindHeads,
+    scales: Mapping[str, Sequence[float]],
+    devices: Sequence[str],
     *,
-    store_dir: Path,
-    production: ArtifactMetadata,
-    gpu_rows: TrainingRows,
+    train: TrainingRows,
+    val: TrainingRows,
+    held_out: TrainingRows,
     sizes: Sequence[int] = CURVE_SIZES,
     epochs: int = 30,
     seed: int = 0,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """The learning curve of every device of ``gpu_rows`` new to production (:func:`new_devices`), replaying
-    :data:`REPLAY_ROWS` rows of the devices production knows. ``{}`` when there is none; ``{"error": why}``
-    when production's weights cannot be loaded (the retrain goes on: the curve is a report, not a gate)."""
-    devices = new_devices(gpu_rows, production)
-    if not devices:
-        return {}
-    try:
-        base = production_weights(store_dir, production)
-    except (FileNotFoundError, ValueError) as exc:
-        log(f"new hardware {devices}: no learning curve ({exc})")
-        return {"error": str(exc), "devices": devices}
-    known = ~np.isin(gpu_rows.gpu, devices)
-    replay = gpu_rows.subset(known)
-    if len(replay) > REPLAY_ROWS:
-        replay = replay.subset(np.sort(np.random.default_rng(seed + 1).choice(len(replay), REPLAY_ROWS,
-                                                                              replace=False)))  # fmt: skip
+    """:func:`learning_curve` of each of ``devices`` on the retrain's splits (``train``, ``val``,
+    ``held_out``: GPU rows), the devices production knows replayed from ``train``. ``{device: curve}``, a
+    device whose curve cannot be measured ``{"error": why}`` (the curve is a report, not a gate)."""
+    known = train.subset(~np.isin(train.gpu, list(devices)))
     out: dict[str, Any] = {}
     for hw in devices:
-        log(f"new hardware {hw}: fine-tuning {production.version} on k of its measurements")
+        log(f"new hardware {hw}: learning curve of the fine-tune on k of its measurements")
         try:
-            out[hw] = learning_curve(base, gpu_rows.subset(gpu_rows.gpu == hw), replay if len(replay) else None,
-                                     feature_names=production.feature_names, sizes=sizes, epochs=epochs, seed=seed,
-                                     log=log)  # fmt: skip
+            out[hw] = learning_curve(base, scales, train.subset(train.gpu == hw), held_out.subset(held_out.gpu == hw),
+                                     calib=val.subset(val.gpu == hw), known=known, sizes=sizes, epochs=epochs,
+                                     seed=seed, log=log)  # fmt: skip
         except ValueError as exc:
             out[hw] = {"error": str(exc)}
     return out

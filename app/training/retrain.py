@@ -5,14 +5,22 @@ Stages of :func:`run_retrain`:
 
 1. **watermark**: the newest measurement id (and its ``created_at``) at the start; later rows are left out
    of the evaluation (a row that lands during training may still be trained on: the loader reads once).
-2. **train** (:func:`app.training.train.run`, nothing re-implemented) on the imported sources and every
-   reported source (:func:`with_reported_sources`: rows ingested through ``POST /v1/measurements``) into a
-   temporary folder inside the artifact store, every **frozen benchmark** row left out: a row is in the
-   benchmark when the SHA-256 of ``BENCHMARK_SALT + its configuration key``
-   (:func:`app.training.dataset.config_key`: the shape without device, pass, optimizer and precision)
-   falls below ``benchmark_fraction``. Membership depends on the key alone, so it stays frozen as data
-   grows, and no version trained here ever sees it. (The shipped seed version predates the benchmark and did
-   train on some of it: that favours production, the safe side.)
+2. **train**: the rows (:func:`evaluation_rows`: the imported sources and every reported source,
+   :func:`with_reported_sources`: rows ingested through ``POST /v1/measurements``; every **frozen
+   benchmark** row left out: a row is in the benchmark when the SHA-256 of ``BENCHMARK_SALT + its
+   configuration key`` (:func:`app.training.dataset.config_key`: the shape without device, pass, optimizer
+   and precision) falls below ``benchmark_fraction``; membership depends on the key alone, so it stays
+   frozen as data grows, and no version trained here ever sees it. The shipped seed version predates the
+   benchmark and did train on some of it: that favours production, the safe side.) Then one of two:
+
+   - **fine-tune** when the training split holds GPUs that production's ``training_hardware`` does not list
+     (:func:`app.training.new_hardware.new_devices`: measurements of hardware it never trained on) and its
+     torch weights load (:func:`finetuned_candidate`: production's weights tuned on those devices' training
+     rows, the known devices' replayed, :func:`app.training.new_hardware.adapt`);
+   - otherwise **from scratch** (:func:`app.training.train.run`, nothing re-implemented, on the same rows)
+     into a temporary folder inside the artifact store.
+
+   ``metrics["training"]`` of the run records which and why.
 3. **evaluate** candidate and production on the same rows: the candidate's **fresh held-out** test split
    (:func:`app.training.train.splits` of the non-benchmark rows, the split the candidate was scored on)
    and the benchmark. Metrics (:func:`app.training.metrics.metrics` of the p50) overall, per source,
@@ -26,10 +34,10 @@ Stages of :func:`run_retrain`:
    metadata, promoted when the gate passed, the :class:`app.predictors.models.RetrainRun` row finished
    with both sets of metrics, every gate check and the reason.
 
-6. **new hardware** (:mod:`app.training.new_hardware`): for every GPU with measurements that production never
-   trained on, production's weights are fine-tuned on 25, 50, 100 and 200 of its rows and scored on its
-   held-out rows (Syed & Srinivasan 2021's learning curve), recorded under ``metrics["new_hardware"]`` and
-   logged as a table. The candidate itself is trained on every row, the new device's training split included.
+6. **new hardware** (:mod:`app.training.new_hardware`): for every GPU the candidate was fine-tuned for, the
+   learning curve of that same fine-tune on 25, 50, 100 and 200 of its training rows, scored on its rows of
+   the held-out split (Syed & Srinivasan 2021), recorded under ``metrics["new_hardware"]`` and logged as a
+   table.
 
 7. **job calibration** (:func:`app.estimates.service.refit_job_calibration`): every scheduler actual
    (``POST /v1/job-estimates/actuals``, whole-job rows of the measurement table) up to the watermark is
@@ -55,6 +63,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
@@ -70,8 +79,17 @@ from app.predictors import service
 from app.predictors.models import RetrainRun
 from app.training import new_hardware
 from app.training.dataset import TrainingRows
+from app.training.finetune import write_finetuned
 from app.training.metrics import metrics
-from app.training.train import DEFAULT_SAMPLE, DEFAULTS, V3_SOURCES, load_training_data, splits
+from app.training.train import (
+    DEFAULT_SAMPLE,
+    DEFAULTS,
+    V3_SOURCES,
+    KindHeads,
+    is_cpu_rows,
+    load_training_data,
+    splits,
+)
 from app.training.train import run as train_run
 
 #: Salt of the benchmark membership hash; changing it defines a new benchmark (never do it silently).
@@ -87,7 +105,8 @@ class RetrainConfig:
     imported file of every GPU source, None = :data:`app.training.train.DEFAULT_SAMPLE`); tolerances are
     relative (0.10 = a MAPE up to 10 % higher than production's passes). ``reported``: also train on the GPU
     rows of every reported source stored (``POST /v1/measurements``: ``ci``, ``profiler-upload``...; all of
-    their rows, unsampled), added to ``sources`` by :func:`with_reported_sources`."""
+    their rows, unsampled), added to ``sources`` by :func:`with_reported_sources`. ``finetune_epochs``: of the
+    fine-tune for hardware new to production and of each point of its learning curve (``curve_sizes``)."""
 
     epochs: int = int(DEFAULTS["epochs"])
     hidden: int = int(DEFAULTS["hidden"])
@@ -105,7 +124,7 @@ class RetrainConfig:
     min_group_rows: int = 20
     reported: bool = True
     curve_sizes: tuple[int, ...] = new_hardware.CURVE_SIZES
-    curve_epochs: int = 30
+    finetune_epochs: int = 30
 
     def sample_per_source(self) -> dict[str, int | None]:
         """Rows per imported file of each GPU source."""
@@ -173,9 +192,9 @@ def _watermark(session: Session) -> Watermark:
 
 
 def evaluation_rows(database_url: str, cfg: RetrainConfig, max_measurement_id: int | None) -> dict[str, TrainingRows]:
-    """``{"held_out": the candidate's test split, "benchmark": the frozen benchmark, "gpu": every GPU row
-    outside the benchmark}``, the same rows and sampling the trainer loaded (deterministic for the seed),
-    measurement ids up to the watermark."""
+    """``{"train", "val", "held_out": the candidate's train / validation / test split of the rows outside the
+    benchmark, "benchmark": the frozen benchmark}``, the same rows, sampling and split the trainer uses
+    (deterministic for the seed), measurement ids up to the watermark."""
     gpu, cpu, _ = load_training_data(database_url=database_url, sources=cfg.sources, cpu=cfg.cpu,
                                      sample=cfg.sample_per_source(), seed=cfg.seed, log=lambda s: None)  # fmt: skip
     parts = [d for d in (gpu, cpu) if d is not None and len(d)]
@@ -183,9 +202,67 @@ def evaluation_rows(database_url: str, cfg: RetrainConfig, max_measurement_id: i
         parts = [d.subset(d.measurement_id <= max_measurement_id) for d in parts]
     bench = [d.subset(in_benchmark(d.config, cfg.benchmark_fraction)) for d in parts]
     rest = [d.subset(~in_benchmark(d.config, cfg.benchmark_fraction)) for d in parts]
-    _, _, held_out = splits(rest[0], rest[1] if len(rest) > 1 else None, seed=cfg.seed)
-    return {"held_out": held_out, "benchmark": TrainingRows.concat([b for b in bench if len(b)] or bench[:1]),
-            "gpu": rest[0]}
+    train, val, held_out = splits(rest[0], rest[1] if len(rest) > 1 else None, seed=cfg.seed)
+    return {"train": train, "val": val, "held_out": held_out,
+            "benchmark": TrainingRows.concat([b for b in bench if len(b)] or bench[:1])}  # fmt: skip
+
+
+def _gpu(rows: TrainingRows) -> TrainingRows:
+    return rows.subset(~is_cpu_rows(rows))
+
+
+def finetuned_candidate(
+    base: KindHeads,
+    production: ArtifactMetadata,
+    devices: Sequence[str],
+    rows: Mapping[str, TrainingRows],
+    *,
+    out_dir: Path,
+    version: str,
+    cfg: RetrainConfig,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """The candidate of a retrain that found ``devices`` new to ``production``: its weights ``base``
+    fine-tuned (:func:`app.training.new_hardware.adapt`, ``cfg.finetune_epochs``) on the devices' rows of the
+    ``train`` split of ``rows`` (:func:`evaluation_rows`; the held-out split and the benchmark stay unseen),
+    the interval recalibrated on their ``val`` rows, the known devices' training rows replayed; written into
+    ``out_dir`` as version ``version`` (:func:`app.training.finetune.write_finetuned`). Returns its
+    trainer-style metadata."""
+    torch.set_num_threads(cfg.threads)
+    torch.use_deterministic_algorithms(True)
+    train, val = _gpu(rows["train"]), _gpu(rows["val"])
+    new = np.isin(train.gpu, list(devices))
+    tune, known, calib = train.subset(new), train.subset(~new), val.subset(np.isin(val.gpu, list(devices)))
+    log(f"new hardware {list(devices)}: fine-tuning {production.version} on {len(tune)} of their rows "
+        f"({len(calib)} calibrate the interval, {min(len(known), new_hardware.REPLAY_ROWS)} known rows replayed)")
+    tuned, scales = new_hardware.adapt(base, production.training["model"]["conformal_scales"], tune, calib=calib,
+                                       known=known, epochs=cfg.finetune_epochs, seed=cfg.seed, log=log)  # fmt: skip
+    record = {"rows": {"tuning": len(tune), "calibration": len(calib),
+                       "replayed": min(len(known), new_hardware.REPLAY_ROWS)},
+              "epochs": cfg.finetune_epochs, "seed": cfg.seed}  # fmt: skip
+    return write_finetuned(tuned, base_training=production.training, base_version=production.version, scales=scales,
+                           tune=tune, hardware={g: tune.hardware[g] for g in devices}, out_dir=out_dir,
+                           version=version, record=record)  # fmt: skip
+
+
+def _new_hardware_base(
+    store_dir: Path, production: ArtifactMetadata, rows: Mapping[str, TrainingRows], log: Callable[[str], None]
+) -> tuple[list[str], KindHeads | None, dict[str, Any]]:
+    """``(devices, base, how)``: the GPUs of the training split new to production
+    (:func:`app.training.new_hardware.new_devices`), production's weights when there are some and they load
+    (the candidate is then fine-tuned from them), else None (trained from scratch); ``how`` records which
+    (``method`` ``finetune`` or ``scratch``, and why)."""
+    devices = new_hardware.new_devices(rows["train"], production)
+    if not devices:
+        return [], None, {"method": "scratch", "reason": "no hardware new to production"}
+    try:
+        base = new_hardware.production_weights(store_dir, production)
+    except (FileNotFoundError, ValueError) as exc:
+        why = f"new hardware {devices}, but production's weights cannot be loaded ({exc}): trained from scratch"
+        log(why)
+        return devices, None, {"method": "scratch", "reason": why, "hardware_ids": devices}
+    return devices, base, {"method": "finetune", "base": production.version, "hardware_ids": devices,
+                           "reason": f"hardware new to production: {', '.join(devices)}"}  # fmt: skip
 
 
 def run_retrain(*, database_url: str, store_dir: Path, cfg: RetrainConfig, trigger: str = "cli",
@@ -219,21 +296,30 @@ def run_retrain(*, database_url: str, store_dir: Path, cfg: RetrainConfig, trigg
             store_dir.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(prefix=".retrain-", dir=store_dir))
             suffix = f"r{run_id}-{utcnow():%Y%m%d%H%M%S}"
-            frac = cfg.benchmark_fraction
-            training = train_run(
-                database_url=database_url, out_dir=tmp, epochs=cfg.epochs, sample=cfg.sample_per_source(),
-                seed=cfg.seed, version=suffix, sources=cfg.sources, cpu=cfg.cpu, logo=cfg.logo, hidden=cfg.hidden,
-                depth=cfg.depth, ensemble=cfg.ensemble, threads=cfg.threads, write_current=False,
-                argv=("retrain", f"run {run_id}"), log=log, keep_rows=lambda rows: ~in_benchmark(rows.config, frac),
-            )  # fmt: skip
-            candidate = LearnedPredictor(tmp / training["onnx_file"], training, threads=cfg.threads)
             rows = evaluation_rows(database_url, cfg, mark.max_measurement_id)
+            devices, base, how = _new_hardware_base(store_dir, prod_meta, rows, log)
+            if base is not None:
+                training = finetuned_candidate(base, prod_meta, devices, rows, out_dir=tmp, version=f"{suffix}-ft",
+                                               cfg=cfg, log=log)  # fmt: skip
+            else:
+                frac = cfg.benchmark_fraction
+                training = train_run(
+                    database_url=database_url, out_dir=tmp, epochs=cfg.epochs, sample=cfg.sample_per_source(),
+                    seed=cfg.seed, version=suffix, sources=cfg.sources, cpu=cfg.cpu, logo=cfg.logo,
+                    hidden=cfg.hidden, depth=cfg.depth, ensemble=cfg.ensemble, threads=cfg.threads,
+                    write_current=False, argv=("retrain", f"run {run_id}"), log=log,
+                    keep_rows=lambda rows: ~in_benchmark(rows.config, frac),
+                )  # fmt: skip
+            candidate = LearnedPredictor(tmp / training["onnx_file"], training, threads=cfg.threads)
             cand_m = {s: evaluate_on(candidate, rows[s]) for s in SPLITS}
             prod_m = {s: evaluate_on(production, rows[s]) for s in SPLITS}
             passed, checks = gate(cand_m, prod_m, cfg)
-            new_hw = new_hardware.curves(store_dir=store_dir, production=prod_meta, gpu_rows=rows["gpu"],
-                                         sizes=cfg.curve_sizes, epochs=cfg.curve_epochs, seed=cfg.seed, log=log)
-            if new_hw:
+            new_hw: dict[str, Any] = {"error": how["reason"], "devices": devices} if devices and base is None else {}
+            if base is not None:
+                new_hw = new_hardware.curves(
+                    base, prod_meta.training["model"]["conformal_scales"], devices, train=_gpu(rows["train"]),
+                    val=_gpu(rows["val"]), held_out=_gpu(rows["held_out"]), sizes=cfg.curve_sizes,
+                    epochs=cfg.finetune_epochs, seed=cfg.seed, log=log)  # fmt: skip
                 log("new hardware learning curve (held-out rows of each device):\n" + new_hardware.markdown(new_hw))
             failed = [f"{c['split']} {c['group']}: {c['candidate_mape_pct']:.2f} % > {c['max_mape_pct']:.2f} %"
                       for c in checks if not c["passed"]]  # fmt: skip
@@ -257,7 +343,7 @@ def run_retrain(*, database_url: str, store_dir: Path, cfg: RetrainConfig, trigg
                 assert run is not None
                 run.status = "promoted" if passed else "rejected"
                 run.candidate_version, run.reason, run.finished_at = meta.version, reason, utcnow()
-                run.metrics = {"candidate": cand_m, "production": prod_m, "new_hardware": new_hw,
+                run.metrics = {"candidate": cand_m, "production": prod_m, "new_hardware": new_hw, "training": how,
                                "job_calibration": fit.evaluation, "config": asdict(cfg)}
                 run.gate = {"passed": passed, "checks": checks}
                 result = _run_dict(run)
@@ -304,6 +390,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--group-tolerance", type=float, default=d.group_tolerance)
     p.add_argument("--min-group-rows", type=int, default=d.min_group_rows)
     p.add_argument("--no-reported", action="store_true", help="train on --sources only, not on reported rows")
+    p.add_argument("--finetune-epochs", type=int, default=d.finetune_epochs,
+                   help="epochs of the fine-tune for hardware new to production (and of its learning curve)")
     return p
 
 
@@ -313,7 +401,7 @@ def config_from_args(a: argparse.Namespace) -> RetrainConfig:
                          seed=a.seed, sources=tuple(a.sources), cpu=not a.no_cpu, logo=a.logo,
                          benchmark_fraction=a.benchmark_fraction, overall_tolerance=a.overall_tolerance,
                          group_tolerance=a.group_tolerance, min_group_rows=a.min_group_rows,
-                         reported=not a.no_reported)  # fmt: skip
+                         reported=not a.no_reported, finetune_epochs=a.finetune_epochs)  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -17,7 +17,8 @@
    floor is :func:`app.core.features.pass_floor_ms` (roofline at the op's peak for the precision, cheapest
    algorithm, bytes at the precision) and the prior is ``ln(1/efficiency + overhead_ms / floor_ms)`` with a
    learned per-launch overhead per software stack (PyTorch eager, TF1 session, kernel time), pass and
-   hardware kind. So no prediction, and no p10, is ever below the physics floor.
+   hardware kind, plus, for gathers (:data:`LATENCY_KINDS`), a term in elements per SM cycle. So no
+   prediction, and no p10, is ever below the physics floor.
 4. **leave-one-GPU-out** (:func:`leave_one_gpu_out`): one fold per GPU chip (catalog ``architecture``: all
    A100 variants are one fold), the recipe retrained without any of its rows; the held-out chip's
    validation rows give the conformal factor of the GPU interval (:func:`conformal_factor`): the shipped
@@ -161,6 +162,25 @@ MODEL_FEATURES: tuple[str, ...] = (*V3_FEATURES, "hw_log_flops_per_sm_cycle", "h
 #: chosen on leave-one-GPU-out validation configurations (models/README.md), where the mix beat three
 #: members of any one set.
 MEMBER_FEATURES: tuple[tuple[str, ...], ...] = (V3_FEATURES, DEVICE_BLIND_FEATURES, PER_SM_CYCLE_FEATURES)
+#: The latency term of the prior (:class:`LayerTimeNet`): op kinds whose kernels do per-element index work on
+#: few bytes per element, with the cycles per element and SM the prior starts from. Their time is
+#: ``floor / memory efficiency + cycles x elements / (SMs x clock)``, a term that scales with the SMs and clock
+#: instead of the DRAM bandwidth. Measured on Vidur's fp16 ops (A100 and A40, whose DRAM floors differ 2.8x):
+#: PyTorch's embedding gather (``index_select``: integer division and offset arithmetic per element, one
+#: 2-byte load and store) runs at 0.50 and 0.59 elements per SM cycle on the two GPUs, 300-350 GB/s on both,
+#: so its time is this term (~2 cycles per element; the prior starts at 8 so that the term, not the floor,
+#: sets how it moves between GPUs). Tried and not kept (full leave-one-GPU-out, worse or within noise): the
+#: same term for norms (0.5), element-wise ops and activations (0.25) and softmax (0.5); RMSNorm, RoPE and
+#: SiLU-and-mul fit ``floor + 0.25-0.6 cycles x elements / (SMs x clock)`` on both GPUs, PyTorch's vectorised add
+#: the floor alone, and one coefficient per op kind cannot tell them apart. Multiply-accumulate kinds have no
+#: term (their work per output element, K MACs, is in the floor).
+LATENCY_KINDS: dict[str, float] = {"is_embedding": 8.0}
+#: DRAM-bandwidth efficiency the prior starts from for :data:`LATENCY_KINDS` rows (streaming kernels reach
+#: ~90 % of the datasheet bandwidth; the other kinds start at 50 %, a GEMM-class compute efficiency).
+MEMORY_EFFICIENCY = 0.9
+#: Features the latency term reads: elements / (SMs x clock) = exp(log_out_elems - hw_log_compute_units -
+#: hw_log_clock_mhz) / 1e6 s.
+_LATENCY_COLUMNS = ("log_out_elems", "hw_log_compute_units", "hw_log_clock_mhz")
 
 #: Sources ``layercast train`` reads (measurement ``source`` values).
 V3_SOURCES: tuple[str, ...] = (SOURCE_JUSTUS, SOURCE_NEUSIGHT, SOURCE_VIDUR, SOURCE_PROFILER)
@@ -196,7 +216,10 @@ class LayerTimeNet(nn.Module):
     ``p50 = log_floor_ms + softplus(prior + mlp_1)``, ``prior = logaddexp(ln(1/eff), ln overhead_ms − log_floor_ms)``:
     the time is the floor at a learned efficiency plus a learned per-launch overhead, whose log has one
     offset per non-default software stack column present (``stack_tf1_session``, ``stack_kernel_time``),
-    for a training step (``is_train``) and for CPUs (``is_cpu``). The MLP sees standardised features
+    for a training step (``is_train``) and for CPUs (``is_cpu``). With ``latency_prior`` (the default; off
+    for weights saved without it) rows of :data:`LATENCY_KINDS` add ``cycles_kind x elements / (SMs x
+    clock)`` and use their own (memory) efficiency: the hardware dependence of a latency-bound op comes from
+    this structure, not from an MLP that saw the op on one GPU only. The MLP sees standardised features
     (mean/std buffers baked into the graph) and corrects the prior; p10/p90 sit below/above p50 by softplus
     offsets times the conformal scales ``q_scale[kind]`` (row 0 GPU, row 1 CPU; 1 until calibrated), p10
     clamped at the floor.
@@ -221,6 +244,7 @@ class LayerTimeNet(nn.Module):
         hidden: int = 128,
         depth: int = 3,
         active: Sequence[str] | None = None,
+        latency_prior: bool = True,
     ) -> None:
         super().__init__()
         names = list(feature_names)
@@ -240,6 +264,10 @@ class LayerTimeNet(nn.Module):
         self.train_i = names.index("is_train")
         self.cpu_i = names.index("is_cpu") if "is_cpu" in names else -1
         self.stack_cols = [names.index(s) for s in ("stack_tf1_session", "stack_kernel_time") if s in names]
+        # the latency term: off for weights trained without it (load_weights), or a feature list without its columns
+        have = latency_prior and all(c in names for c in _LATENCY_COLUMNS)
+        self.latency_cols = [names.index(c) for c in _LATENCY_COLUMNS] if have else []
+        self.cycle_cols = [names.index(k) for k in LATENCY_KINDS if k in names] if have else []
         layers: list[nn.Module] = []
         width = len(names)
         for _ in range(depth):
@@ -255,6 +283,10 @@ class LayerTimeNet(nn.Module):
         self.ln_ovh = nn.Parameter(torch.tensor(math.log(0.01)))  # ~10 µs per launch in PyTorch eager
         self.ln_ovh_train = nn.Parameter(torch.tensor(math.log(3.0)))
         self.ln_ovh_stack = nn.Parameter(torch.zeros(max(len(self.stack_cols), 1)))
+        if self.cycle_cols:  # ln cycles per element and SM per latency kind; their own DRAM efficiency
+            init = [LATENCY_KINDS[names[c]] for c in self.cycle_cols]
+            self.ln_cycles = nn.Parameter(torch.log(torch.tensor(init, dtype=torch.float32)))
+            self.ln_ineff_mem = nn.Parameter(torch.tensor(-math.log(MEMORY_EFFICIENCY)))
         self.cpu_ln_ineff = nn.Parameter(torch.tensor(0.0))
         self.cpu_ln_ovh = nn.Parameter(torch.tensor(0.0))
         self.cpu_ln_ovh_train = nn.Parameter(torch.tensor(0.0))
@@ -274,11 +306,24 @@ class LayerTimeNet(nn.Module):
         return out
 
     def prior(self, x: torch.Tensor) -> torch.Tensor:
-        """Physics prior of ``ln(time / floor)`` ``[N]`` (before the softplus)."""
-        a = self.ln_ineff + self._is_cpu(x) * self.cpu_ln_ineff
-        b = self.log_overhead_ms(x) - x[:, self.floor_i]
-        m = torch.maximum(a, b)  # logaddexp, written out (no ONNX symbolic for aten::logaddexp)
-        return m + torch.log(torch.exp(a - m) + torch.exp(b - m))
+        """Physics prior of ``ln(time / floor)`` ``[N]`` (before the softplus): ``ln((floor / efficiency +
+        overhead_ms + cycles x sm_cycle_ms) / floor)``. The last term only for :data:`LATENCY_KINDS` rows
+        (``sm_cycle_ms`` = output elements / (SMs x clock), ``cycles`` learned per kind), whose efficiency is
+        the memory one (starts at :data:`MEMORY_EFFICIENCY`)."""
+        floor = x[:, self.floor_i]
+        ineff = self.ln_ineff + self._is_cpu(x) * self.cpu_ln_ineff
+        terms = [ineff, self.log_overhead_ms(x) - floor]
+        if self.cycle_cols:
+            kinds = x[:, self.cycle_cols]  # one-hot [N, K]
+            on = kinds.sum(dim=1)
+            terms[0] = ineff + on * (self.ln_ineff_mem - self.ln_ineff)
+            elems, sms, mhz = (x[:, c] for c in self.latency_cols)
+            ln_sm_cycle_ms = elems - sms - mhz - math.log(1e3)
+            # rows of another kind get exp(-60) of it: nothing
+            terms.append(ln_sm_cycle_ms + (kinds * self.ln_cycles).sum(dim=1) - floor - 60.0 * (1.0 - on))
+        t = torch.stack(terms, dim=1)
+        m = t.max(dim=1).values  # logsumexp, written out (no ONNX symbolic for aten::logaddexp)
+        return m + torch.log(torch.exp(t - m[:, None]).sum(dim=1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         z = (x - self.mean) / self.std * self.input_mask
@@ -305,6 +350,10 @@ class LayerTimeNet(nn.Module):
         names = [self.feature_names[c] for c in self.stack_cols]
         for j, name in enumerate(names):
             out[f"gpu_overhead_forward_ms_{name}"] = math.exp(ovh + self.ln_ovh_stack[j].item())
+        if self.cycle_cols:
+            out["memory_efficiency"] = math.exp(-self.ln_ineff_mem.item())
+        for j, c in enumerate(self.cycle_cols):
+            out[f"cycles_per_element_per_sm_{self.feature_names[c]}"] = math.exp(self.ln_cycles[j].item())
         return out
 
 
@@ -379,7 +428,7 @@ def train_model(
     if init is not None:
         model = LayerTimeNet(
             init.mean.numpy(), init.std.numpy(), feature_names=init.feature_names, hidden=init.hidden,
-            depth=init.depth,
+            depth=init.depth, latency_prior=bool(init.cycle_cols),
         )  # fmt: skip
         model.load_state_dict(init.state_dict())  # input_mask included
         model.q_scale.fill_(1.0)
@@ -780,7 +829,7 @@ def load_weights(path: Path, *, feature_names: Sequence[str], hidden: int, depth
             prefix = f"{head}.member{k}."
             sd = {key[len(prefix) :]: torch.tensor(v) for key, v in data.items() if key.startswith(prefix)}
             m = LayerTimeNet(sd["mean"].numpy(), sd["std"].numpy(), feature_names=feature_names, hidden=hidden,
-                             depth=depth)  # fmt: skip
+                             depth=depth, latency_prior="ln_cycles" in sd)  # fmt: skip
             sd.setdefault("input_mask", m.input_mask)  # artifacts before the input mask: every feature read
             m.load_state_dict(sd)
             m.eval()

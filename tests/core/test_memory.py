@@ -12,9 +12,11 @@ from app.core.memory import (
     DEVICE_RUNTIME,
     GPU_DEFAULT_RUNTIME,
     HEADROOM,
+    device_key,
     fits,
     footprint,
     largest_batch_that_fits,
+    memory_layout,
     runtime_for,
 )
 
@@ -135,3 +137,36 @@ def test_unknown_precision_optimizer_mode_or_batch_raises() -> None:
         footprint(_a(), mode="serving", optimizer="adam")
     with pytest.raises(ValueError, match="batch_size"):
         footprint(_a(), mode="training", optimizer="adam", batch_size=0)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("arch", ["Volta (GV100)", "Hopper (GH100)", None])
+def test_a_kept_layout_sizes_every_batch_as_the_walk_does(precision: str, arch: str | None) -> None:
+    """footprint() with the layout built once equals footprint() walking the layers itself, at every batch
+    and with checkpointing; a layout of another precision or device is refused."""
+    layers = [{"op": "conv2d", "out_channels": 16, "kernel_size": 3, "padding": 1}, {"op": "batchnorm"},
+              {"op": "relu"}, {"op": "maxpool", "kernel_size": 2}, {"op": "dropout", "p": 0.1}] * 2
+    doc = {"input_shape": [3, 32, 32], "layers": [*layers, {"op": "flatten"}, {"op": "linear", "out_features": 10}]}
+    a, hw = _a(4, doc), _gpu(arch) if arch else None
+    layout = memory_layout(a, precision=precision, hardware=hw)
+    for batch in (None, 1, 3, 4, 64, 4097):
+        for ckpt in (False, True):
+            kw = {"mode": "training", "optimizer": "adam", "precision": precision, "hardware": hw,
+                  "activation_checkpointing": ckpt, "batch_size": batch}
+            assert footprint(a, layout=layout, **kw) == footprint(a, **kw)
+    assert largest_batch_that_fits(a, memory_bytes=2**30, mode="training", optimizer="adam", precision=precision,
+                                   hardware=hw, layout=layout) == largest_batch_that_fits(
+        a, memory_bytes=2**30, mode="training", optimizer="adam", precision=precision, hardware=hw)
+    other = "fp16" if precision == "fp32" else "fp32"
+    with pytest.raises(ValueError, match="another precision or device"):
+        footprint(a, mode="training", optimizer="adam", precision=other, hardware=hw, layout=layout)
+    with pytest.raises(ValueError, match="another precision or device"):
+        footprint(a, mode="training", optimizer="adam", precision=precision, hardware=_gpu("CDNA 3"), layout=layout)
+
+
+def test_devices_of_one_generation_share_a_device_key() -> None:
+    assert device_key(_gpu("Volta (GV100)")) == device_key(_gpu("Turing (TU102)"))  # equal runtime constants
+    assert device_key(_gpu("Volta (GV100)")) != device_key(_gpu("Hopper (GH100)"))
+    assert device_key(None) == device_key(HardwareSpec(
+        id="c", name="c", vendor="x", kind="cpu", peak_flops_per_s={"fp32": 1e11}, memory_bytes=2**34,
+        memory_bandwidth_bytes_per_s=1e10, compute_units=8))

@@ -50,6 +50,28 @@ def test_per_job_errors(client: TestClient, resnet_id: str, lonely: str) -> None
     assert codes == ["no_interconnect", "validation_error", "graph_not_found", "precision_not_supported", None]
 
 
+def test_devices_are_read_in_one_query_and_unknown_ones_still_fail(client: TestClient, resnet_id: str) -> None:
+    from sqlalchemy import event
+
+    devices = ["t4", "v100-sxm2-16gb", A100, "no-such-device"]
+    statements: list[str] = []
+
+    def seen(conn: object, cursor: object, statement: str, *args: object) -> None:
+        statements.append(statement)
+
+    engine = client.app.state.engine  # type: ignore[attr-defined]
+    event.listen(engine, "before_cursor_execute", seen)
+    try:
+        est = _estimate(client, [_job(resnet_id, hardware_id=d) for d in devices * 25])
+    finally:
+        event.remove(engine, "before_cursor_execute", seen)
+    codes = [(e["error"] or {}).get("code") for e in est[:4]]  # type: ignore[union-attr]
+    assert codes == [None, None, None, "hardware_not_found"]
+    assert [e["p50_s"] for e in est[:3]] == [e["p50_s"] for e in est[4:7]]
+    hardware_reads = [s for s in statements if "FROM hardware" in s]
+    assert len(hardware_reads) == 2, hardware_reads  # all devices at once, then the unknown one, once
+
+
 def test_limit(client: TestClient) -> None:
     r = client.post("/v1/job-estimates", json={"jobs": [_job("x")] * (MAX_JOBS + 1)})
     assert r.status_code == 413 and r.json()["error"]["code"] == "too_many_items"

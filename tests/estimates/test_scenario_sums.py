@@ -11,10 +11,10 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from app.core.aggregate import Aggregate, AggregationInput, aggregate
+from app.core.aggregate import Aggregate, AggregationInput, aggregate, layer_sums
 from app.estimates import engine
 from app.predictions.schemas import PredictionCreate
-from app.predictions.service import aggregation_input
+from app.predictions.service import aggregation_input, layer_times
 
 A100, V100 = "a100-sxm4-40gb", "v100-sxm2-16gb"
 
@@ -61,8 +61,10 @@ def test_shared_sums_give_the_per_job_numbers(client: TestClient, session: Sessi
     scenarios = [cache.scenario(r) for r in requests]
     found = engine.predict_layers(cache, scenarios)
     assert len({id(x) for x in found.sums}) == len(base)  # summed once per scenario, not once per job
-    for s, times, sums in zip(scenarios, found.times, found.sums, strict=True):
-        shared = engine.scenario_aggregate(cache, s, times, sums)
+    for s, est, sums in zip(scenarios, found.estimates, found.sums, strict=True):
+        times = layer_times(s.bound.table(s.hardware), s.setting, est)[0]
+        assert sums == layer_sums(times)  # bit for bit, without a LayerTime per layer
+        shared = engine.scenario_aggregate(cache, s, sums)
         _close(shared, _per_job(cache, s, times), s.request.graph_id or "")
         assert shared.job is not None and shared.job.time_s > 0
 

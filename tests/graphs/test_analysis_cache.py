@@ -81,7 +81,61 @@ def test_byte_estimate_is_within_a_factor_two_of_traced_memory(name: str) -> Non
     assert 0.5 <= analysis_bytes(a) / traced <= 2.0, (analysis_bytes(a), traced)
 
 
-def test_importing_the_api_imports_neither_torch_nor_alembic() -> None:
-    code = "import sys, app.main; print('torch' in sys.modules, 'alembic' in sys.modules)"
+def test_importing_the_api_imports_neither_torch_nor_alembic_nor_onnx() -> None:
+    """onnx (with ml_dtypes, ~0.5-0.8 s) is imported by the first ONNX import, not at start-up."""
+    code = ("import sys, app.main; app.main.create_app(); "
+            "print('torch' in sys.modules, 'alembic' in sys.modules, 'onnx' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=".")
-    assert out.stdout.split() == ["False", "False"], out.stderr
+    assert out.stdout.split() == ["False", "False", "False"], out.stderr
+
+
+def test_a_binding_that_fails_is_not_imported_again(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """unbound_dimension is a property of the content and the binding: the second request gets the same
+    422 from the cache, without a second import; another binding of the same graph is imported."""
+    from app.graphs import service
+
+    analysis_cache.clear()
+    r = client.post("/v1/graphs", content=_symbolic_seq_model(), params={"dims": "seq=4"},
+                    headers={"content-type": "application/octet-stream"})
+    assert r.status_code == 201, r.text
+    gid = r.json()["id"]
+    imports: list[int] = []
+    real = service.build_graph
+    monkeypatch.setattr(service, "build_graph", lambda *a, **k: imports.append(1) or real(*a, **k))
+    body = {"graph_id": gid, "hardware_id": "t4", "batch_size": 8}
+    first, second = client.post("/v1/predictions", json=body), client.post("/v1/predictions", json=body)
+    assert first.status_code == second.status_code == 422
+    assert first.json() == second.json() and first.json()["error"]["code"] == "unbound_dimension"
+    assert len(imports) == 1
+    assert client.post("/v1/predictions", json={**body, "dims": {"seq": 4}}).status_code == 200
+    assert len(imports) == 2
+
+
+def _symbolic_seq_model() -> bytes:
+    """A MatMul over ``(batch, seq, 64)`` with a 64x64 weight: ``seq`` must be bound."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "seq",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 64])], [w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def test_memoised_results_count_against_the_budget() -> None:
+    """What an entry memoises with its size (the memory layouts) grows the entry: the cache evicts the least
+    recently used entries to stay within its budget."""
+    budget = analysis_cache.budget_bytes
+    analysis_cache.clear(budget_bytes=1000)
+    try:
+        a, b = analysis_cache.put(_entry("a", 300)), analysis_cache.put(_entry("b", 300))
+        assert b.memo("k", lambda: 1, nbytes=200) == 1 and analysis_cache.nbytes == 800 and b.nbytes == 500
+        assert b.memo("k", lambda: 2, nbytes=200) == 1 and analysis_cache.nbytes == 800  # built once, counted once
+        b.memo("k2", lambda: 3, nbytes=300)
+        assert analysis_cache.get("a") is None and analysis_cache.nbytes == 800  # a evicted, b (800) kept
+        assert analysis_cache.get("b") is b
+        assert a.memo("x", lambda: 4, nbytes=10) == 4 and analysis_cache.nbytes == 800  # not cached: not counted
+    finally:
+        analysis_cache.clear(budget_bytes=budget)

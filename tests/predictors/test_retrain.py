@@ -6,7 +6,6 @@ calibrate the next version's job estimates."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -20,39 +19,15 @@ from app.config import REPO_ROOT, Settings  # noqa: E402
 from app.db import make_engine, make_sessionmaker  # noqa: E402
 from app.main import create_app  # noqa: E402
 from app.measurements.models import Measurement  # noqa: E402
-from app.migrate import upgrade  # noqa: E402
 from app.observability import REGISTRY  # noqa: E402
 from app.predictors import service  # noqa: E402
 from app.predictors.models import RetrainRun  # noqa: E402
 from app.training import retrain  # noqa: E402
 from app.training.dataset import load_from_database  # noqa: E402
 from app.training.retrain import RetrainConfig, in_benchmark, run_retrain  # noqa: E402
-from tests.conftest import JUSTUS_ROWS_PER_FILE  # noqa: E402
-from tests.helpers import import_measurements  # noqa: E402
 
 TINY = RetrainConfig(epochs=120, hidden=32, depth=2, ensemble=1, sample=None, sources=("justus2018",), cpu=False,
                      benchmark_fraction=0.2)  # fmt: skip
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db(request: pytest.FixtureRequest, tmp_path: Path, justus_db: str) -> str:
-    """The first 300 rows of every Justus file, migrated, the shipped version seeded: a private copy of the
-    shared SQLite database, or a fresh PostgreSQL database (one per test) imported the same way."""
-    if request.param == "sqlite":
-        dst = tmp_path / "m.db"
-        shutil.copy(Path(justus_db.removeprefix("sqlite:///")), dst)
-        url = f"sqlite:///{dst}"
-    else:
-        url = str(request.getfixturevalue("postgres_url"))
-        import_measurements(url, "justus", "--limit", str(JUSTUS_ROWS_PER_FILE))
-    upgrade(url)
-    engine = make_engine(url)
-    try:
-        with make_sessionmaker(engine).begin() as session:
-            service.seed_from_models_dir(session, REPO_ROOT / "models", tmp_path / "store")
-    finally:
-        engine.dispose()
-    return url
 
 
 def _scale_non_benchmark_times(url: str, factor: float, hardware_id: str = "p100") -> int:

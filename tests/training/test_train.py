@@ -57,6 +57,7 @@ def test_member_reads_only_its_active_features_and_keeps_the_mask_through_weight
     rng = np.random.default_rng(0)
     n, f = 512, len(MODEL_FEATURES)
     x = rng.normal(size=(n, f)).astype(np.float32)
+    x[:, MODEL_FEATURES.index("is_embedding")] = 0.0  # the prior's latency term (SMs x clock) is physics, not the MLP
     y = rng.normal(size=n) + x[:, MODEL_FEATURES.index("hw_log_clock_mhz")]
     active = [name for name in MODEL_FEATURES if not name.startswith("hw_")]
     m = train_model(x, y, epochs=2, seed=0, hidden=8, depth=1, batch_size=128, active=active, log=lambda s: None)
@@ -73,3 +74,54 @@ def test_member_reads_only_its_active_features_and_keeps_the_mask_through_weight
     assert np.allclose(predict(back, other), predict(m, other), atol=1e-6)
     with pytest.raises(ValueError, match="not in feature_names"):
         train_model(x, y, epochs=1, seed=0, hidden=8, depth=1, active=["nope"], log=lambda s: None)
+
+
+def _prior_rows(kind: str, sms: float, mhz: float, n: int = 3) -> np.ndarray:
+    """Rows with the same floor (1 ms) and output elements on devices of ``sms`` SMs at ``mhz`` MHz."""
+    x = np.zeros((n, len(MODEL_FEATURES)), dtype=np.float32)
+    x[:, MODEL_FEATURES.index(kind)] = 1.0
+    x[:, MODEL_FEATURES.index("log_floor_ms")] = 0.0  # ln 1 ms
+    x[:, MODEL_FEATURES.index("log_out_elems")] = np.log(1e9)
+    x[:, MODEL_FEATURES.index("hw_log_compute_units")] = np.log(sms)
+    x[:, MODEL_FEATURES.index("hw_log_clock_mhz")] = np.log(mhz)
+    return x
+
+
+def test_latency_prior_scales_gathers_with_sms_and_clock_not_with_the_floor() -> None:
+    """An embedding's prior is its SM-cycle term: 1e9 elements at c cycles per element on 100 SMs x 1 GHz is
+    10·c ms over a 1 ms floor; half the SM cycles per second doubles it at the same floor. A GEMM has no such
+    term: its prior is 1/efficiency + overhead whatever the SMs."""
+    from app.training.train import LATENCY_KINDS, LayerTimeNet
+
+    f = len(MODEL_FEATURES)
+    m = LayerTimeNet(np.zeros(f), np.ones(f))
+    with torch.no_grad():
+        fast = m.prior(torch.tensor(_prior_rows("is_embedding", 100, 1000))).numpy()
+        slow = m.prior(torch.tensor(_prior_rows("is_embedding", 50, 1000))).numpy()
+        gemm = m.prior(torch.tensor(_prior_rows("is_gemm", 100, 1000))).numpy()
+        gemm_slow = m.prior(torch.tensor(_prior_rows("is_gemm", 50, 1000))).numpy()
+    cycles = LATENCY_KINDS["is_embedding"]
+    assert np.exp(fast) == pytest.approx(cycles * 1e9 / (100 * 1e9) * 1e3, rel=0.05)  # ms over a 1 ms floor
+    assert np.exp(slow - fast) == pytest.approx(2.0, rel=0.05)
+    assert np.allclose(gemm, gemm_slow) and np.exp(gemm).max() < 3  # 1/efficiency + overhead only
+
+
+def test_weights_without_the_latency_term_load_and_keep_their_prior(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A model saved without the latency term (v3 artifacts) loads without it, so its function is unchanged."""
+    from app.training.train import Ensemble, KindHeads, LayerTimeNet, load_weights, save_weights
+
+    f = len(MODEL_FEATURES)
+    old = LayerTimeNet(np.zeros(f), np.ones(f), hidden=8, depth=1, latency_prior=False)
+    path = tmp_path / "w.npz"
+    save_weights(KindHeads(Ensemble([old]), None), path)
+    loaded = load_weights(path, feature_names=MODEL_FEATURES, hidden=8, depth=1).gpu_head.members[0]
+    x = torch.tensor(_prior_rows("is_embedding", 100, 1000))
+    with torch.no_grad():
+        assert not loaded.cycle_cols
+        assert torch.allclose(loaded(x), old(x))
+        assert torch.allclose(loaded.prior(x), old.prior(x))
+    new = LayerTimeNet(np.zeros(f), np.ones(f), hidden=8, depth=1)
+    save_weights(KindHeads(Ensemble([new]), None), path)
+    again = load_weights(path, feature_names=MODEL_FEATURES, hidden=8, depth=1).gpu_head.members[0]
+    with torch.no_grad():
+        assert again.cycle_cols and torch.allclose(again(x), new(x))
