@@ -82,8 +82,10 @@ class CompositePredictor:
             queries = [LayerTimeQuery(layer=table.layers[i], cost=table.costs[i], hardware=s.hardware, mode=s.mode,
                                       optimizer=s.optimizer, precision=s.precision, software_stack=s.software_stack)
                        for i in rows.tolist()]
+            at = table.rescaled(s.precision).costs
+            estimates = self.fallback.estimate(queries, at_precision=[at[i] for i in rows.tolist()])
             found = [dataclasses.replace(e, notes=(f"fallback: {reasons[i]}", *e.notes))
-                     for i, e in zip(rows.tolist(), self.fallback.estimate(queries), strict=True)]
+                     for i, e in zip(rows.tolist(), estimates, strict=True)]
             memo[key] = found
             while len(memo) > FALLBACK_SETTINGS:
                 memo.popitem(last=False)

@@ -198,7 +198,7 @@ class RooflinePredictor:
         self.constants = constants
         self.version = version
 
-    def _one(self, q: LayerTimeQuery) -> LayerTimeEstimate:
+    def _one(self, q: LayerTimeQuery, at_precision: LayerCost | None = None) -> LayerTimeEstimate:
         if not q.cost.supported:
             raise ValueError(f"layer {q.cost.name!r} ({q.cost.op_type}) is unsupported; list it, do not estimate it")
         hw = q.hardware
@@ -207,7 +207,7 @@ class RooflinePredictor:
             vector_peak = op_precision(hw, q.precision, OpKind.ELEMENTWISE).peak_flops_per_s
         except KeyError as exc:
             raise ValueError(f"hardware {hw.id!r} lists no fp32 peak") from exc
-        c = cost_at_precision(q.layer, q.cost, q.precision)
+        c = cost_at_precision(q.layer, q.cost, q.precision) if at_precision is None else at_precision
         bw = float(hw.memory_bandwidth_bytes_per_s)
         k = self.constants
 
@@ -298,6 +298,12 @@ class RooflinePredictor:
                    f"{kernel_ms * 1e3:.0f} us per kernel",),
         )
 
-    def estimate(self, queries: Sequence[LayerTimeQuery]) -> list[LayerTimeEstimate]:
-        """One estimate per query, in order (see class docstring for errors)."""
-        return [self._one(q) for q in queries]
+    def estimate(
+        self, queries: Sequence[LayerTimeQuery], *, at_precision: Sequence[LayerCost] | None = None
+    ) -> list[LayerTimeEstimate]:
+        """One estimate per query, in order (see class docstring for errors). ``at_precision``: each query's
+        cost at its precision (:func:`app.core.precision.cost_at_precision` of its layer and cost) when the
+        caller has them already (a table's :meth:`app.predictor.table.LayerTable.rescaled` costs)."""
+        if at_precision is None:
+            return [self._one(q) for q in queries]
+        return [self._one(q, c) for q, c in zip(queries, at_precision, strict=True)]

@@ -64,8 +64,10 @@ SETTING_FIELDS: tuple[str, ...] = (
 @dataclass(frozen=True, slots=True)
 class _Rescaled:
     """Per storage precision: forward / backward DRAM bytes at that precision and the cheapest algorithm's
-    forward / backward FLOPs (``[N]`` float64 each)."""
+    forward / backward FLOPs (``[N]`` float64 each), and each row's cost at that precision
+    (:func:`app.core.precision.cost_at_precision`, what the roofline fallback reads)."""
 
+    costs: tuple[LayerCost, ...]
     forward_bytes: np.ndarray
     backward_bytes: np.ndarray
     forward_flops_min: np.ndarray
@@ -137,13 +139,12 @@ class LayerTable:
         key = width if width == 4 else (2 if Precision(precision) is Precision.FP16 else 3)
         found = self._rescaled.get(key)
         if found is None:
-            fb, bb = [], []
-            for layer, cost in zip(self.layers, self.costs, strict=True):
-                c = cost_at_precision(layer, cost, precision)
-                fb.append(c.forward_bytes)
-                bb.append(c.backward_bytes)
+            costs = tuple(cost_at_precision(layer, cost, precision)
+                          for layer, cost in zip(self.layers, self.costs, strict=True))  # fmt: skip
+            fb, bb = [c.forward_bytes for c in costs], [c.backward_bytes for c in costs]
             mac = 2.0 * self.forward_macs
             found = self._rescaled[key] = _Rescaled(
+                costs=costs,
                 forward_bytes=np.asarray(fb, dtype=np.float64).reshape(len(self)),
                 backward_bytes=np.asarray(bb, dtype=np.float64).reshape(len(self)),
                 forward_flops_min=np.maximum(mac / self.winograd + (self.forward_flops - mac), 0.0),

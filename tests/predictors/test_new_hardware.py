@@ -4,11 +4,12 @@ held-out split and frozen benchmark, and reports its held-out error against the 
 (Syed & Srinivasan 2021). On a real GPU held out of production: NeuSight's T4 linear-layer kernels,
 fine-tuned from a model that saw the Justus GPUs and NeuSight's P4 but never a T4. Measured (seed 0, 3 draws
 per point, the 215 T4 rows of the retrain's held-out split, SQLite and PostgreSQL alike): production 19.3 %
-MAPE, the fine-tuned candidate (all of the T4 training rows) 10.7 %; the curve at 25 / 50 / 100 / 200 T4
-rows 13.2 / 11.4 / 11.1 / 10.6 %, the lookup table of the same rows 84 / 57 / 39 / 29 %. The gate then
-rejects that candidate: on the frozen benchmark its P4 MAPE (16.1 %) is more than 10 % above production's
-(13.9 %): the tiny test model forgets some of the other NeuSight GPU. Past 25 rows the tiny model's own
-noise floor dominates, so only the ends of the curve are asserted to fall."""
+MAPE, the fine-tuned candidate (775 T4 training rows, the 2,251 training rows of the known GPUs replayed)
+10.7 %; the curve at 25 / 50 / 100 / 200 T4 rows 12.8 / 11.2 / 11.2 / 10.8 %, the lookup table of the same
+rows 84 / 57 / 39 / 29 %. The gate then rejects that candidate: on the frozen benchmark its P4 MAPE
+(16.9 %) is more than 10 % above production's (13.9 %): the tiny test model forgets some of the other
+NeuSight GPU (at full scale the same path is promoted: reports/new_hardware_t4.md). Past 25 rows the tiny
+model's own noise floor dominates, so only the ends of the curve are asserted to fall."""
 
 from __future__ import annotations
 
