@@ -149,7 +149,9 @@ class BoundGraph:
 
             pairs = [(layer, cost) for layer, cost in zip(self.analysis.graph.layers, self.analysis.costs,
                                                           strict=True) if cost.supported]
-            self._table = LayerTable([p[0] for p in pairs], [p[1] for p in pairs], reference=reference)
+            self._table = LayerTable([p[0] for p in pairs], [p[1] for p in pairs], reference=reference,
+                                     on_grow=lambda n: analysis_cache.grow(self, n))
+            analysis_cache.grow(self, self._table.nbytes)
         return self._table
 
     def memo(self, key: Hashable, build: Callable[[], T], *, nbytes: int = 0) -> T:

@@ -74,6 +74,18 @@ class _Rescaled:
     backward_flops_min: np.ndarray
 
 
+#: Approximate CPython bytes of one row's :class:`~app.core.costs.LayerCost` at a precision (tracemalloc
+#: around :meth:`LayerTable.rescaled` on the model-zoo ResNet-50, DenseNet-121 and Inception-v2: 304-439 B
+#: per layer beyond the arrays).
+RESCALED_COST_BYTES = 450
+
+
+def _rescaled_nbytes(r: _Rescaled) -> int:
+    """Bytes a precision's rescaled entry holds: its four ``[N]`` arrays and ``N`` costs."""
+    arrays = (r.forward_bytes, r.backward_bytes, r.forward_flops_min, r.backward_flops_min)
+    return int(sum(a.nbytes for a in arrays)) + RESCALED_COST_BYTES * len(r.costs)
+
+
 class LayerTable:
     """Layer-only quantities of ``layers`` (each with its supported ``costs``), as numpy columns ``[N]``.
 
@@ -81,8 +93,12 @@ class LayerTable:
     analysis) and reuse for every device and setting. Raises ``ValueError`` for an unsupported cost.
     """
 
-    def __init__(self, layers: Sequence[Layer], costs: Sequence[LayerCost], *, reference: HardwareSpec) -> None:
+    def __init__(self, layers: Sequence[Layer], costs: Sequence[LayerCost], *, reference: HardwareSpec,
+                 on_grow: Callable[[int], None] | None = None) -> None:
+        """``on_grow(nbytes)`` is told about what the table adds later (a precision's rescaled columns and
+        costs), so that an owner with a byte budget (the analysis cache) counts them."""
         self.layers = tuple(layers)
+        self._on_grow = on_grow
         self.costs = tuple(costs)
         if len(self.layers) != len(self.costs):
             raise ValueError("layers and costs differ in length")
@@ -121,9 +137,7 @@ class LayerTable:
         """Bytes held by the table's arrays (for the analysis cache's byte budget)."""
         arrays = [self.base, self.forward_flops, self.backward_flops, self.forward_bytes, self.backward_bytes,
                   self.params, self.forward_macs, self.winograd, self.tensor_core, self.cudnn, self.dropout]
-        for r in self._rescaled.values():
-            arrays += [r.forward_bytes, r.backward_bytes, r.forward_flops_min, r.backward_flops_min]
-        return int(sum(a.nbytes for a in arrays))
+        return int(sum(a.nbytes for a in arrays)) + sum(_rescaled_nbytes(r) for r in self._rescaled.values())
 
     def memo(self, key: object, build: object) -> object:
         """A per-table memo (e.g. the learned predictor's routing of these layers per device kind):
@@ -150,6 +164,8 @@ class LayerTable:
                 forward_flops_min=np.maximum(mac / self.winograd + (self.forward_flops - mac), 0.0),
                 backward_flops_min=self.backward_flops / self.winograd,
             )
+            if self._on_grow is not None:
+                self._on_grow(_rescaled_nbytes(found))
         return found
 
 

@@ -139,3 +139,28 @@ def test_memoised_results_count_against_the_budget() -> None:
         assert a.memo("x", lambda: 4, nbytes=10) == 4 and analysis_cache.nbytes == 800  # not cached: not counted
     finally:
         analysis_cache.clear(budget_bytes=budget)
+
+
+def test_the_layer_table_and_its_precisions_count_against_the_budget() -> None:
+    """An entry's layer table (built on first prediction) and each precision's rescaled columns and costs
+    (built on first use of that precision) grow the entry by what they hold; without it a cache of tables
+    would outgrow its byte budget unseen."""
+    from app.hardware.catalog import load_catalog
+
+    content = light_model("resnet50")
+    a = analyze(build_graph(content, "onnx", batch_size=4), software_stack=SoftwareStack.PYTORCH_EAGER)
+    budget = analysis_cache.budget_bytes
+    analysis_cache.clear(budget_bytes=2**30)
+    try:
+        entry = analysis_cache.put(BoundGraph(key="t", analysis=a, graph_id=None, nbytes=analysis_bytes(a)))
+        before = entry.nbytes
+        table = entry.table(load_catalog()["a100-sxm4-40gb"])
+        assert entry.nbytes == before + table.nbytes and table.nbytes > 0
+        grown = entry.nbytes
+        table.rescaled("fp16")
+        added = table.nbytes - (grown - before)
+        assert added >= len(table) * 450 and entry.nbytes == grown + added == analysis_cache.nbytes
+        table.rescaled("fp16")  # already built: not counted again
+        assert entry.nbytes == grown + added
+    finally:
+        analysis_cache.clear(budget_bytes=budget)
