@@ -1,7 +1,7 @@
 """``layercast evaluate``: the shipped predictor against the baselines on held-out rows; writes a report.
 
 ``python -m app.training.evaluate [--models-dir models] [--stem NAME] [--previous STEM] [--out-dir reports]
-[--no-logo] [--no-e2e]``
+[--no-logo] [--no-e2e] [--logo-gpus CHIP ...]``
 
 Everything on rows the shipped model never trained on, with the artifact's own data recipe (sources,
 rows per file, split seed read from its metadata; the same loaders and split as :mod:`app.training.train`):
@@ -145,15 +145,18 @@ def logo_block(
     *,
     recipe_override: Mapping[str, Any] | None,
     seed: int,
+    groups: Sequence[str] | None = None,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """Block 2 of the module docstring (needs torch)."""
+    """Block 2 of the module docstring (needs torch). ``groups`` keeps only those folds (GPU chips, catalog
+    ``architecture``; quick runs such as the two Vidur folds): pooled figures are then over those folds only,
+    and each fold's interval factor comes from the other kept folds."""
     from app.training.train import DEFAULTS, conformal_factor, is_cpu_rows, leave_one_gpu_out
 
     # an artifact whose recipe names no member_features (v3 and older) had every member read every feature
     recipe = {**DEFAULTS, "member_features": None, **meta.get("model", {}).get("recipe", {}), **(recipe_override or {})}
     recipe["feature_names"] = tuple(meta["feature_names"])
-    folds = leave_one_gpu_out(tr, va, te, recipe=recipe, seed=seed, log=log)
+    folds = leave_one_gpu_out(tr, va, te, recipe=recipe, seed=seed, groups=groups, log=log)
     gtr = tr.subset(~is_cpu_rows(tr))
     per: dict[str, Any] = {}
     all_rows: list[TrainingRows] = []
@@ -190,6 +193,7 @@ def logo_block(
     vid = src == "vidur"
     return {
         "recipe": {k: (list(v) if isinstance(v, tuple) else v) for k, v in recipe.items() if k != "feature_names"},
+        "only_folds": list(groups) if groups is not None else None,
         "per_gpu": per,
         "pooled": pooled,
         "by_source": by_source,
@@ -212,12 +216,14 @@ def e2e_predictions(
     """Per e2e record: measured train step, learned layer sum, roofline layer sum, layer count, FLOPs.
 
     Each architecture is exported once (:func:`app.profiler.e2e.export_onnx`) and imported at every
-    measured batch size; prediction follows the API (:func:`app.predictions.service.estimate`): one
-    training-mode query per costed layer with the record's optimizer, summed.
+    measured batch size; prediction follows the API (:func:`app.predictions.service.estimate`): the graph
+    analysed for the record's software stack (fused as it fuses), one training-mode query per costed layer with
+    the record's optimizer and stack, summed.
     """
     from app.core.analysis import analyze
     from app.core.onnx_import import import_onnx
     from app.core.precision import Precision
+    from app.core.vocab import SoftwareStack
     from app.predictor.roofline import RooflineConstants, RooflinePredictor
     from app.profiler.e2e import export_onnx
 
@@ -236,12 +242,15 @@ def e2e_predictions(
             log(f"e2e {arch} b={r['batch_size']}: cannot rebuild ({type(exc).__name__}: {exc})")
             out.append({"arch": arch, "batch_size": r["batch_size"], "error": f"{type(exc).__name__}: {exc}"[:300]})
             continue
-        a = analyze(g)
+        # as the API analyses a graph for the request's software stack (default PyTorch eager): fused as that
+        # stack fuses (attention, GELU, bias: app.core.fusion), every query under that stack
+        stack = SoftwareStack(str(r.get("software_stack") or SoftwareStack.PYTORCH_EAGER.value))
+        a = analyze(g, software_stack=stack)
         opt = str(r.get("optimizer", "sgd"))
         queries = [
             LayerTimeQuery(layer=layer, cost=cost, hardware=cpu_hardware, mode="training", optimizer=opt,
-                           precision=Precision(str(r.get("precision", "fp32"))))
-            for layer, cost in zip(g.layers, a.costs, strict=True)
+                           precision=Precision(str(r.get("precision", "fp32"))), software_stack=stack)
+            for layer, cost in zip(a.graph.layers, a.costs, strict=True)
             if cost.supported
         ]  # fmt: skip
         est = predictor.estimate(queries)
@@ -444,6 +453,9 @@ def markdown(report: Mapping[str, Any]) -> str:
     if logo:
         lines += ["## Leave-one-GPU-out (recipe retrained without the GPU chip; its test configurations)", "",
                   "Pooled over every held-out GPU's rows; 80 % intervals calibrated on the other folds only.", "",
+                  *([f"Only the folds {', '.join(logo['only_folds'])} (`--logo-gpus`): not the full "
+                     "leave-one-GPU-out, and its targets below are over these folds only.", ""]
+                    if logo.get("only_folds") else []),
                   *_method_rows(logo["pooled"]), "", "By source (learned):", "",
                   "| source | n | MAPE | within ±10 % | 80 % coverage |", "|---|---|---|---|---|",
                   *[f"| {s} | {m['n']} | {_fmt(m['mape_pct'])} | {_fmt(m['within_10pct'])} | "
@@ -521,14 +533,16 @@ def run(
     e2e: bool,
     sample: int | None = None,
     logo_recipe: Mapping[str, Any] | None = None,
+    logo_gpus: Sequence[str] | None = None,
     threads: int = 1,
     argv: Sequence[str] = (),
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Evaluate ``models_dir``'s active (or ``stem``) artifact; writes and returns the report dict.
 
-    ``sample`` overrides the artifact's rows per file (quick runs); ``previous_stem`` names the artifact
-    compared side by side (skipped when its files are absent)."""
+    ``sample`` overrides the artifact's rows per file (quick runs); ``logo_gpus`` keeps only those
+    leave-one-GPU-out folds (:func:`logo_block`); ``previous_stem`` names the artifact compared side by side
+    (skipped when its files are absent)."""
     import onnxruntime as ort
 
     from app.training.train import DEFAULT_SAMPLE, V3_SOURCES, load_training_data, splits
@@ -576,7 +590,8 @@ def run(
                        title=f"{stem}: held-out layers, predicted vs measured per device")
     log(f"wrote {plot}")
     if logo:
-        report["logo"] = logo_block(tr, va, te, meta, previous, recipe_override=logo_recipe, seed=split_seed, log=log)
+        report["logo"] = logo_block(tr, va, te, meta, previous, recipe_override=logo_recipe, seed=split_seed,
+                                    groups=logo_gpus, log=log)  # fmt: skip
     if e2e:
         records = iterations_from_database(database_url, hardware_ids=tuple(cpu_specs)) if cpu_specs else []
         # one record per (architecture, batch, precision): the last measurement wins (resumed campaigns)
@@ -618,6 +633,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-e2e", action="store_true", help="skip end-to-end iterations (needs torch, transformers)")
     p.add_argument("--sample", type=int, default=None, help="rows per file of every source (quick runs)")
     p.add_argument("--logo-epochs", type=int, default=None, help="override the recipe's epochs for LOGO (quick runs)")
+    p.add_argument("--logo-gpus", nargs="+", default=None, metavar="CHIP",
+                   help="leave out only these GPU chips (catalog architecture), e.g. 'Ampere (GA100)' "
+                        "'Ampere (GA102)': the two Vidur folds (quick runs)")
     p.add_argument("--threads", type=int, default=1)
     return p
 
@@ -629,6 +647,14 @@ def main(argv: list[str] | None = None) -> int:
     override: dict[str, Any] = {}
     if a.logo_epochs is not None:
         override["logo_epochs"] = a.logo_epochs
+    if a.logo_gpus:
+        from app.hardware.catalog import load_catalog
+
+        chips = sorted({spec.architecture for spec in load_catalog().values() if spec.architecture})
+        unknown = [g for g in a.logo_gpus if g not in chips]
+        if unknown:
+            print(f"--logo-gpus: unknown GPU chip(s) {unknown}; catalog chips: {chips}", file=sys.stderr)
+            return 2
     if not a.no_logo or not a.no_e2e:
         try:
             import torch
@@ -643,7 +669,7 @@ def main(argv: list[str] | None = None) -> int:
         models_dir=a.models_dir, stem=a.stem, previous_stem=a.previous or None,
         database_url=a.database_url or Settings().database_url, out_dir=a.out_dir,
         logo=not a.no_logo, e2e=not a.no_e2e, sample=a.sample, logo_recipe=override or None, threads=a.threads,
-        argv=args_list,
+        logo_gpus=a.logo_gpus, argv=args_list,
     )  # fmt: skip
     return 0
 

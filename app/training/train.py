@@ -1072,9 +1072,11 @@ def write_artifact(
         },
         "model": {
             "architecture": f"two heads (GPU, CPU; picked by is_cpu), each an ensemble of MLPs {recipe['depth']}x"
-            f"{recipe['hidden']} SiLU with quantile outputs over a floor + overhead prior",
-            "prior": "ln(time/floor) = softplus(logaddexp(ln 1/eff, ln overhead_ms(stack, pass, kind) - "
-            "log_floor_ms) + MLP)",
+            f"{recipe['hidden']} SiLU with quantile outputs over a floor + overhead + latency prior",
+            "prior": "ln(time/floor) = softplus(ln((floor/eff + overhead_ms(stack, pass, kind) + cycles(kind) x "
+            "out_elems / (SMs x clock)) / floor) + MLP); the cycles term only for "
+            f"{', '.join(k.removeprefix('is_') for k in LATENCY_KINDS) or 'no'} kinds, with eff the memory "
+            "efficiency there",
             "prior_constants_member0": {k: _members(h)[0].prior_summary() for k, h in model.heads().items()},
             "conformal_scales": {k: list(v) for k, v in scales.items()},
             "in_distribution_scales": {k: list(v) for k, v in in_distribution_scales.items()},

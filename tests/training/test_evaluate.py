@@ -108,3 +108,41 @@ def test_evaluate_writes_report_with_targets_and_baselines(tmp_path: Path, kerne
     assert rep["targets"]["below_roofline_pct"]["reached"] is True
     md = (out / "evaluation.md").read_text()
     assert "## Targets" in md and "Leave-one-GPU-out" in md and "lookup table" in md and "FLOPs at 50 %" in md
+    # only the two Vidur folds: the same fold results, nothing else retrained, and the report says so
+    vidur = ["Ampere (GA100)", "Ampere (GA102)"]
+    quick = tmp_path / "quick"
+    assert evaluate_main(["--models-dir", str(models), "--previous", "", "--database-url", kernels_training_db,
+                          "--out-dir", str(quick), "--logo-epochs", "1", "--no-e2e", "--logo-gpus", *vidur]) == 0
+    q = json.loads((quick / "evaluation.json").read_text())["logo"]
+    assert sorted(q["per_gpu"]) == vidur and q["only_folds"] == vidur
+    assert q["vidur_a100_a40"] == logo["vidur_a100_a40"]  # the folds do not depend on which others run
+    assert "Only the folds Ampere (GA100), Ampere (GA102)" in (quick / "evaluation.md").read_text()
+
+
+def test_evaluate_rejects_an_unknown_gpu_chip_before_loading_anything(capsys: pytest.CaptureFixture[str]) -> None:
+    assert evaluate_main(["--database-url", "sqlite:////nonexistent/x.db", "--logo-gpus", "Ampere (GA999)"]) == 2
+    err = capsys.readouterr().err
+    assert "Ampere (GA999)" in err and "Ampere (GA100)" in err  # names the bad chip and the known ones
+
+
+def test_e2e_rebuilds_the_graph_fused_as_the_api_serves_it() -> None:
+    """A whole BERT iteration is predicted over the layers the API costs for PyTorch eager: the graph fused
+    (Erf-GELU chains, attention, bias adds), not the raw ONNX nodes."""
+    from app.core.analysis import analyze
+    from app.core.hardware import hardware_from_dict
+    from app.core.onnx_import import import_onnx
+    from app.predictor.onnx_model import read_metadata
+    from app.profiler.e2e import export_onnx
+    from app.training.evaluate import DEFAULT_MODELS_DIR, e2e_predictions
+
+    snapshot = read_metadata(DEFAULT_MODELS_DIR / "layer-time-mlp-3.json")["training_hardware"]
+    cpu = hardware_from_dict(next(v for v in snapshot.values() if v.get("kind") == "cpu"))
+    record = {"arch": "bert_4l_256", "batch_size": 1, "train_step_ms": 100.0, "optimizer": "adamw",
+              "precision": "fp32", "software_stack": "pytorch-eager"}
+    rows = e2e_predictions([record], models_dir=DEFAULT_MODELS_DIR, stem="layer-time-mlp-3", cpu_hardware=cpu,
+                           log=lambda s: None)  # fmt: skip
+    g = import_onnx(export_onnx("bert_4l_256"), batch_size=1)
+    fused = analyze(g, software_stack="pytorch-eager")
+    raw = analyze(g)
+    n_fused = sum(c.supported for c in fused.costs)
+    assert "error" not in rows[0] and rows[0]["layers"] == n_fused < sum(c.supported for c in raw.costs)
