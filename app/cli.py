@@ -94,9 +94,9 @@ def _serve(args: argparse.Namespace, settings: Settings) -> int:
 
     configure_logging(settings.log_level, settings.log_format)
 
-    from app.migrate import upgrade
+    from app.migrate import upgrade_unless_current
 
-    upgrade(settings.database_url)
+    upgrade_unless_current(settings.database_url)
     uvicorn.run(
         "app.main:create_app",
         factory=True,

@@ -9,7 +9,7 @@ from sqlalchemy import create_engine, inspect, pool
 
 import app.models_registry  # noqa: F401  (fills Base.metadata)
 from app.db import Base
-from app.migrate import current_heads, downgrade, upgrade
+from app.migrate import current_heads, database_revisions, downgrade, script_heads, upgrade, upgrade_unless_current
 
 TABLES = {"api_keys", "hardware", "graphs", "measurements", "measurement_batches", "predictor_versions", "retrain_runs",
           "lease_locks"}
@@ -81,3 +81,15 @@ def test_sqlite_parent_folder_created(tmp_path) -> None:  # type: ignore[no-unty
     url = f"sqlite:///{tmp_path / 'a' / 'b' / 'layercast.db'}"
     upgrade(url)
     assert (tmp_path / "a" / "b" / "layercast.db").is_file()
+
+
+def test_script_heads_read_without_alembic_are_alembics_heads() -> None:
+    assert script_heads() == frozenset(current_heads()) and len(script_heads()) == 1
+
+
+def test_upgrade_unless_current_migrates_only_a_database_behind_head(sqlite_url: str) -> None:
+    (head,) = current_heads()
+    upgrade(sqlite_url, "0005")
+    assert database_revisions(sqlite_url) == {"0005"}
+    assert upgrade_unless_current(sqlite_url) is True and database_revisions(sqlite_url) == {head}
+    assert upgrade_unless_current(sqlite_url) is False and _tables(sqlite_url) >= TABLES

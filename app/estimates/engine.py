@@ -10,9 +10,11 @@ it for many scenarios at once:
    (:func:`app.graphs.service.bound_graph`: the process-wide analysis cache, byte-bounded, with the
    layer table and memoised footprints of each binding);
 2. **recall**: a scenario answered before by the same predictor object (same graph content, binding,
-   device spec, precision, mode, optimizer) reuses its layer times (:class:`ScenarioCache`, bounded LRU, per
-   predictor: predictions are deterministic for one artifact, and a new artifact is a new predictor
-   object), so a scheduler's recurring models cost only the aggregation;
+   device spec, precision, mode, optimizer) reuses its layer estimates and their sums, memoised on the
+   binding's analysis-cache entry (:func:`app.predictions.service.memo_estimates`, the memo
+   ``POST /v1/predictions`` uses too: bounded by the analysis cache's byte budget, keyed by the predictor's
+   version and object, so a swapped predictor never gets another's answers), so a scheduler's recurring
+   models cost only the aggregation;
 3. **predict**: the layer tables of every other scenario of the call go through **one**
    ``estimate_tables`` call of the predictor (:func:`predict_layers`: numpy features for all their layers,
    one ``session.run``), the path :func:`app.predictions.service.estimate` takes for a single prediction;
@@ -21,12 +23,9 @@ it for many scenarios at once:
 
 from __future__ import annotations
 
-import json
-import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session
 
@@ -38,15 +37,17 @@ from app.core.precision import Precision, storage_precision
 from app.errors import LayercastError
 from app.graphs import service as graphs
 from app.hardware import service as hardware_service
-from app.hardware.catalog import spec_to_dict
 from app.predictions.schemas import PredictionCreate
 from app.predictions.service import (
     aggregation_input,
     check_interconnect,
     checked_precision,
+    estimates_key,
     memo_footprint,
     memo_largest_batch,
     predict_tables,
+    remember_estimates,
+    spec_fingerprint,
     sums_of,
 )
 from app.predictor.base import Predictor
@@ -62,7 +63,8 @@ class Scenario:
     bound: graphs.BoundGraph
     hardware: HardwareSpec
     precision: Precision
-    key: Hashable = None  # what the layer times depend on (ScenarioCache)
+    key: Hashable = None  # what the layer times and the footprint depend on (deduplication within a call)
+    estimates_key: Hashable = None  # the memo key of its estimates on ``bound`` (predictions.service)
 
     @property
     def analysis(self) -> GraphAnalysis:
@@ -85,49 +87,6 @@ class Scenario:
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
-#: Scenarios remembered per predictor (each holds a layer time and the estimates of its layers: ~50 kB for
-#: a ResNet-50).
-MAX_CACHED_SCENARIOS = 1024
-
-
-class _Lru(Generic[K, V]):
-    """A bounded least-recently-used map."""
-
-    def __init__(self, maxsize: int) -> None:
-        self.maxsize = maxsize
-        self._data: OrderedDict[K, V] = OrderedDict()
-
-    def get(self, key: K) -> V | None:
-        value = self._data.get(key)
-        if value is not None:
-            self._data.move_to_end(key)
-        return value
-
-    def put(self, key: K, value: V) -> None:
-        self._data[key] = value
-        self._data.move_to_end(key)
-        while len(self._data) > self.maxsize:
-            self._data.popitem(last=False)
-
-
-class ScenarioCache:
-    """What one predictor answered, by :attr:`Scenario.key`: layer estimates and their sums (a bounded LRU of
-    :data:`MAX_CACHED_SCENARIOS`)."""
-
-    def __init__(self) -> None:
-        self.layers: _Lru[Hashable, tuple[Estimates, LayerSums]] = _Lru(MAX_CACHED_SCENARIOS)
-
-
-_CACHES: weakref.WeakKeyDictionary[Any, ScenarioCache] = weakref.WeakKeyDictionary()
-
-
-def scenario_cache(predictor: Predictor) -> ScenarioCache:
-    """The :class:`ScenarioCache` of ``predictor`` (created on first use, dropped with the predictor)."""
-    found = _CACHES.get(predictor)
-    if found is None:
-        found = _CACHES[predictor] = ScenarioCache()
-    return found
-
 
 def _remembered(memo: dict[K, V | LayercastError], key: K, compute: Callable[[], V]) -> V:
     """``memo[key]``, computed by ``compute()`` on first use; a :class:`~app.errors.LayercastError` it
@@ -147,7 +106,7 @@ def _remembered(memo: dict[K, V | LayercastError], key: K, compute: Callable[[],
 @dataclass
 class GraphCache:
     """Per-call caches (analyses per ``(graph, batch, dims, stack)``, hardware specs) in front of the
-    predictor's :class:`ScenarioCache`. Errors are cached too, so a bad graph id in 1,000 jobs is looked up
+    analysis cache and its memoised estimates. Errors are cached too, so a bad graph id in 1,000 jobs is looked up
     once."""
 
     session: Session
@@ -156,10 +115,6 @@ class GraphCache:
     _specs: dict[str, HardwareSpec | LayercastError] = field(default_factory=dict)
     _fingerprints: dict[str, str] = field(default_factory=dict)
     _footprints: dict[Hashable, MemoryFootprint] = field(default_factory=dict)  # by Scenario.key, this call
-
-    @property
-    def store(self) -> ScenarioCache:
-        return scenario_cache(self.predictor)
 
     @staticmethod
     def _graph_key(request: PredictionCreate) -> Hashable:
@@ -194,7 +149,7 @@ class GraphCache:
 
     def _remember_spec(self, hardware_id: str, spec: HardwareSpec) -> HardwareSpec:
         self._specs[hardware_id] = spec
-        self._fingerprints[hardware_id] = json.dumps(spec_to_dict(spec), sort_keys=True, default=str)
+        self._fingerprints[hardware_id] = spec_fingerprint(spec)
         return spec
 
     def spec(self, hardware_id: str) -> HardwareSpec:
@@ -216,7 +171,10 @@ class GraphCache:
         key = (self._graph_key(r), r.per_device_batch_size, tuple(sorted(r.dims.items())), r.software_stack,
                self._fingerprints[hw.id], precision, r.mode, r.optimizer if r.mode == "training" else "none",
                r.activation_checkpointing)
-        return Scenario(request=r, bound=self._bound(r), hardware=hw, precision=precision, key=key)
+        setting = Setting(hardware=hw, mode=r.mode, optimizer=r.optimizer if r.mode == "training" else "none",
+                          precision=precision, software_stack=r.software_stack)
+        return Scenario(request=r, bound=self._bound(r), hardware=hw, precision=precision, key=key,
+                        estimates_key=estimates_key(self.predictor, setting, self._fingerprints[hw.id]))
 
     def _memory_opts(self, s: Scenario) -> dict[str, Any]:
         return {"mode": s.request.mode, "optimizer": s.optimizer, "precision": storage_precision(s.precision),
@@ -225,6 +183,8 @@ class GraphCache:
     def footprint(self, s: Scenario) -> MemoryFootprint:
         """Peak memory of one device of ``s`` (:func:`app.core.memory.footprint`, memoised on the binding, and
         by :attr:`Scenario.key` for this call: the jobs of one scenario look it up once)."""
+        if s.key is None:  # no scenario identity: nothing to share it with
+            return memo_footprint(s.bound, self._memory_opts(s))
         found = self._footprints.get(s.key)
         if found is None:
             found = self._footprints[s.key] = memo_footprint(s.bound, self._memory_opts(s))
@@ -256,7 +216,7 @@ def predict_layers(cache: GraphCache, scenarios: Sequence[Scenario]) -> LayerPre
     layer tables through one vectorised predictor call (:func:`app.predictions.service.predict_tables`).
     A scenario that recurs within the call is predicted once (its first occurrence) and shares that answer.
     Raises what the predictor raises."""
-    recalled = [cache.store.layers.get(s.key) for s in scenarios]
+    recalled = [s.bound.recall(s.estimates_key) if s.estimates_key is not None else None for s in scenarios]
     todo: list[Scenario] = []
     seen: set[Hashable] = set()
     for s, hit in zip(scenarios, recalled, strict=True):
@@ -275,8 +235,9 @@ def predict_layers(cache: GraphCache, scenarios: Sequence[Scenario]) -> LayerPre
             hit = fresh.get(s.key)
         if hit is None:
             est = next(found)
-            hit = (est, sums_of(s.bound.table(s.hardware), s.setting, est))
-            cache.store.layers.put(s.key, hit)
+            table = s.bound.table(s.hardware)
+            hit = (remember_estimates(s.bound, s.estimates_key, table, s.setting, est)
+                   if s.estimates_key is not None else (est, sums_of(table, s.setting, est)))
             if s.key is not None:
                 fresh[s.key] = hit
             computed += len(est)

@@ -12,15 +12,18 @@ re-imports, so the numbers never depend on whether the weights were there.
 
 Analysis cache: a prediction needs the graph imported at its binding and analysed (costed, fused for its
 software stack). :func:`bound_graph` / :func:`bound_inline` keep those analyses in one process-wide
-:class:`AnalysisCache`, keyed by ``(graph id, structure_sha256, batch, dims, software stack)`` (inline
-graphs: the sha256 of their canonical JSON), least recently used first out, bounded by an estimate of
+:class:`AnalysisCache`, keyed by ``(graph id, batch, dims, software stack)`` (the id names the stored
+content, which is never rewritten; inline graphs: the sha256 of their canonical JSON), least recently used
+first out, bounded by an estimate of
 the bytes the entries hold (:func:`analysis_bytes`), never by an entry count; entries hold the analysis,
 its :class:`app.predictor.table.LayerTable` and memoised footprints, never the stored blob, which is read
 from the database (a deferred column) only on a miss. A binding whose import fails for a reason that
 depends only on the content and the binding (``unbound_dimension``, ``unknown_dimension``,
 ``invalid_graph``, ``unsupported_opset``) is kept as a :class:`FailedBinding` and answered with the
-same error without importing again. Analyses do not depend on the predictor version; what a predictor
-answered is never kept here.
+same error without importing again. Analyses do not depend on the predictor; what a predictor answered
+for a binding is memoised on its entry keyed by the predictor's version and object
+(:func:`app.predictions.service.memo_estimates`), its bytes counted against the same budget, so a swapped
+predictor never gets another's answers.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
@@ -127,6 +131,9 @@ def analysis_bytes(analysis: GraphAnalysis) -> int:
     return n
 
 
+_TABLE_LOCK = threading.Lock()
+
+
 @dataclass(eq=False)
 class BoundGraph:
     """A graph imported at one binding and analysed, plus what every prediction on it reuses: the
@@ -149,17 +156,33 @@ class BoundGraph:
 
             pairs = [(layer, cost) for layer, cost in zip(self.analysis.graph.layers, self.analysis.costs,
                                                           strict=True) if cost.supported]
-            self._table = LayerTable([p[0] for p in pairs], [p[1] for p in pairs], reference=reference,
-                                     on_grow=lambda n: analysis_cache.grow(self, n))
-            analysis_cache.grow(self, self._table.nbytes)
+            me = weakref.ref(self)  # the table must not keep an evicted entry alive (a reference cycle)
+
+            def grow(n: int) -> None:
+                entry = me()
+                if entry is not None:
+                    analysis_cache.grow(entry, n)
+
+            built = LayerTable([p[0] for p in pairs], [p[1] for p in pairs], reference=reference, on_grow=grow)
+            with _TABLE_LOCK:  # two threads may build it at once: the one kept is counted, once
+                kept = self._table is None
+                if kept:
+                    self._table = built
+            if kept:
+                analysis_cache.grow(self, built.nbytes)
         return self._table
+
+    def recall(self, key: Hashable) -> Any:
+        """What :meth:`memo` keeps under ``key``, or ``None`` when nothing is kept yet."""
+        return self._memo.get(key)
 
     def memo(self, key: Hashable, build: Callable[[], T], *, nbytes: int = 0) -> T:
         """``build()`` once per ``key`` (a pure function of this analysis and the key); ``nbytes``: about what
         the result holds, added to this entry's share of the analysis cache's budget."""
         if key not in self._memo:
-            self._memo[key] = build()
-            if nbytes:
+            built = build()
+            # two threads may build it at once: the one kept is counted, once
+            if self._memo.setdefault(key, built) is built and nbytes:
                 analysis_cache.grow(self, nbytes)
         return self._memo[key]  # type: ignore[no-any-return]
 
@@ -282,13 +305,21 @@ def bound_graph(
     software_stack: SoftwareStack | None = SoftwareStack.PYTORCH_EAGER,
 ) -> BoundGraph:
     """The stored graph ``graph_id`` imported at ``batch_size``/``dims`` and analysed for ``software_stack``,
-    from the analysis cache (the stored content is read only on a miss). Raises :class:`GraphNotFound`
+    from the analysis cache (a hit reads only the primary-key index; the row and its content only on a
+    miss). Raises :class:`GraphNotFound`
     (404) and what :func:`build_graph` raises (422)."""
-    row = get_graph(session, graph_id=graph_id)
+    if not GraphRepository(session).exists(graph_id):
+        raise GraphNotFound(f"no graph with id '{graph_id}'", detail={"graph_id": graph_id})
     dims = dict(dims or {})
-    key = ("id", row.id, row.structure_sha256, batch_size, tuple(sorted(dims.items())), software_stack)
-    return _bind(key, row.id, lambda: build_graph(row.content, row.source_format, batch_size=batch_size,
-                                                  dims=dims, name=row.name), software_stack)
+    # a stored row's content is a function of its id (the sha256 of the upload) and is never rewritten, so
+    # the id names the content: a hit needs only the existence check, not the row
+    key = ("id", graph_id, batch_size, tuple(sorted(dims.items())), software_stack)
+
+    def load() -> Graph:
+        row = get_graph(session, graph_id=graph_id)
+        return build_graph(row.content, row.source_format, batch_size=batch_size, dims=dims, name=row.name)
+
+    return _bind(key, graph_id, load, software_stack)
 
 
 def bound_inline(

@@ -9,8 +9,10 @@ honest bound).
 
 from __future__ import annotations
 
+import itertools
+import weakref
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import numpy as np
@@ -190,21 +192,10 @@ def layer_powers(table: LayerTable, setting: Setting, est: Estimates) -> tuple[n
     return idle + (max(hw.tdp_w, idle) - idle) * u, roof
 
 
-def layer_times(table: LayerTable, setting: Setting, est: Estimates) -> tuple[list[LayerTime], Roofline]:
-    """The aggregation's per-layer times of ``est`` (rows of ``table``), each with its power
-    (:func:`layer_powers`), and the rows' roofline."""
-    power, roof = layer_powers(table, setting, est)
-    powers: list[float | None] = [None] * len(table) if power is None else power.tolist()
-    times = [LayerTime(forward_ms=f, backward_ms=b, update_ms=u_, total_ms_p10=lo, total_ms_p90=hi, power_w=pw)
-             for f, b, u_, lo, hi, pw in zip(est.forward_ms.tolist(), est.backward_ms.tolist(),
-                                            est.update_ms.tolist(), est.total_ms_p10.tolist(),
-                                            est.total_ms_p90.tolist(), powers, strict=True)]
-    return times, roof
-
-
 def sums_of(table: LayerTable, setting: Setting, est: Estimates) -> LayerSums:
-    """:func:`app.core.aggregate.layer_sums` of :func:`layer_times` (the same figures, bit for bit) without a
-    :class:`~app.core.aggregate.LayerTime` per row: what the many-scenario endpoints aggregate."""
+    """:func:`app.core.aggregate.layer_sums` of a :class:`~app.core.aggregate.LayerTime` per row with its
+    :func:`layer_powers` (the same figures, bit for bit, ``tests/estimates/test_scenario_sums.py``) without
+    building them: what every prediction aggregates."""
     power, _ = layer_powers(table, setting, est)
     return layer_sums_of(forward_ms=est.forward_ms.tolist(), backward_ms=est.backward_ms.tolist(),
                          update_ms=est.update_ms.tolist(), total_ms_p10=est.total_ms_p10.tolist(),
@@ -212,22 +203,83 @@ def sums_of(table: LayerTable, setting: Setting, est: Estimates) -> LayerSums:
                          power_w=None if power is None else power.tolist())  # fmt: skip
 
 
-def _layer_rows(
-    analysis: GraphAnalysis, table: LayerTable, setting: Setting, est: Estimates, *, detail: str,
-) -> tuple[list[LayerPrediction], list[LayerTime], int, Counter[str]]:
-    """Per-layer stage: the response rows (only with ``detail="layers"``), the costed layers' times and power
-    for the aggregation, how many costed layers lie outside the learned predictor's data, and the layer count
-    per method."""
-    training = setting.training
-    times, roof = layer_times(table, setting, est)
-    ood_layers = int(np.count_nonzero(est.out_of_distribution))
+#: Approximate bytes of one row of a memoised :class:`~app.predictor.table.Estimates` (seven float64/bool
+#: columns and two list slots; the method and note strings are shared), counted against the analysis cache.
+ESTIMATE_BYTES_PER_ROW = 100
+_ESTIMATE_FIXED_BYTES = 1500  # the Estimates object, its arrays' headers, the LayerSums and the memo key
+
+_TOKENS: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+_NEXT_TOKEN = itertools.count()
+
+
+def predictor_key(predictor: Predictor) -> tuple[str, int]:
+    """``(version, token)`` of ``predictor``: its version and a number unique to the object for the life of
+    the process, so that a predictor swapped in (a new version, or the same version reloaded or wrapped) is
+    never answered another predictor's memoised estimates."""
+    token = _TOKENS.get(predictor)
+    if token is None:
+        token = _TOKENS[predictor] = next(_NEXT_TOKEN)
+    return predictor.version, token
+
+
+def spec_fingerprint(hw: HardwareSpec) -> str:
+    """Every field of ``hw`` (its dataclass ``repr``: strings, exact float reprs, mappings in full), so equal
+    fingerprints mean equal specs whatever their id (a catalog row edited since is another device); two
+    equal specs written differently (``40e9`` and ``40000000000``) only miss the memo. A third of the cost
+    of canonical JSON (5 us against 13 us), paid on every prediction."""
+    return repr(hw)
+
+
+def estimates_key(predictor: Predictor, setting: Setting, fingerprint: str) -> Hashable:
+    """Memo key, on a :class:`~app.graphs.service.BoundGraph` (which fixes graph, binding and software
+    stack), of the estimates of ``predictor`` in ``setting`` on the device of ``fingerprint``
+    (:func:`spec_fingerprint`)."""
+    return ("estimates", *predictor_key(predictor), fingerprint, setting.precision, setting.mode, setting.optimizer,
+            setting.software_stack)
+
+
+def remember_estimates(bound: graphs.BoundGraph, key: Hashable, table: LayerTable, setting: Setting,
+                       est: Estimates) -> tuple[Estimates, LayerSums]:
+    """Keep ``est`` (the rows of ``table`` in ``setting``) and its :func:`sums_of` on ``bound`` under ``key``
+    (:func:`estimates_key`), their bytes counted against the analysis cache's budget; returns what is kept
+    (an earlier answer when another thread kept one first)."""
+    return bound.memo(key, lambda: (est, sums_of(table, setting, est)),
+                      nbytes=_ESTIMATE_FIXED_BYTES + ESTIMATE_BYTES_PER_ROW * len(table))
+
+
+def memo_estimates(bound: graphs.BoundGraph, predictor: Predictor, setting: Setting, *, key: Hashable
+                   ) -> tuple[Estimates, LayerSums]:
+    """The estimates of ``bound``'s layer table in ``setting`` and their sums: remembered on the binding under
+    ``key`` (:func:`estimates_key`: per predictor object), asked of the predictor (:func:`predict_tables`)
+    only the first time. The one memo of predictor answers; the many-scenario endpoints
+    (:func:`app.estimates.engine.predict_layers`) fill and read it too. Raises what the predictor raises."""
+    found = bound.recall(key)
+    if found is not None:
+        return found  # type: ignore[no-any-return]
+    table = bound.table(setting.hardware)
+    return remember_estimates(bound, key, table, setting, predict_tables(predictor, [(table, setting)])[0])
+
+
+#: Approximate bytes of one memoised :class:`LayerPrediction` row (a pydantic model of ~25 fields, its
+#: name and lists), counted against the analysis cache's budget.
+LAYER_ROW_BYTES = 2000
+
+
+def _layer_stats(analysis: GraphAnalysis, table: LayerTable, est: Estimates) -> tuple[int, Counter[str]]:
+    """How many costed layers lie outside the learned predictor's data, and the layer count per method."""
     methods = Counter(est.method)
     n_uns = len(analysis.costs) - len(table)
     if n_uns:
         methods["unsupported"] = n_uns
+    return int(np.count_nonzero(est.out_of_distribution)), methods
+
+
+def _layer_rows(analysis: GraphAnalysis, table: LayerTable, setting: Setting, est: Estimates
+                ) -> list[LayerPrediction]:
+    """The response rows of ``detail="layers"``, one per layer in graph order (unsupported ones included)."""
+    training = setting.training
     rows: list[LayerPrediction] = []
-    if detail != "layers":
-        return rows, times, ood_layers, methods
+    roof = roofline_for(table, setting.hardware, setting.precision, training=training)
     estimates = iter(est.to_list())
     bounds = iter(zip(roof.time_ms.tolist(), roof.compute_bound.tolist(), strict=True))
     for i, (layer, cost) in enumerate(zip(analysis.graph.layers, analysis.costs, strict=True)):
@@ -260,7 +312,7 @@ def _layer_rows(
             total_ms_p10=e.total_ms_p10, total_ms_p90=e.total_ms_p90, out_of_distribution=e.out_of_distribution,
             physics_floor_ms=e.physics_floor_ms, floor_clamped=e.floor_clamped,
         ))
-    return rows, times, ood_layers, methods
+    return rows
 
 
 def _totals_read(
@@ -389,7 +441,8 @@ def estimate(
 
     ``bound``: the cache entry of ``analysis`` (its layer table and memoised footprints are reused);
     ``estimates``: the supported layers' estimates when the caller predicted them already (the batch
-    endpoint), else the predictor is asked here (:func:`predict_tables`).
+    endpoint), else they come from :func:`memo_estimates` (the predictor is asked on the first request of a
+    binding, device, precision, mode and optimizer only).
 
     Raises :class:`PrecisionNotSupportedError` (422) when ``hw`` lacks the requested precision and
     :class:`NoInterconnect` (422) for several devices on hardware without an interconnect.
@@ -407,14 +460,28 @@ def estimate(
     table = bound.table(hw)
     setting = Setting(hardware=hw, mode=request.mode, optimizer=optimizer, precision=precision,
                       software_stack=request.software_stack)
+    key: Hashable = None
     if estimates is None:
-        estimates = predict_tables(predictor, [(table, setting)])[0]
-    rows, times, ood_layers, methods = _layer_rows(analysis, table, setting, estimates, detail=request.detail)
+        key = estimates_key(predictor, setting, spec_fingerprint(hw))
+        estimates, sums = memo_estimates(bound, predictor, setting, key=key)
+    else:
+        sums = sums_of(table, setting, estimates)
+    ood_layers, methods = _layer_stats(analysis, table, estimates)
+    rows: list[LayerPrediction] = []
+    if request.detail == "layers":
+        est = estimates
+
+        def build_rows() -> list[LayerPrediction]:
+            return _layer_rows(analysis, table, setting, est)
+
+        # the rows are a pure function of the memoised estimates: memoised with them (shared, never mutated)
+        rows = (build_rows() if key is None else
+                bound.memo(("rows", key), build_rows, nbytes=LAYER_ROW_BYTES * len(analysis.graph.layers)))
     mem_opts: dict[str, Any] = {"mode": request.mode, "optimizer": optimizer,
                                 "precision": storage_precision(precision), "hardware": hw,
                                 "activation_checkpointing": request.activation_checkpointing}
     fp = memo_footprint(bound, mem_opts)
-    agg = aggregate(aggregation_input(request, hw, times, fp, training=training))
+    agg = aggregate(aggregation_input(request, hw, (), fp, training=training, sums=sums))
     it = agg.iteration
     fwd = it.forward_ms
     if it.layers_ms <= 0:

@@ -157,14 +157,16 @@ class LayerTable:
                           for layer, cost in zip(self.layers, self.costs, strict=True))  # fmt: skip
             fb, bb = [c.forward_bytes for c in costs], [c.backward_bytes for c in costs]
             mac = 2.0 * self.forward_macs
-            found = self._rescaled[key] = _Rescaled(
+            built = _Rescaled(
                 costs=costs,
                 forward_bytes=np.asarray(fb, dtype=np.float64).reshape(len(self)),
                 backward_bytes=np.asarray(bb, dtype=np.float64).reshape(len(self)),
                 forward_flops_min=np.maximum(mac / self.winograd + (self.forward_flops - mac), 0.0),
                 backward_flops_min=self.backward_flops / self.winograd,
             )
-            if self._on_grow is not None:
+            # two threads may build it at once: the one stored is counted, once
+            found = self._rescaled.setdefault(key, built)
+            if found is built and self._on_grow is not None:
                 self._on_grow(_rescaled_nbytes(found))
         return found
 

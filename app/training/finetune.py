@@ -24,6 +24,7 @@ held-out 20 % (gated retraining, DESIGN.md).
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 import time
@@ -80,9 +81,10 @@ def finetune_model(
         rep = None if replay is None else replay.subset(is_cpu_rows(replay) == cpu)
         tuned_head = finetune_model(head, new, replay=rep, epochs=epochs, lr=lr, seed=seed, log=log)
         assert isinstance(tuned_head, Ensemble)
+        # the kept head is copied: its calibration scale is set on the new model, never on ``base``
         if cpu and base.cpu_head is not None:
-            return KindHeads(base.gpu_head, tuned_head)
-        return KindHeads(tuned_head, base.cpu_head)
+            return KindHeads(copy.deepcopy(base.gpu_head), tuned_head)
+        return KindHeads(tuned_head, copy.deepcopy(base.cpu_head))
     names = base.feature_names
     data = new if replay is None or len(replay) == 0 else TrainingRows.concat([new, replay])
     w = np.ones(len(data))
@@ -108,6 +110,7 @@ def finetune_heads(
     calib: TrainingRows,
     replay: TrainingRows | None,
     scales: Mapping[str, Sequence[float]],
+    logo_factor: Sequence[float],
     epochs: int = 30,
     seed: int = 0,
     log: Callable[[str], None] = print,
@@ -116,7 +119,11 @@ def finetune_heads(
     calibrate the interval of the tuned hardware kind split-conformally on ``calib`` rows of that kind
     (:func:`app.training.train.calibrate`); the other kind keeps its ``scales`` (``{"gpu": [lo, hi],
     "cpu": [lo, hi]}``, the base artifact's ``conformal_scales``), and so does the tuned kind when ``calib``
-    is empty. Returns the model (``base`` untouched) and the scales set in it."""
+    is empty. A recalibrated GPU scale is multiplied by ``logo_factor`` (``[lo, hi]``, the base artifact's
+    ``gpu_interval_logo_factor``: how much wider the leave-one-GPU-out misfits were than the in-distribution
+    ones), because the one GPU scale serves GPUs the model has never seen too; calibrated on the tuned
+    device's rows alone it would narrow every GPU's interval about 3x. Returns the model (``base``
+    untouched) and the scales set in it."""
     tuned = finetune_model(base, tune, replay=replay, epochs=epochs, seed=seed, log=log)
     assert isinstance(tuned, KindHeads)
     kept = {k: [float(v) for v in vals] for k, vals in scales.items()}
@@ -124,7 +131,9 @@ def finetune_heads(
     names = base.feature_names
     mine = calib.subset(is_cpu_rows(calib) == (kind == "cpu")) if len(calib) else calib
     if len(mine):
-        kept[kind] = list(calibrate(tuned, model_inputs(mine, names), np.log(mine.time_ms), is_cpu_rows(mine))[kind])
+        lo, hi = calibrate(tuned, model_inputs(mine, names), np.log(mine.time_ms), is_cpu_rows(mine))[kind]
+        f_lo, f_hi = (float(v) for v in logo_factor) if kind == "gpu" else (1.0, 1.0)
+        kept[kind] = [float(lo) * f_lo, float(hi) * f_hi]
     for k in ("gpu", "cpu"):
         lo, hi = kept.get(k, kept["gpu"])
         set_scale(tuned, k, (lo, hi))
@@ -146,7 +155,8 @@ def write_finetuned(
     """Write a fine-tuned version ``<name>-<version>`` into ``out_dir`` (ONNX graph, torch weights, JSON
     metadata) and return its metadata: the base's (``base_training``, the trainer's JSON) with the new files,
     ``hardware`` (the devices tuned for) added to ``training_hardware``, ``feature_ranges`` (when the base
-    has them) widened to cover ``tune``, ``scales`` as ``conformal_scales``, the tuning rows added to
+    has them) widened to cover ``tune``, ``scales`` as ``conformal_scales`` (and, the GPU's divided by the
+    base's ``gpu_interval_logo_factor``, as ``in_distribution_scales``), the tuning rows added to
     ``training_data.rows.train`` and ``finetune`` = ``{"base": base_version, "hardware_ids", "rows":
     {"tuning"}, "method"}`` updated by ``record``."""
     meta = json.loads(json.dumps(base_training))  # a deep copy: the base's metadata is not modified
@@ -169,7 +179,10 @@ def write_finetuned(
                 created_unix_s=int(time.time()))  # fmt: skip
     meta["training_hardware"] = {**meta.get("training_hardware", {}),
                                  **{g: hardware_snapshot(hardware[g]) for g in devices}}  # fmt: skip
-    meta["model"] = {**meta["model"], "conformal_scales": {k: list(v) for k, v in scales.items()}}
+    factor = meta["model"]["gpu_interval_logo_factor"]
+    meta["model"] = {**meta["model"], "conformal_scales": {k: list(v) for k, v in scales.items()},
+                     "in_distribution_scales": {k: [v[0] / factor[0], v[1] / factor[1]] if k == "gpu" else list(v)
+                                                for k, v in scales.items()}}  # fmt: skip
     meta["finetune"] = {"base": base_version, "hardware_ids": devices, "rows": {"tuning": len(tune)},
                         "method": "Syed & Srinivasan 2021: fine-tune all parameters of each member from the base "
                         f"weights, lr 1e-3, replay share {REPLAY_SHARE}", **record}  # fmt: skip
@@ -217,7 +230,8 @@ def run(
                                     sample_per_file=per_file, seed=seed + 1)  # fmt: skip
         replay = replay.subset(replay.gpu != hardware.id)
     tuned, scales = finetune_heads(base, tune, calib=hold, replay=replay, scales=meta["model"]["conformal_scales"],
-                                   epochs=epochs, seed=seed, log=log)  # fmt: skip
+                                   logo_factor=meta["model"]["gpu_interval_logo_factor"], epochs=epochs, seed=seed,
+                                   log=log)  # fmt: skip
     before = np.exp(predict(base, model_inputs(hold, names)))
     after = np.exp(predict(tuned, model_inputs(hold, names)))
     nn_ = nearest_neighbour_predict(tune, hold)

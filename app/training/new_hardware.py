@@ -86,6 +86,7 @@ def adapt(
     scales: Mapping[str, Sequence[float]],
     new: TrainingRows,
     *,
+    logo_factor: Sequence[float],
     calib: TrainingRows,
     known: TrainingRows,
     epochs: int = 30,
@@ -94,12 +95,13 @@ def adapt(
 ) -> tuple[KindHeads, dict[str, list[float]]]:
     """The retrain's fine-tune for new devices: ``base`` (with its ``conformal_scales`` ``scales``) tuned on
     the ``new`` devices' rows with :func:`replay_sample` of the ``known`` devices' rows replayed, the
-    interval recalibrated on ``calib`` (:func:`app.training.finetune.finetune_heads`). Returns the model and
+    interval recalibrated on ``calib`` and widened by the base's ``logo_factor``
+    (:func:`app.training.finetune.finetune_heads`). Returns the model and
     its scales. Raises ``ValueError`` when ``new`` is empty."""
     if len(new) == 0:
         raise ValueError("no rows of the new devices to fine-tune on")
     return finetune_heads(base, new, calib=calib, replay=replay_sample(known, seed=seed), scales=scales,
-                          epochs=epochs, seed=seed, log=log)  # fmt: skip
+                          logo_factor=logo_factor, epochs=epochs, seed=seed, log=log)  # fmt: skip
 
 
 def learning_curve(
@@ -139,8 +141,9 @@ def learning_curve(
         tuned_m, lookup_m, coverage = [], [], []
         for r, order in enumerate(orders):
             tune = pool.subset(np.sort(order[:k]))
-            tuned, _ = adapt(base, scales, tune, calib=calib, known=known, epochs=epochs, seed=seed + r,
-                             log=lambda s: None)  # fmt: skip
+            # the curve scores the median (MAPE), never the interval: no LOGO widening to carry
+            tuned, _ = adapt(base, scales, tune, logo_factor=(1.0, 1.0), calib=calib, known=known, epochs=epochs,
+                             seed=seed + r, log=lambda s: None)  # fmt: skip
             tuned_m.append(metrics(held_out.time_ms, np.exp(predict(tuned, x_hold)[:, 1])))
             nn_ = nearest_neighbour_predict(tune, held_out)
             ok = np.isfinite(nn_)

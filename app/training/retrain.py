@@ -235,8 +235,10 @@ def finetuned_candidate(
     tune, known, calib = train.subset(new), train.subset(~new), val.subset(np.isin(val.gpu, list(devices)))
     log(f"new hardware {list(devices)}: fine-tuning {production.version} on {len(tune)} of their rows "
         f"({len(calib)} calibrate the interval, {min(len(known), new_hardware.REPLAY_ROWS)} known rows replayed)")
-    tuned, scales = new_hardware.adapt(base, production.training["model"]["conformal_scales"], tune, calib=calib,
-                                       known=known, epochs=cfg.finetune_epochs, seed=cfg.seed, log=log)  # fmt: skip
+    model = production.training["model"]
+    tuned, scales = new_hardware.adapt(base, model["conformal_scales"], tune, calib=calib, known=known,
+                                       logo_factor=model["gpu_interval_logo_factor"], epochs=cfg.finetune_epochs,
+                                       seed=cfg.seed, log=log)  # fmt: skip
     record = {"rows": {"tuning": len(tune), "calibration": len(calib),
                        "replayed": min(len(known), new_hardware.REPLAY_ROWS)},
               "epochs": cfg.finetune_epochs, "seed": cfg.seed}  # fmt: skip

@@ -11,12 +11,22 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session
 
-from app.core.aggregate import Aggregate, AggregationInput, aggregate, layer_sums
+from app.core.aggregate import Aggregate, AggregationInput, LayerTime, aggregate, layer_sums
 from app.estimates import engine
 from app.predictions.schemas import PredictionCreate
-from app.predictions.service import aggregation_input, layer_times
+from app.predictions.service import aggregation_input, layer_powers
+from app.predictor.table import Estimates, LayerTable, Setting
 
 A100, V100 = "a100-sxm4-40gb", "v100-sxm2-16gb"
+
+
+def layer_times(table: LayerTable, setting: Setting, est: Estimates) -> list[LayerTime]:
+    """The replaced per-row path: a :class:`LayerTime` per row of ``est`` with its power."""
+    power, _ = layer_powers(table, setting, est)
+    powers: list[float | None] = [None] * len(table) if power is None else power.tolist()
+    return [LayerTime(forward_ms=f, backward_ms=b, update_ms=u, total_ms_p10=lo, total_ms_p90=hi, power_w=pw)
+            for f, b, u, lo, hi, pw in zip(est.forward_ms.tolist(), est.backward_ms.tolist(), est.update_ms.tolist(),
+                                           est.total_ms_p10.tolist(), est.total_ms_p90.tolist(), powers, strict=True)]
 
 
 def _per_job(cache: engine.GraphCache, s: engine.Scenario, times: list[Any]) -> Aggregate:
@@ -62,7 +72,7 @@ def test_shared_sums_give_the_per_job_numbers(client: TestClient, session: Sessi
     found = engine.predict_layers(cache, scenarios)
     assert len({id(x) for x in found.sums}) == len(base)  # summed once per scenario, not once per job
     for s, est, sums in zip(scenarios, found.estimates, found.sums, strict=True):
-        times = layer_times(s.bound.table(s.hardware), s.setting, est)[0]
+        times = layer_times(s.bound.table(s.hardware), s.setting, est)
         assert sums == layer_sums(times)  # bit for bit, without a LayerTime per layer
         shared = engine.scenario_aggregate(cache, s, sums)
         _close(shared, _per_job(cache, s, times), s.request.graph_id or "")

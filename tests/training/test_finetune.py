@@ -75,3 +75,30 @@ def test_finetune_command_writes_a_loadable_version(tmp_path: Path, justus_db: s
     assert saved["finetune"]["rows"]["tuning"] > 0
     p = load_predictor(models, stem="layer-time-mlp-b-ft")
     assert p.version == "layer-time-mlp-b-ft"
+
+
+def test_a_finetuned_gpu_interval_keeps_the_leave_one_gpu_out_widening(finetune_db: str) -> None:
+    """The one GPU interval scale also serves GPUs the model has never seen: recalibrated on the tuned device's
+    rows it is multiplied by the base's leave-one-GPU-out factor (else every GPU's 80 % interval would narrow
+    ~3x on a fine-tune), and the base model's own scales are left as they were."""
+    from app.training.finetune import finetune_heads
+    from app.training.train import KindHeads
+
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    d = load_from_database(finetune_db, sources=("justus2018",))
+    base_rows, new_rows = d.subset(d.gpu != HELD_OUT), d.subset(d.gpu == HELD_OUT)
+    gpu = train_ensemble(model_inputs(base_rows), np.log(base_rows.time_ms), n=1, seed=0, epochs=2, hidden=32,
+                         depth=1, log=lambda s: None)  # fmt: skip
+    base = KindHeads(gpu, None)
+    s = split_by_config(new_rows.config, seed=1, fractions=(0.5, 0.0, 0.5))
+    tune, calib = new_rows.subset(s == 0), new_rows.subset(s == 2)
+    scales = {"gpu": [2.5, 3.5], "cpu": [1.2, 1.1]}
+    before = base.gpu_head.members[0].q_scale.clone()
+    runs = {f: finetune_heads(base, tune, calib=calib, replay=None, scales=scales, logo_factor=f, epochs=1, seed=0,
+                              log=lambda s: None)[1] for f in ((1.0, 1.0), (2.0, 3.0))}  # fmt: skip
+    plain, wide = runs[(1.0, 1.0)], runs[(2.0, 3.0)]
+    assert plain["gpu"] != scales["gpu"]  # recalibrated on the tuned device's rows
+    assert wide["gpu"] == pytest.approx([plain["gpu"][0] * 2.0, plain["gpu"][1] * 3.0])
+    assert wide["cpu"] == plain["cpu"] == scales["cpu"]  # the other kind keeps the base's scales
+    assert torch.equal(base.gpu_head.members[0].q_scale, before)
