@@ -4,7 +4,9 @@
 database once, then for each variant of :data:`VARIANTS` retrains the GPU head without each GPU chip
 (:func:`app.training.train.leave_one_gpu_out`'s recipe, fewer rows and epochs) and scores it on the held-out
 chip's **validation** configurations (split 1), never its test configurations (split 2, which ``layercast
-evaluate`` reports): choosing a recipe here does not tune on the reported folds. The score per variant is the
+evaluate`` reports): choosing a recipe here does not tune on the reported folds. ``--full`` uses the shipped
+sample (the quick quarter's rankings did not transfer to it, models/README.md); a mixed-ensemble variant trains
+one member per feature set in each fold. The score per variant is the
 mean over sources (Justus, NeuSight, Vidur) of the pooled held-out-GPU MAPE, plus per-chip MAPE.
 """
 
@@ -20,10 +22,16 @@ import numpy as np
 import torch
 
 from app.hardware.catalog import load_catalog
+from app.measurements.importers import SOURCE_NEUSIGHT
 from app.training.metrics import metrics, source_of
 from app.training.train import (
+    DEFAULT_SAMPLE,
     DEFAULTS,
+    DEVICE_BLIND_FEATURES,
+    MEMBER_FEATURES,
     MODEL_FEATURES,
+    PER_SM_CYCLE_FEATURES,
+    V3_FEATURES,
     TrainingRows,
     fit_recipe,
     gpu_group,
@@ -55,8 +63,6 @@ def _without(names: Sequence[str], drop: Sequence[str]) -> tuple[str, ...]:
     return tuple(n for n in names if n not in set(drop))
 
 
-#: The shipped (v3) features.
-V3_FEATURES: tuple[str, ...] = MODEL_FEATURES
 #: The v4 candidate: v3's features without the absolute hardware figures, plus the v4 block of
 #: app.core.features: hardware as FLOPs and DRAM bytes per SM per cycle and L2 per SM (NeuSight, Lee et al.
 #: ASPLOS 2025: per-SM ratios, so a new GPU is an interpolation), the wave-quantised floor, an SM-cycle time
@@ -75,20 +81,32 @@ _V4R5 = _without(V4_FEATURES, SMALL_TILE)
 
 #: Variants compared (models/README.md has the scores): name -> (feature names, a subset of
 #: :data:`app.core.features.FEATURE_NAMES`; recipe overrides of :data:`app.training.train.DEFAULTS`).
+#: Single-feature-set variants say ``member_features: None`` (every member reads the variant's features);
+#: ``mixed_ensemble`` is the shipped recipe (train.DEFAULTS), one member per feature set.
+_ONE = {"member_features": None}
 VARIANTS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
-    "v3": (V3_FEATURES, {"balance": "source"}),
-    "v4_with_absolute_hw": ((*V3_FEATURES, *_without(_V4R5, V3_FEATURES)), {"balance": "source"}),
-    "v4r5_keep_sms": ((*_V4R5, "hw_log_compute_units"), {"balance": "source"}),
-    "v4r5": (_V4R5, {"balance": "source"}),
-    "v4r5_family_weights": (_V4R5, {"balance": "source_family"}),
-    "v4r5_no_absolute_work": (_without(_V4R5, ABSOLUTE_WORK), {"balance": "source"}),
-    "v4r5_no_wave_floor": (_without(_V4R5, ("log_wave_floor_ms",)), {"balance": "source"}),
-    "v4_source_weights": (V4_FEATURES, {"balance": "source"}),
-    "v4": (V4_FEATURES, {"balance": "source_family"}),
+    "v3": (V3_FEATURES, {**_ONE, "balance": "source"}),
+    "v4_with_absolute_hw": ((*V3_FEATURES, *_without(_V4R5, V3_FEATURES)), {**_ONE, "balance": "source"}),
+    "v4r5_keep_sms": ((*_V4R5, "hw_log_compute_units"), {**_ONE, "balance": "source"}),
+    "v4r5": (_V4R5, {**_ONE, "balance": "source"}),
+    "v4r5_family_weights": (_V4R5, {**_ONE, "balance": "source_family"}),
+    "v4r5_no_absolute_work": (_without(_V4R5, ABSOLUTE_WORK), {**_ONE, "balance": "source"}),
+    "v4r5_no_wave_floor": (_without(_V4R5, ("log_wave_floor_ms",)), {**_ONE, "balance": "source"}),
+    "v4_source_weights": (V4_FEATURES, {**_ONE, "balance": "source"}),
+    "v4": (V4_FEATURES, {**_ONE, "balance": "source_family"}),
+    "device_blind": (DEVICE_BLIND_FEATURES, {**_ONE, "balance": "source"}),
+    "per_sm_cycle": (PER_SM_CYCLE_FEATURES, {**_ONE, "balance": "source"}),
+    "per_sm_cycle_keep_sms": ((*PER_SM_CYCLE_FEATURES, "hw_log_compute_units"), {**_ONE, "balance": "source"}),
+    # the shipped recipe (layer-time-mlp-4): one member per feature set, averaged in ln ms (train.Ensemble)
+    "mixed_ensemble": (MODEL_FEATURES, {"balance": "source", "member_features": MEMBER_FEATURES}),
 }
 
 #: Rows per imported file of each GPU source for the quick loop (~1/4 of the shipped sample).
 QUICK_SAMPLE: dict[str, int | None] = {"justus2018": 1500, "neusight": 600, "vidur": 4000}
+#: ``--full``: every stored NeuSight row is loaded and split (so that the validation configurations do not
+#: depend on how many rows a variant trains on), then this share of its training rows is kept: ~63,900 of
+#: 249,797, the shipped sample's NeuSight rows (:data:`app.training.train.DEFAULT_SAMPLE`, 2,500 per file).
+FULL_NEUSIGHT_TRAIN_SHARE = 0.2558
 
 
 def score_variant(
@@ -114,7 +132,8 @@ def score_variant(
     by_gpu: dict[str, float] = {}
     bias: dict[str, dict[str, float]] = {}
     for g in sorted(set(g_va.tolist())):
-        model, _ = fit_recipe(gtr.subset(g_tr != g), gva.subset(g_va != g), recipe=r, seed=seed, ensemble=1,
+        members = len(r.get("member_features") or ()) or 1  # one member per feature set of a mixed ensemble
+        model, _ = fit_recipe(gtr.subset(g_tr != g), gva.subset(g_va != g), recipe=r, seed=seed, ensemble=members,
                               log=lambda s: None)  # fmt: skip
         v = gva.subset(g_va == g)
         p = np.exp(predict(model, model_inputs(v, names))[:, 1])
@@ -134,12 +153,18 @@ def score_variant(
     return {"score": score, "by_source": by_source, "by_gpu": by_gpu, "bias_by_gpu": bias, "by_family": by_family}
 
 
-def run(*, database_url: str, variants: Sequence[str], epochs: int, seed: int,
+def run(*, database_url: str, variants: Sequence[str], epochs: int, seed: int, full: bool = False,
         log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Load :data:`QUICK_SAMPLE` once and :func:`score_variant` each named variant; returns ``{name: result}``."""
+    """Load :data:`QUICK_SAMPLE` (``full``: the shipped sample, NeuSight as :data:`FULL_NEUSIGHT_TRAIN_SHARE`
+    says) once and :func:`score_variant` each named variant; returns ``{name: result}``."""
     torch.set_num_threads(1)
-    gpu, _, _ = load_training_data(database_url=database_url, cpu=False, sample=QUICK_SAMPLE, seed=seed, log=log)
+    sample = {**DEFAULT_SAMPLE, SOURCE_NEUSIGHT: None} if full else QUICK_SAMPLE
+    gpu, _, _ = load_training_data(database_url=database_url, cpu=False, sample=sample, seed=seed, log=log)
     tr, va, _ = splits(gpu, None, seed=seed)
+    if full:
+        share = np.random.default_rng(0).random(len(tr)) < FULL_NEUSIGHT_TRAIN_SHARE
+        keep = (source_of(tr) != SOURCE_NEUSIGHT) | share
+        tr = tr.subset(keep)
     recipe = {**DEFAULTS, "epochs": epochs}
     out: dict[str, Any] = {}
     for name in variants:
@@ -156,10 +181,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--database-url", required=True)
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
-    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--epochs", type=int, default=None, help="epochs per fold (default 10; --full: the recipe's 20)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--full", action="store_true", help="the shipped sample instead of the quick quarter (~3 min "
+                   "per variant and member on one thread)")
     a = p.parse_args(argv)
-    res = run(database_url=a.database_url, variants=a.variants, epochs=a.epochs, seed=a.seed)
+    epochs = a.epochs if a.epochs is not None else int(DEFAULTS["logo_epochs"]) if a.full else 10
+    res = run(database_url=a.database_url, variants=a.variants, epochs=epochs, seed=a.seed, full=a.full)
     print(json.dumps(res, indent=1))
     return 0
 

@@ -1,4 +1,4 @@
-"""Train the learned per-layer runtime predictor v3: efficiency over the physics floor, GPU and CPU heads.
+"""Train the learned per-layer runtime predictor v4: efficiency over the physics floor, GPU and CPU heads.
 
 ``python -m app.training.train [--version V] [--epochs N] [--sample N] [--no-logo] ...`` (also
 ``layercast train``). Stages, each a function below:
@@ -11,7 +11,8 @@
    row featurised by :mod:`app.core.features`.
 2. **split** (:func:`splits`): each source by distinct configuration (shape without the device) 70/10/20.
 3. **fit** (:func:`fit_recipe`): two heads, each an ensemble of :class:`LayerTimeNet`; the GPU head on every
-   GPU row (sources weighted equally), the CPU head on the CPU rows. The network predicts
+   GPU row (sources weighted equally), one member per feature set of :data:`MEMBER_FEATURES` (v3's datasheet
+   figures, device-blind, per-SM-cycle ratios; averaged in ln ms), the CPU head on the CPU rows. The network predicts
    ``ln(time / floor)`` and cannot go below 0: ``p50 = log_floor_ms + softplus(prior + MLP)``, where the
    floor is :func:`app.core.features.pass_floor_ms` (roofline at the op's peak for the precision, cheapest
    algorithm, bytes at the precision) and the prior is ``ln(1/efficiency + overhead_ms / floor_ms)`` with a
@@ -73,13 +74,14 @@ OPSET = 17
 
 _KIND_ONE_HOTS = ("is_conv", "is_gemm", *(f"is_{k.value}" for k in EXTRA_KINDS))
 
-#: Features the v3 model reads (columns of app.core.features, by name). Left out on purpose: the generic
+#: Features the v3 model read (columns of app.core.features, by name); the datasheet-aware member of v4 reads
+#: the same. Left out on purpose: the generic
 #: ``peak_for(precision)`` columns (``log_roofline_ms``, ``log_compute_ms``, ``hw_log_peak_flops_per_s``,
 #: ``hw_log_ridge_flops_per_byte``: a 16-bit peak is wrong for element-wise ops; the op-peak columns replace
 #: them) and the device memory size (it says nothing about speed and lets the network identify a GPU).
-#: The v4 candidates (per-SM ratios instead of absolute hardware figures) are in app.training.compare; they
-#: won the quick loop but lost on the full recipe (models/README.md), so v3's list stays.
-MODEL_FEATURES: tuple[str, ...] = (
+#: The v4 feature-block candidates (per-SM ratios instead of absolute hardware figures, one model) are in
+#: app.training.compare; they won the quick loop but lost on the full recipe (models/README.md).
+V3_FEATURES: tuple[str, ...] = (
     "log_floor_ms",
     "log_op_compute_ms",
     "log_memory_ms",
@@ -135,6 +137,31 @@ MODEL_FEATURES: tuple[str, ...] = (
     "is_cpu",
 )
 
+#: The datasheet figures of the device itself (absolute and the op ridge point). A member that reads them
+#: can tell the training GPUs apart and fits each one's efficiency; on a GPU it has not seen that
+#: extrapolates badly (held-out P100/P4 GEMMs and convs 50-80 % too slow, A100/T4 ones 30-40 % too fast).
+DATASHEET_FEATURES: tuple[str, ...] = (
+    "hw_log_op_peak_flops_per_s",
+    "hw_log_bandwidth_bytes_per_s",
+    "hw_log_op_ridge_flops_per_byte",
+    "hw_log_compute_units",
+    "hw_log_clock_mhz",
+    "hw_log_l2_cache_bytes",
+)
+#: Device-blind member: hardware enters only through the floor, the times (work over the op peak and the
+#: bandwidth) and the wave counts over the SMs.
+DEVICE_BLIND_FEATURES: tuple[str, ...] = tuple(n for n in V3_FEATURES if n not in DATASHEET_FEATURES)
+#: Per-SM-cycle member: device-blind plus FLOPs and DRAM bytes per SM per cycle (NeuSight, Lee et al. ASPLOS
+#: 2025: ratios that stay in a narrow range across generations; Kepler's 384 FLOPs/SM/cycle against Pascal's
+#: 128-256 is what the Justus TF1 rows need).
+PER_SM_CYCLE_FEATURES: tuple[str, ...] = (*DEVICE_BLIND_FEATURES, "hw_log_flops_per_sm_cycle",
+                                          "hw_log_bytes_per_sm_cycle")  # fmt: skip
+#: The v4 input row: every column a member reads (each member masks the others, LayerTimeNet ``active``).
+MODEL_FEATURES: tuple[str, ...] = (*V3_FEATURES, "hw_log_flops_per_sm_cycle", "hw_log_bytes_per_sm_cycle")
+#: The GPU head's members, one per feature set (member k reads ``MEMBER_FEATURES[k % 3]``), averaged in ln ms:
+#: chosen on leave-one-GPU-out validation configurations (models/README.md), where the mix beat three
+#: members of any one set.
+MEMBER_FEATURES: tuple[tuple[str, ...], ...] = (V3_FEATURES, DEVICE_BLIND_FEATURES, PER_SM_CYCLE_FEATURES)
 #: The latency term of the prior (:class:`LayerTimeNet`): op kinds whose kernels do per-element index work on
 #: few bytes per element, with the cycles per element and SM the prior starts from. Their time is
 #: ``floor / memory efficiency + cycles x elements / (SMs x clock)``, a term that scales with the SMs and clock
@@ -172,7 +199,8 @@ DEFAULTS: dict[str, Any] = {
     "lr": 3e-3,
     "weight_decay": 1e-5,
     "batch_size": 2048,
-    "logo_ensemble": 1,  # members per leave-one-GPU-out fold (calibration and evaluation)
+    "logo_ensemble": 3,  # members per leave-one-GPU-out fold (calibration and evaluation): one per feature set
+    "member_features": MEMBER_FEATURES,  # GPU head: member k reads member_features[k % len]; None: all the same
     "logo_epochs": 20,  # epochs per leave-one-GPU-out fold
     "balance": "source",  # loss_weights: every source the same share ("source_family": families by sqrt(rows))
 }
@@ -195,11 +223,17 @@ class LayerTimeNet(nn.Module):
     (mean/std buffers baked into the graph) and corrects the prior; p10/p90 sit below/above p50 by softplus
     offsets times the conformal scales ``q_scale[kind]`` (row 0 GPU, row 1 CPU; 1 until calibrated), p10
     clamped at the floor.
+
+    ``active`` (a subset of ``feature_names``; None = all) is what the MLP reads: the other standardised
+    columns are multiplied by 0 (``input_mask`` buffer), so members of one ensemble can read different
+    feature sets from the same input row (a mixed ensemble, :data:`DEFAULTS` ``member_features``). Raises
+    ``ValueError`` for an ``active`` name not in ``feature_names``.
     """
 
     mean: torch.Tensor
     std: torch.Tensor
     q_scale: torch.Tensor
+    input_mask: torch.Tensor
 
     def __init__(
         self,
@@ -209,17 +243,23 @@ class LayerTimeNet(nn.Module):
         feature_names: Sequence[str] = MODEL_FEATURES,
         hidden: int = 128,
         depth: int = 3,
+        active: Sequence[str] | None = None,
         latency_prior: bool = True,
     ) -> None:
         super().__init__()
         names = list(feature_names)
         if len(mean) != len(names):
             raise ValueError(f"mean has {len(mean)} columns, feature_names {len(names)}")
+        unknown = sorted(set(active or ()) - set(names))
+        if unknown:
+            raise ValueError(f"active features {unknown} are not in feature_names")
         self.feature_names = tuple(names)
         self.hidden, self.depth = hidden, depth
         self.register_buffer("mean", torch.tensor(mean, dtype=torch.float32))
         self.register_buffer("std", torch.tensor(std, dtype=torch.float32))
         self.register_buffer("q_scale", torch.ones(2, 2, dtype=torch.float32))
+        keep = set(names if active is None else active)
+        self.register_buffer("input_mask", torch.tensor([float(n in keep) for n in names], dtype=torch.float32))
         self.floor_i = names.index("log_floor_ms")
         self.train_i = names.index("is_train")
         self.cpu_i = names.index("is_cpu") if "is_cpu" in names else -1
@@ -286,7 +326,7 @@ class LayerTimeNet(nn.Module):
         return m + torch.log(torch.exp(t - m[:, None]).sum(dim=1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        z = (x - self.mean) / self.std
+        z = (x - self.mean) / self.std * self.input_mask
         out = self.mlp(z)
         floor = x[:, self.floor_i]
         p50 = floor + nn.functional.softplus(self.prior(x) + out[:, 1])
@@ -377,18 +417,20 @@ def train_model(
     lr: float = 3e-3,
     weight_decay: float = 1e-5,
     init: LayerTimeNet | None = None,
+    active: Sequence[str] | None = None,
     log: Callable[[str], None] = print,
 ) -> LayerTimeNet:
     """Train a :class:`LayerTimeNet` on features ``x`` ``[N, F]`` (``feature_names`` columns) and ln ms
     targets ``y`` ``[N]`` (pinball loss, optional per-row ``weights``). ``init`` starts from a copy of an
-    existing model (its normalisation kept: fine-tuning)."""
+    existing model (its normalisation and input mask kept: fine-tuning); ``active`` is the subset of
+    ``feature_names`` the MLP reads (:class:`LayerTimeNet`)."""
     torch.manual_seed(seed)
     if init is not None:
         model = LayerTimeNet(
             init.mean.numpy(), init.std.numpy(), feature_names=init.feature_names, hidden=init.hidden,
             depth=init.depth, latency_prior=bool(init.cycle_cols),
         )  # fmt: skip
-        model.load_state_dict(init.state_dict())
+        model.load_state_dict(init.state_dict())  # input_mask included
         model.q_scale.fill_(1.0)
     else:
         # float64 statistics, and a column that (nearly) never varies — the hardware features of a single
@@ -397,7 +439,7 @@ def train_model(
         mean = x64.mean(axis=0)
         std = x64.std(axis=0)
         std = np.where(std > 1e-3, std, 1.0)
-        model = LayerTimeNet(mean, std, feature_names=feature_names, hidden=hidden, depth=depth)
+        model = LayerTimeNet(mean, std, feature_names=feature_names, hidden=hidden, depth=depth, active=active)
     xt = torch.tensor(x, dtype=torch.float32)
     yt = torch.tensor(y, dtype=torch.float32)
     wt = None if weights is None else torch.tensor(weights, dtype=torch.float32)
@@ -433,13 +475,16 @@ def train_ensemble(
     n: int,
     seed: int,
     log: Callable[[str], None] = print,
+    member_features: Sequence[Sequence[str]] | None = None,
     **kwargs: Any,
 ) -> Ensemble:
-    """``n`` :func:`train_model` members with seeds ``seed, seed+1, ...``."""
+    """``n`` :func:`train_model` members with seeds ``seed, seed+1, ...``; member ``k`` reads the features
+    ``member_features[k % len(member_features)]`` (all when None: every member the same features)."""
     members = []
     for k in range(n):
         t0 = time.time()
-        members.append(train_model(x, y, seed=seed + k, log=log, **kwargs))
+        active = member_features[k % len(member_features)] if member_features else None
+        members.append(train_model(x, y, seed=seed + k, log=log, active=active, **kwargs))
         log(f"  member {k + 1}/{n} trained in {time.time() - t0:.0f}s")
     return Ensemble(members)
 
@@ -640,7 +685,7 @@ def fit_recipe(
             model_inputs(t, names), np.log(t.time_ms), n=int(ensemble or r["ensemble"]), seed=seed, log=log,
             feature_names=names, weights=loss_weights(t, str(r.get("balance", "source"))), epochs=int(r["epochs"]),
             hidden=int(r["hidden"]), depth=int(r["depth"]), batch_size=int(r["batch_size"]), lr=float(r["lr"]),
-            weight_decay=float(r["weight_decay"]),
+            weight_decay=float(r["weight_decay"]), member_features=None if cpu else r.get("member_features"),
         )  # fmt: skip
         if len(v):
             scales[kind] = calibrate(heads[kind], model_inputs(v, names), np.log(v.time_ms), is_cpu_rows(v))[kind]
@@ -785,6 +830,7 @@ def load_weights(path: Path, *, feature_names: Sequence[str], hidden: int, depth
             sd = {key[len(prefix) :]: torch.tensor(v) for key, v in data.items() if key.startswith(prefix)}
             m = LayerTimeNet(sd["mean"].numpy(), sd["std"].numpy(), feature_names=feature_names, hidden=hidden,
                              depth=depth, latency_prior="ln_cycles" in sd)  # fmt: skip
+            sd.setdefault("input_mask", m.input_mask)  # artifacts before the input mask: every feature read
             m.load_state_dict(sd)
             m.eval()
             members.append(m)
@@ -1068,7 +1114,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, default=DEFAULTS["epochs"])
     p.add_argument("--sample", type=int, default=None, help="rows per file of every source (quick runs)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--version", default="3")
+    p.add_argument("--version", default="4")
     p.add_argument("--hidden", type=int, default=DEFAULTS["hidden"])
     p.add_argument("--depth", type=int, default=DEFAULTS["depth"])
     p.add_argument("--ensemble", type=int, default=DEFAULTS["ensemble"])

@@ -49,6 +49,33 @@ def test_family_balance_gives_each_source_its_share_and_families_sqrt_rows() -> 
         loss_weights(data, "family")  # type: ignore[arg-type]
 
 
+def test_member_reads_only_its_active_features_and_keeps_the_mask_through_weights(tmp_path) -> None:
+    """A member trained with ``active`` ignores every other column (a mixed ensemble's device-blind member
+    must not see the hardware figures), and the mask survives save/load of the weights."""
+    from app.training.train import Ensemble, KindHeads, load_weights, save_weights
+
+    rng = np.random.default_rng(0)
+    n, f = 512, len(MODEL_FEATURES)
+    x = rng.normal(size=(n, f)).astype(np.float32)
+    x[:, MODEL_FEATURES.index("is_embedding")] = 0.0  # the prior's latency term (SMs x clock) is physics, not the MLP
+    y = rng.normal(size=n) + x[:, MODEL_FEATURES.index("hw_log_clock_mhz")]
+    active = [name for name in MODEL_FEATURES if not name.startswith("hw_")]
+    m = train_model(x, y, epochs=2, seed=0, hidden=8, depth=1, batch_size=128, active=active, log=lambda s: None)
+    other = x[:8].copy()
+    for name in MODEL_FEATURES:
+        if name.startswith("hw_"):
+            other[:, MODEL_FEATURES.index(name)] += 3.0
+    assert np.allclose(predict(m, x[:8]), predict(m, other), atol=1e-6)
+    full = train_model(x, y, epochs=2, seed=0, hidden=8, depth=1, batch_size=128, log=lambda s: None)
+    assert not np.allclose(predict(full, x[:8]), predict(full, other), atol=1e-3)
+    path = tmp_path / "w.npz"
+    save_weights(KindHeads(Ensemble([m]), None), path)
+    back = load_weights(path, feature_names=MODEL_FEATURES, hidden=8, depth=1).gpu_head.members[0]
+    assert np.allclose(predict(back, other), predict(m, other), atol=1e-6)
+    with pytest.raises(ValueError, match="not in feature_names"):
+        train_model(x, y, epochs=1, seed=0, hidden=8, depth=1, active=["nope"], log=lambda s: None)
+
+
 def _prior_rows(kind: str, sms: float, mhz: float, n: int = 3) -> np.ndarray:
     """Rows with the same floor (1 ms) and output elements on devices of ``sms`` SMs at ``mhz`` MHz."""
     x = np.zeros((n, len(MODEL_FEATURES)), dtype=np.float32)
