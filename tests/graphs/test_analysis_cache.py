@@ -6,6 +6,7 @@ import gc
 import subprocess
 import sys
 import tracemalloc
+from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
@@ -82,11 +83,24 @@ def test_byte_estimate_is_within_a_factor_two_of_traced_memory(name: str) -> Non
 
 
 def test_importing_the_api_imports_neither_torch_nor_alembic_nor_onnx() -> None:
-    """onnx (with ml_dtypes, ~0.5-0.8 s) is imported by the first ONNX import, not at start-up."""
+    """Importing the API package (and building the app) imports none of them: onnx (with ml_dtypes, ~0.4-0.9 s,
+    GIL held) is imported by the lifespan before the app is ready, torch and alembic never."""
     code = ("import sys, app.main; app.main.create_app(); "
             "print('torch' in sys.modules, 'alembic' in sys.modules, 'onnx' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=".")
     assert out.stdout.split() == ["False", "False", "False"], out.stderr
+
+
+def test_the_app_imports_onnx_before_it_is_ready(tmp_path: Path) -> None:
+    """The first ONNX upload must not stall every concurrent request while onnx imports (GIL held): the
+    lifespan imports it, so a started app has it and an imported one does not."""
+    code = ("import sys; from fastapi.testclient import TestClient; from app.config import Settings; "
+            "from app.main import create_app; "
+            f"app = create_app(Settings(database_url='sqlite:///{tmp_path}/s.db'), run_migrations=True); "
+            "before = 'onnx' in sys.modules\n"
+            "with TestClient(app): print(before, 'onnx' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=".")
+    assert out.stdout.split() == ["False", "True"], out.stderr
 
 
 def test_a_binding_that_fails_is_not_imported_again(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
