@@ -64,12 +64,16 @@ PRECISION_SEMANTICS: Mapping[Precision, str] = {
         "container default); 4-byte activations and weights"
     ),
     Precision.FP16: (
-        "torch.autocast(float16) mixed precision: matmul/conv/RNN/attention at the fp16 tensor-core peak, "
+        "torch.autocast(float16) mixed precision: matmul/conv/RNN/attention at the device's fp16 peak "
+        "(tensor cores; where its fp16 rate is below its fp32 rate, e.g. GP102's 1/64-rate fp16, at the "
+        "fp32 peak: the library computes in fp32), "
         "2-byte activations and weight copies, element-wise math in fp32 registers, fp32 master weights, "
         "gradients of the master weights and optimizer state"
     ),
     Precision.BF16: (
-        "torch.autocast(bfloat16) mixed precision: matmul/conv/RNN/attention at the bf16 tensor-core peak, "
+        "torch.autocast(bfloat16) mixed precision: matmul/conv/RNN/attention at the device's bf16 peak "
+        "(tensor cores; where its bf16 rate is below its fp32 rate, e.g. GP102's 1/64-rate fp16, at the "
+        "fp32 peak: the library computes in fp32), "
         "2-byte activations and weight copies, element-wise math in fp32 registers, fp32 master weights, "
         "gradients of the master weights and optimizer state"
     ),

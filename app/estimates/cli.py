@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from pydantic import ValidationError
+
 from app.core.precision import Precision
 from app.errors import LayercastError
 
@@ -116,8 +118,9 @@ class OfflineBackend:
         try:
             request = PredictionCreate(graph_id=graphs.content_id(content), hardware_id=hardware_id,
                                        **params.body())
-        except ValueError as exc:  # pydantic's ValidationError: what the API answers with a 422
-            raise PredictionFailed("validation_error", str(exc).splitlines()[-1].strip()) from exc
+        except ValidationError as exc:  # what the API answers with a 422: each field and why, as the API says it
+            where = "; ".join(f"{'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors())
+            raise PredictionFailed("validation_error", where) from exc
         try:
             graph = graphs.build_graph(content, "onnx", batch_size=request.per_device_batch_size,
                                        dims=dict(params.dims), name=model.stem)

@@ -129,6 +129,14 @@ def test_bad_invocations_exit_2(models: dict[str, Path], argv: list[str], capsys
     assert capsys.readouterr().err.startswith("layercast")
 
 
+def test_an_invalid_value_is_named_as_the_api_names_it(models: dict[str, Path],
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """Offline, a value the request schema refuses says which field and why (not pydantic's help link)."""
+    assert main(["predict", str(models["small"]), "--hardware", A100, "--batch-size", "-3"]) == ci.EXIT_ERROR
+    err = capsys.readouterr().err
+    assert "validation_error: batch_size: Input should be greater than 0" in err and "pydantic.dev" not in err
+
+
 def test_parse_fraction() -> None:
     assert ci.parse_fraction("5%") == pytest.approx(0.05)
     assert ci.parse_fraction("0.1") == pytest.approx(0.1)
