@@ -74,6 +74,17 @@ OPSET = 17
 
 _KIND_ONE_HOTS = ("is_conv", "is_gemm", *(f"is_{k.value}" for k in EXTRA_KINDS))
 
+#: The datasheet figures of the device itself (absolute and the op ridge point). A member that reads them
+#: can tell the training GPUs apart and fits each one's efficiency; on a GPU it has not seen that
+#: extrapolates badly (held-out P100/P4 GEMMs and convs 50-80 % too slow, A100/T4 ones 30-40 % too fast).
+DATASHEET_FEATURES: tuple[str, ...] = (
+    "hw_log_op_peak_flops_per_s",
+    "hw_log_bandwidth_bytes_per_s",
+    "hw_log_op_ridge_flops_per_byte",
+    "hw_log_compute_units",
+    "hw_log_clock_mhz",
+    "hw_log_l2_cache_bytes",
+)
 #: Features the v3 model read (columns of app.core.features, by name); the datasheet-aware member of v4 reads
 #: the same. Left out on purpose: the generic
 #: ``peak_for(precision)`` columns (``log_roofline_ms``, ``log_compute_ms``, ``hw_log_peak_flops_per_s``,
@@ -118,12 +129,7 @@ V3_FEATURES: tuple[str, ...] = (
     "opt_rmsprop",
     "is_half",
     "uses_tensor_cores",
-    "hw_log_op_peak_flops_per_s",
-    "hw_log_bandwidth_bytes_per_s",
-    "hw_log_op_ridge_flops_per_byte",
-    "hw_log_compute_units",
-    "hw_log_clock_mhz",
-    "hw_log_l2_cache_bytes",
+    *DATASHEET_FEATURES,
     "log_gemm_m",
     "log_gemm_n",
     "log_gemm_k",
@@ -137,17 +143,6 @@ V3_FEATURES: tuple[str, ...] = (
     "is_cpu",
 )
 
-#: The datasheet figures of the device itself (absolute and the op ridge point). A member that reads them
-#: can tell the training GPUs apart and fits each one's efficiency; on a GPU it has not seen that
-#: extrapolates badly (held-out P100/P4 GEMMs and convs 50-80 % too slow, A100/T4 ones 30-40 % too fast).
-DATASHEET_FEATURES: tuple[str, ...] = (
-    "hw_log_op_peak_flops_per_s",
-    "hw_log_bandwidth_bytes_per_s",
-    "hw_log_op_ridge_flops_per_byte",
-    "hw_log_compute_units",
-    "hw_log_clock_mhz",
-    "hw_log_l2_cache_bytes",
-)
 #: Device-blind member: hardware enters only through the floor, the times (work over the op peak and the
 #: bandwidth) and the wave counts over the SMs.
 DEVICE_BLIND_FEATURES: tuple[str, ...] = tuple(n for n in V3_FEATURES if n not in DATASHEET_FEATURES)
