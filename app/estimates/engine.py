@@ -24,7 +24,7 @@ it for many scenarios at once:
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session
@@ -171,10 +171,8 @@ class GraphCache:
         key = (self._graph_key(r), r.per_device_batch_size, tuple(sorted(r.dims.items())), r.software_stack,
                self._fingerprints[hw.id], precision, r.mode, r.optimizer if r.mode == "training" else "none",
                r.activation_checkpointing)
-        setting = Setting(hardware=hw, mode=r.mode, optimizer=r.optimizer if r.mode == "training" else "none",
-                          precision=precision, software_stack=r.software_stack)
-        return Scenario(request=r, bound=self._bound(r), hardware=hw, precision=precision, key=key,
-                        estimates_key=estimates_key(self.predictor, setting, self._fingerprints[hw.id]))
+        s = Scenario(request=r, bound=self._bound(r), hardware=hw, precision=precision, key=key)
+        return replace(s, estimates_key=estimates_key(self.predictor, s.setting, self._fingerprints[hw.id]))
 
     def _memory_opts(self, s: Scenario) -> dict[str, Any]:
         return {"mode": s.request.mode, "optimizer": s.optimizer, "precision": storage_precision(s.precision),
