@@ -205,11 +205,12 @@ class FailedBinding:
     message: str
     detail: dict[str, Any]
     nbytes: int
+    graph_id: str | None = None  # the stored graph it was bound from (None: inline content)
 
     @classmethod
-    def of(cls, key: Hashable, exc: LayercastError) -> FailedBinding:
+    def of(cls, key: Hashable, exc: LayercastError, graph_id: str | None = None) -> FailedBinding:
         return cls(key, type(exc), exc.message, dict(exc.detail),
-                   _FAILURE_BYTES + 2 * (len(exc.message) + len(repr(exc.detail))))
+                   _FAILURE_BYTES + 2 * (len(exc.message) + len(repr(exc.detail))), graph_id)
 
     def error(self) -> LayercastError:
         return self.kind(self.message, detail=dict(self.detail))
@@ -271,6 +272,16 @@ class AnalysisCache:
                 _, evicted = self._entries.popitem(last=False)
                 self._bytes -= evicted.nbytes
 
+    def discard_graph(self, graph_id: str) -> int:
+        """Drop every entry bound from the stored graph ``graph_id`` (all bindings, stacks and memoised
+        answers); returns how many were dropped. Called when the graph is deleted: a later upload of the same
+        content gets the same id but may carry another name, which a kept analysis would still show."""
+        with self._lock:
+            gone = [k for k, e in self._entries.items() if e.graph_id == graph_id]
+            for k in gone:
+                self._bytes -= self._entries.pop(k).nbytes
+            return len(gone)
+
     def clear(self, budget_bytes: int | None = None) -> None:
         """Drop every entry (and set a new budget when given)."""
         with self._lock:
@@ -293,7 +304,7 @@ def _bind(key: Hashable, graph_id: str | None, load: Callable[[], Graph], stack:
     try:
         graph = load()
     except REMEMBERED_FAILURES as exc:
-        analysis_cache.put(FailedBinding.of(key, exc))
+        analysis_cache.put(FailedBinding.of(key, exc, graph_id))
         raise
     analysis = analyze(graph, software_stack=stack)
     return analysis_cache.put(BoundGraph(key=key, analysis=analysis, graph_id=graph_id,
@@ -462,6 +473,7 @@ def delete_graph(session: Session, *, graph_id: str, principal: Principal) -> No
         raise GraphNotFound(f"no graph with id '{graph_id}'", detail={"graph_id": graph_id})
     check_owner(principal, row.owner, what="graph", ident=graph_id)
     repo.delete(row)
+    analysis_cache.discard_graph(graph_id)  # this process's analyses of it (other workers keep theirs: README)
 
 
 def get_graph(session: Session, *, graph_id: str) -> StoredGraph:

@@ -207,3 +207,4 @@ def test_an_evicted_entry_with_its_table_is_freed_without_the_garbage_collector(
     finally:
         gc.enable()
         analysis_cache.clear(budget_bytes=budget)
+

@@ -285,6 +285,31 @@ def test_delete_graph(client: TestClient, settings: Settings, capsys: pytest.Cap
     assert client.get("/v1/graphs").json()["count"] == 0
 
 
+def test_a_graph_deleted_and_uploaded_again_under_another_name_is_answered_with_the_new_name(
+    client: TestClient, settings: Settings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The id is the content's sha256, so a re-upload after a delete has the same id: the cached analysis of
+    the deleted graph (which carries its name) goes with the delete, and only that graph's entries."""
+    from app.graphs.service import analysis_cache
+
+    owner = {"Authorization": f"Bearer {_make_key(settings.database_url, 'owner', 'graphs', capsys=capsys)}"}
+    analysis_cache.clear()
+    content = _gpt_like().SerializeToString()
+    gid = _post(client, content, headers=owner, dims="seq=4", name="old-name").json()["id"]
+    other = _post(client, _gpt_like(seed=1).SerializeToString(), headers=owner, dims="seq=4").json()["id"]
+    body = {"hardware_id": "t4", "batch_size": 2, "dims": {"seq": 4}}
+    for g in (gid, other):
+        assert client.post("/v1/predictions", json={**body, "graph_id": g}).status_code == 200
+    assert client.post("/v1/predictions", json={**body, "graph_id": gid}).json()["graph_name"] == "old-name"
+    kept = len(analysis_cache)
+    assert client.delete(f"/v1/graphs/{gid}", headers=owner).status_code == 204
+    assert len(analysis_cache) == kept - 1  # the other graph's binding stays
+    again = _post(client, content, headers=owner, dims="seq=4", name="new-name")
+    assert again.status_code == 201 and again.json()["id"] == gid
+    r = client.post("/v1/predictions", json={**body, "graph_id": gid})
+    assert r.status_code == 200 and r.json()["graph_name"] == "new-name"
+
+
 def test_migration_keeps_old_rows_and_says_their_weights_are_stored(sqlite_url: str) -> None:
     upgrade(sqlite_url, "0002")
     engine = create_engine(sqlite_url, poolclass=pool.NullPool)
