@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from app.core.costs import LayerCost, layer_cost
 from app.core.fusion import fuse_graph
-from app.core.ir import Graph, Layer, OpKind, UnsupportedAttrs
+from app.core.ir import Graph, Layer, OpKind, Tensor, UnsupportedAttrs
 from app.core.vocab import SoftwareStack
 
 
@@ -30,7 +30,10 @@ class GraphAnalysis:
     embeddings), so it can be lower than the sum of per-layer ``params``. When the analysis was asked to
     fuse (:func:`analyze` with a ``software_stack``), ``graph`` is the fused graph, ``fused_from[i]`` names
     the nodes layer ``i`` was fused from (empty when it was not fused), ``fusion_rules[i]`` the rule
-    (None when not fused) and ``fusion_stack`` the stack whose fusions were applied.
+    (None when not fused), ``fusion_stack`` the stack whose fusions were applied and ``fusion_hardware_kind``
+    the kind of device (``"gpu"``/``"cpu"``) they were chosen for. ``loss``/``loss_cost``: the training
+    step's cross-entropy on the graph's output (:func:`loss_layer`; None when no output is floating point),
+    not one of ``graph.layers`` (an exported graph ends at the logits): training time and memory add it.
     """
 
     graph: Graph
@@ -46,6 +49,9 @@ class GraphAnalysis:
     fused_from: tuple[tuple[str, ...], ...] = ()
     fusion_rules: tuple[str | None, ...] = ()
     fusion_stack: SoftwareStack | None = None
+    fusion_hardware_kind: str | None = None
+    loss: Layer | None = None
+    loss_cost: LayerCost | None = None
 
     @property
     def layer_count(self) -> int:
@@ -58,17 +64,50 @@ class GraphAnalysis:
         return sum(u.count for u in self.unsupported)
 
 
-def analyze(graph: Graph, *, software_stack: SoftwareStack | str | None = None) -> GraphAnalysis:
+#: ``op_type`` of the loss layer a training step adds after the graph (:func:`loss_layer`; ONNX's name of the op).
+LOSS_OP_TYPE = "SoftmaxCrossEntropyLoss"
+
+
+def loss_input(graph: Graph) -> Tensor | None:
+    """The tensor a training step's loss reads: the graph's first floating-point output (the logits), or None
+    when no output is floating point. The one choice the loss time (:func:`loss_layer`) and the loss memory
+    (:func:`app.core.memory.footprint`) share."""
+    return next((t for t in graph.outputs if t.dtype.startswith(("float", "bfloat"))), None)
+
+
+def loss_layer(graph: Graph) -> Layer | None:
+    """The loss of a training step on ``graph`` as a layer: cross-entropy over the last axis of
+    :func:`loss_input` ``[..., classes]`` (``F.cross_entropy``: ``log_softmax`` then ``nll_loss``; its
+    backward ``nll_loss_backward`` + ``_log_softmax_backward_data``), with the cost family of a softmax over
+    that tensor (:attr:`OpKind.SOFTMAX`: 5 FLOPs per element forward, the output-sized log-probabilities
+    written and read back by backward). None when the graph has no floating-point output.
+
+    The profiler's whole training iterations (:mod:`app.profiler.e2e`) time ``forward`` with the loss and
+    ``loss.backward()``, and an exported graph ends at the logits, so without this layer the layer sum misses
+    it (GPT-2's 50,257-word vocabulary: ~10 % of a CPU step). A model trained with another loss (regression,
+    a fused head) is costed with this one."""
+    x = loss_input(graph)
+    if x is None:
+        return None
+    log_probs = Tensor(f"{x.name}/log_probs", x.shape, x.dtype)
+    return Layer(name="loss/cross_entropy", op_type=LOSS_OP_TYPE, kind=OpKind.SOFTMAX, inputs=(x,),
+                 outputs=(log_probs,), needs_input_grad=True)
+
+
+def analyze(graph: Graph, *, software_stack: SoftwareStack | str | None = None,
+            hardware_kind: str = "gpu") -> GraphAnalysis:
     """Cost every layer of ``graph`` (see :mod:`app.core.costs` for the formulas) and sum them.
 
-    With a ``software_stack``, first fuse what that stack fuses (:func:`app.core.fusion.fuse_graph`): the
-    analysis is then of the fused graph (fewer layers, same FLOPs, less intermediate memory traffic).
+    With a ``software_stack``, first fuse what that stack fuses on a ``hardware_kind`` device (``"gpu"`` or
+    ``"cpu"``: :func:`app.core.fusion.fuse_graph`; a CPU keeps the attention core unfused): the analysis is
+    then of the fused graph (fewer layers, same FLOPs, less intermediate memory traffic). Raises
+    ``ValueError`` for another hardware kind.
     """
     fused_from: tuple[tuple[str, ...], ...] = ()
     rules: tuple[str | None, ...] = ()
     stack = SoftwareStack(software_stack) if software_stack is not None else None
     if stack is not None:
-        fusion = fuse_graph(graph, software_stack=stack)
+        fusion = fuse_graph(graph, software_stack=stack, hardware_kind=hardware_kind)
         graph, costs = fusion.graph, fusion.costs
         fused_from = tuple(f.fused_from for f in fusion.layers)
         rules = tuple(f.rule for f in fusion.layers)
@@ -89,6 +128,7 @@ def analyze(graph: Graph, *, software_stack: SoftwareStack | str | None = None) 
         for op, ls in sorted(by_op.items())
     )
     ok = [c for c in costs if c.supported]
+    loss = loss_layer(graph)
     return GraphAnalysis(
         graph=graph,
         costs=costs,
@@ -103,6 +143,9 @@ def analyze(graph: Graph, *, software_stack: SoftwareStack | str | None = None) 
         fused_from=fused_from,
         fusion_rules=rules,
         fusion_stack=stack,
+        fusion_hardware_kind=hardware_kind if stack is not None else None,
+        loss=loss,
+        loss_cost=layer_cost(loss) if loss is not None else None,
     )
 
 

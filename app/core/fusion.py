@@ -22,7 +22,17 @@ Pure (no I/O, no torch). Two parts:
      (both products on the tensor-core peak, Q, K, V and the output moved once), not as two batched GEMMs
      at a convolution efficiency. The ``Transpose`` nodes that split Q, K and V into heads and feed only
      the attention join it: in PyTorch they are views SDPA reads strided (the merge of the heads after it
-     stays, a real copy). Every stack but ``tf1-session``.
+     stays, a real copy). Every stack but ``tf1-session``, **on GPUs only**: on a CPU the attention stays
+     its parts (two batched GEMMs, scale, mask, softmax, dropout), costed one by one. Measured with
+     PyTorch 2.13 eager on the profiler's CPU (AVX-512, one thread, ``torch.profiler``): in training with
+     ``dropout_p > 0`` (BERT's and GPT-2's 0.1 attention dropout, the ``transformers`` e2e models) CPU SDPA
+     runs ``_scaled_dot_product_attention_math``, i.e. ``bmm``, ``mul``, ``_softmax``, ``bernoulli_``,
+     ``bmm`` forward and their backward ops, not one kernel; with ``dropout_p = 0`` (ViT) it runs
+     ``_scaled_dot_product_flash_attention_for_cpu`` (+ its backward), which took 0.9-1.2x the time of the
+     same chain written as separate ops (shapes (2-16, 4-6, 65-128, 64), forward + backward): on a CPU
+     the fused kernel saves no time over its parts, so its parts' costs are the CPU answer either way (in
+     inference the flash kernel took 0.6-1.0x its parts, 0.6-0.75x at sequence 512: an over-estimate
+     there). ``scripts/cpu_sdpa_paths.py`` reproduces these figures.
   2. ``gelu``: the exporter's decomposition of ``F.gelu`` (erf form: ``Div``/``Mul`` → ``Erf`` → ``Add`` →
      ``Mul`` by x → ``Mul`` by 0.5, in either order of the two products) is one GELU kernel in every
      framework. Every stack.
@@ -82,14 +92,24 @@ def update_kernel_launches(param_tensors: int, optimizer: str) -> float:
 FUSION_RULES: tuple[str, ...] = ("attention", "gelu", "bias", "activation_epilogue", "pointwise")
 
 
-def rules_for_stack(stack: SoftwareStack | str) -> tuple[str, ...]:
-    """The fusion rules that ``stack`` applies (see module docstring), in application order."""
+#: The kinds of device a fusion rule set is chosen for (:attr:`app.core.hardware.HardwareSpec.kind`).
+HARDWARE_KINDS: tuple[str, ...] = ("gpu", "cpu")
+
+
+def rules_for_stack(stack: SoftwareStack | str, hardware_kind: str = "gpu") -> tuple[str, ...]:
+    """The fusion rules that ``stack`` applies on a ``hardware_kind`` device (``"gpu"`` or ``"cpu"``; see the
+    module docstring), in application order: on a CPU without ``attention`` (rule 1). Raises ``ValueError``
+    for another hardware kind or an unknown stack."""
+    if hardware_kind not in HARDWARE_KINDS:
+        raise ValueError(f"hardware_kind must be one of {HARDWARE_KINDS}, not {hardware_kind!r}")
     st = SoftwareStack(stack)
     if st is SoftwareStack.TF1_SESSION:
-        return ("gelu", "bias")
-    if st is SoftwareStack.PYTORCH_COMPILED:
-        return FUSION_RULES
-    return ("attention", "gelu", "bias")
+        rules: tuple[str, ...] = ("gelu", "bias")
+    elif st is SoftwareStack.PYTORCH_COMPILED:
+        rules = FUSION_RULES
+    else:
+        rules = ("attention", "gelu", "bias")
+    return rules if hardware_kind == "gpu" else tuple(r for r in rules if r != "attention")
 
 
 @dataclass(frozen=True, slots=True)
@@ -439,14 +459,15 @@ def _build_pointwise(members: list[FusedLayer]) -> FusedLayer:
 
 
 def fuse_graph(graph: Graph, *, software_stack: SoftwareStack | str = SoftwareStack.PYTORCH_EAGER,
-               costs: Sequence[LayerCost] | None = None) -> FusionResult:
-    """Fuse what ``software_stack`` fuses (module docstring; :func:`rules_for_stack`) in ``graph``.
+               hardware_kind: str = "gpu", costs: Sequence[LayerCost] | None = None) -> FusionResult:
+    """Fuse what ``software_stack`` fuses on a ``hardware_kind`` device (module docstring;
+    :func:`rules_for_stack`) in ``graph``.
 
     ``costs`` are the layers' costs (``layer_cost`` of each when None). Unsupported layers are never fused.
     Returns a :class:`FusionResult` whose graph keeps the original's inputs, outputs and metadata; every
     layer not fused is returned unchanged with its cost. Pure; never raises for a well-formed graph.
     """
-    rules = rules_for_stack(software_stack)
+    rules = rules_for_stack(software_stack, hardware_kind)
     base = costs if costs is not None else [layer_cost(x) for x in graph.layers]
     entries = [FusedLayer(x, c) for x, c in zip(graph.layers, base, strict=True)]
     outs = frozenset(t.name for t in graph.outputs)

@@ -63,7 +63,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from app.core.analysis import GraphAnalysis
+from app.core.analysis import GraphAnalysis, loss_input
 from app.core.costs import OPTIMIZERS, VIEW_OPS
 from app.core.hardware import HardwareSpec
 from app.core.ir import BYTES_PER_ELEMENT, Layer, OpKind, Tensor
@@ -619,7 +619,7 @@ def footprint(
             release.setdefault(k, i)
     live_saved = {k for k in release} | out_keys
     act_keys = live_saved - copies
-    first_out = next((t for t in graph.outputs if _is_float(t)), None)
+    first_out = loss_input(graph)  # the tensor the loss layer of the time reads too (app.core.analysis.loss_layer)
     loss_bytes = runtime.rounded(int(4 * first_out.numel * scale)) if first_out is not None else 0  # log_softmax output
     act_bytes = sum(plan.nbytes[k] for k in act_keys) + sum(extra) + loss_bytes
     copy_bytes = sum(plan.nbytes[k] for k in copies)

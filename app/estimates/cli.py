@@ -124,7 +124,7 @@ class OfflineBackend:
         try:
             graph = graphs.build_graph(content, "onnx", batch_size=request.per_device_batch_size,
                                        dims=dict(params.dims), name=model.stem)
-            analysis = analyze(graph, software_stack=request.software_stack)
+            analysis = analyze(graph, software_stack=request.software_stack, hardware_kind=hw.kind)
             answer = estimate(analysis, hw, self.predictor, request=request, graph_id=None)
         except LayercastError as exc:
             raise PredictionFailed(exc.code, exc.message) from exc

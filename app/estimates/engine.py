@@ -6,7 +6,8 @@ Every scenario of a call is the :class:`~app.predictions.schemas.PredictionCreat
 and the one aggregation of the core (:func:`app.core.aggregate.aggregate`). What this module adds is doing
 it for many scenarios at once:
 
-1. **bind**: a graph is imported and analysed once per ``(graph, per-device batch, dims, software stack)``
+1. **bind**: a graph is imported and analysed once per ``(graph, per-device batch, dims, software stack,
+   hardware kind)``
    (:func:`app.graphs.service.bound_graph`: the process-wide analysis cache, byte-bounded, with the
    layer table and memoised footprints of each binding);
 2. **recall**: a scenario answered before by the same predictor object (same graph content, binding,
@@ -80,6 +81,12 @@ class Scenario:
         return self.request.mode == "training"
 
     @property
+    def table(self) -> Any:
+        """The :class:`~app.predictor.table.LayerTable` one step of this scenario runs (a training step's ends
+        with the loss layer: :meth:`app.graphs.service.BoundGraph.table`)."""
+        return self.bound.table(self.hardware, training=self.training)
+
+    @property
     def optimizer(self) -> str:
         return self.request.optimizer if self.training else "none"
 
@@ -123,20 +130,22 @@ class GraphCache:
         assert request.graph is not None
         return ("json", graphs.canonical_json(request.graph.model_dump()))
 
-    def _bound(self, request: PredictionCreate) -> graphs.BoundGraph:
-        """Raises what :func:`graphs.bound_graph` raises (404 ``graph_not_found``, 422
+    def _bound(self, request: PredictionCreate, hardware_kind: str) -> graphs.BoundGraph:
+        """The binding of ``request`` analysed for a ``hardware_kind`` device (what its stack fuses there).
+        Raises what :func:`graphs.bound_graph` raises (404 ``graph_not_found``, 422
         ``invalid_graph``/``unbound_dimension``/``unknown_dimension``)."""
         batch = request.per_device_batch_size
         graph_key = self._graph_key(request)
-        key = (graph_key, batch, tuple(sorted(request.dims.items())), request.software_stack)
+        key = (graph_key, batch, tuple(sorted(request.dims.items())), request.software_stack, hardware_kind)
 
         def bind() -> graphs.BoundGraph:
             if request.graph_id is not None:
                 return graphs.bound_graph(self.session, graph_id=request.graph_id, batch_size=batch,
-                                          dims=request.dims, software_stack=request.software_stack)
+                                          dims=request.dims, software_stack=request.software_stack,
+                                          hardware_kind=hardware_kind)
             content = graph_key[1]  # type: ignore[index]
             return graphs.bound_inline(content, batch_size=batch, dims=request.dims,
-                                       software_stack=request.software_stack)
+                                       software_stack=request.software_stack, hardware_kind=hardware_kind)
 
         return _remembered(self._analyses, key, bind)
 
@@ -171,7 +180,7 @@ class GraphCache:
         key = (self._graph_key(r), r.per_device_batch_size, tuple(sorted(r.dims.items())), r.software_stack,
                self._fingerprints[hw.id], precision, r.mode, r.optimizer if r.mode == "training" else "none",
                r.activation_checkpointing)
-        s = Scenario(request=r, bound=self._bound(r), hardware=hw, precision=precision, key=key)
+        s = Scenario(request=r, bound=self._bound(r, hw.kind), hardware=hw, precision=precision, key=key)
         return replace(s, estimates_key=estimates_key(self.predictor, s.setting, self._fingerprints[hw.id]))
 
     def _memory_opts(self, s: Scenario) -> dict[str, Any]:
@@ -222,7 +231,7 @@ def predict_layers(cache: GraphCache, scenarios: Sequence[Scenario]) -> LayerPre
             todo.append(s)
             if s.key is not None:
                 seen.add(s.key)
-    items = [(s.bound.table(s.hardware), s.setting) for s in todo]
+    items = [(s.table, s.setting) for s in todo]
     found = iter(predict_tables(cache.predictor, items) if items else [])
     fresh: dict[Hashable, tuple[Estimates, LayerSums]] = {}
     estimates: list[Estimates] = []
@@ -233,7 +242,7 @@ def predict_layers(cache: GraphCache, scenarios: Sequence[Scenario]) -> LayerPre
             hit = fresh.get(s.key)
         if hit is None:
             est = next(found)
-            table = s.bound.table(s.hardware)
+            table = s.table
             hit = (remember_estimates(s.bound, s.estimates_key, table, s.setting, est)
                    if s.estimates_key is not None else (est, sums_of(table, s.setting, est)))
             if s.key is not None:

@@ -11,8 +11,9 @@ The upload's summary is computed from the stripped model, the very bytes every l
 re-imports, so the numbers never depend on whether the weights were there.
 
 Analysis cache: a prediction needs the graph imported at its binding and analysed (costed, fused for its
-software stack). :func:`bound_graph` / :func:`bound_inline` keep those analyses in one process-wide
-:class:`AnalysisCache`, keyed by ``(graph id, batch, dims, software stack)`` (the id names the stored
+software stack on the kind of device, GPU or CPU: :func:`app.core.fusion.rules_for_stack`). :func:`bound_graph` /
+:func:`bound_inline` keep those analyses in one process-wide
+:class:`AnalysisCache`, keyed by ``(graph id, batch, dims, software stack, hardware kind)`` (the id names the stored
 content, which is never rewritten; inline graphs: the sha256 of their canonical JSON), least recently used
 first out, bounded by an estimate of
 the bytes the entries hold (:func:`analysis_bytes`), never by an entry count; entries hold the analysis,
@@ -145,17 +146,27 @@ class BoundGraph:
     analysis: GraphAnalysis
     graph_id: str | None
     nbytes: int
-    _table: Any = None
+    _tables: dict[bool, Any] = field(default_factory=dict)
     _memo: dict[Hashable, Any] = field(default_factory=dict)
 
-    def table(self, reference: HardwareSpec) -> Any:
-        """The :class:`~app.predictor.table.LayerTable` of the supported layers, in graph order (``reference``:
+    def has_loss_row(self, training: bool) -> bool:
+        """Whether :meth:`table` for ``training`` ends with the loss layer (a training step on a graph with a
+        floating-point output: :func:`app.core.analysis.loss_layer`)."""
+        return training and self.analysis.loss is not None
+
+    def table(self, reference: HardwareSpec, *, training: bool = False) -> Any:
+        """The :class:`~app.predictor.table.LayerTable` of the supported layers, in graph order, and for a
+        ``training`` step the loss layer after them (:meth:`has_loss_row`): what one step runs (``reference``:
         any device with an fp32 peak, used only while building it)."""
-        if self._table is None:
+        with_loss = self.has_loss_row(training)
+        if with_loss not in self._tables:
             from app.predictor.table import LayerTable
 
-            pairs = [(layer, cost) for layer, cost in zip(self.analysis.graph.layers, self.analysis.costs,
-                                                          strict=True) if cost.supported]
+            a = self.analysis
+            pairs = [(layer, cost) for layer, cost in zip(a.graph.layers, a.costs, strict=True) if cost.supported]
+            if with_loss:
+                assert a.loss is not None and a.loss_cost is not None
+                pairs.append((a.loss, a.loss_cost))
             me = weakref.ref(self)  # the table must not keep an evicted entry alive (a reference cycle)
 
             def grow(n: int) -> None:
@@ -165,12 +176,12 @@ class BoundGraph:
 
             built = LayerTable([p[0] for p in pairs], [p[1] for p in pairs], reference=reference, on_grow=grow)
             with _TABLE_LOCK:  # two threads may build it at once: the one kept is counted, once
-                kept = self._table is None
+                kept = with_loss not in self._tables
                 if kept:
-                    self._table = built
+                    self._tables[with_loss] = built
             if kept:
                 analysis_cache.grow(self, built.nbytes)
-        return self._table
+        return self._tables[with_loss]
 
     def recall(self, key: Hashable) -> Any:
         """What :meth:`memo` keeps under ``key``, or ``None`` when nothing is kept yet."""
@@ -295,7 +306,8 @@ class AnalysisCache:
 analysis_cache = AnalysisCache()
 
 
-def _bind(key: Hashable, graph_id: str | None, load: Callable[[], Graph], stack: SoftwareStack | None) -> BoundGraph:
+def _bind(key: Hashable, graph_id: str | None, load: Callable[[], Graph], stack: SoftwareStack | None,
+          hardware_kind: str) -> BoundGraph:
     found = analysis_cache.get(key)
     if isinstance(found, FailedBinding):
         raise found.error()
@@ -306,42 +318,45 @@ def _bind(key: Hashable, graph_id: str | None, load: Callable[[], Graph], stack:
     except REMEMBERED_FAILURES as exc:
         analysis_cache.put(FailedBinding.of(key, exc, graph_id))
         raise
-    analysis = analyze(graph, software_stack=stack)
+    analysis = analyze(graph, software_stack=stack, hardware_kind=hardware_kind)
     return analysis_cache.put(BoundGraph(key=key, analysis=analysis, graph_id=graph_id,
                                          nbytes=analysis_bytes(analysis)))
 
 
 def bound_graph(
     session: Session, *, graph_id: str, batch_size: int, dims: Mapping[str, int] | None = None,
-    software_stack: SoftwareStack | None = SoftwareStack.PYTORCH_EAGER,
+    software_stack: SoftwareStack | None = SoftwareStack.PYTORCH_EAGER, hardware_kind: str = "gpu",
 ) -> BoundGraph:
-    """The stored graph ``graph_id`` imported at ``batch_size``/``dims`` and analysed for ``software_stack``,
-    from the analysis cache (a hit reads only the primary-key index; the row and its content only on a
-    miss). Raises :class:`GraphNotFound`
-    (404) and what :func:`build_graph` raises (422)."""
+    """The stored graph ``graph_id`` imported at ``batch_size``/``dims`` and analysed for ``software_stack`` on
+    a ``hardware_kind`` device (``"gpu"``/``"cpu"``: what it fuses, :func:`app.core.fusion.rules_for_stack`;
+    ignored without a stack), from the analysis cache (a hit reads only the primary-key index; the row and its
+    content only on a miss). Raises :class:`GraphNotFound` (404) and what :func:`build_graph` raises (422)."""
     if not GraphRepository(session).exists(graph_id):
         raise GraphNotFound(f"no graph with id '{graph_id}'", detail={"graph_id": graph_id})
     dims = dict(dims or {})
     # a stored row's content is a function of its id (the sha256 of the upload) and is never rewritten, so
     # the id names the content: a hit needs only the existence check, not the row
-    key = ("id", graph_id, batch_size, tuple(sorted(dims.items())), software_stack)
+    kind = hardware_kind if software_stack is not None else None
+    key = ("id", graph_id, batch_size, tuple(sorted(dims.items())), software_stack, kind)
 
     def load() -> Graph:
         row = get_graph(session, graph_id=graph_id)
         return build_graph(row.content, row.source_format, batch_size=batch_size, dims=dims, name=row.name)
 
-    return _bind(key, graph_id, load, software_stack)
+    return _bind(key, graph_id, load, software_stack, hardware_kind)
 
 
 def bound_inline(
     content: bytes, *, batch_size: int, dims: Mapping[str, int] | None = None,
-    software_stack: SoftwareStack | None = SoftwareStack.PYTORCH_EAGER,
+    software_stack: SoftwareStack | None = SoftwareStack.PYTORCH_EAGER, hardware_kind: str = "gpu",
 ) -> BoundGraph:
     """An inline JSON graph (canonical bytes, :func:`canonical_json`) bound and analysed like
     :func:`bound_graph`, cached by the sha256 of the content."""
     dims = dict(dims or {})
-    key = ("json", content_id(content), batch_size, tuple(sorted(dims.items())), software_stack)
-    return _bind(key, None, lambda: build_graph(content, "json", batch_size=batch_size, dims=dims), software_stack)
+    kind = hardware_kind if software_stack is not None else None
+    key = ("json", content_id(content), batch_size, tuple(sorted(dims.items())), software_stack, kind)
+    return _bind(key, None, lambda: build_graph(content, "json", batch_size=batch_size, dims=dims), software_stack,
+                 hardware_kind)
 
 
 def summarize(analysis: GraphAnalysis) -> dict[str, Any]:

@@ -37,6 +37,7 @@ from app.core.collectives import (
     Link,
 )
 from app.core.energy import IDLE_FRACTION_OF_TDP, J_PER_KWH, idle_power_w
+from app.core.fusion import rules_for_stack
 from app.core.hardware import HardwareSpec
 from app.core.ir import EVAL_EXPORT_WARNING
 from app.core.memory import (
@@ -57,6 +58,7 @@ from app.core.precision import (
     check_precision,
     storage_precision,
 )
+from app.core.vocab import SoftwareStack
 from app.errors import NoInterconnect, PrecisionNotSupportedError
 from app.graphs import service as graphs
 from app.hardware import service as hardware_service
@@ -256,7 +258,7 @@ def memo_estimates(bound: graphs.BoundGraph, predictor: Predictor, setting: Sett
     found = bound.recall(key)
     if found is not None:
         return found  # type: ignore[no-any-return]
-    table = bound.table(setting.hardware)
+    table = bound.table(setting.hardware, training=setting.training)
     return remember_estimates(bound, key, table, setting, predict_tables(predictor, [(table, setting)])[0])
 
 
@@ -265,13 +267,23 @@ def memo_estimates(bound: graphs.BoundGraph, predictor: Predictor, setting: Sett
 LAYER_ROW_BYTES = 2000
 
 
-def _layer_stats(analysis: GraphAnalysis, table: LayerTable, est: Estimates) -> tuple[int, Counter[str]]:
-    """How many costed layers lie outside the learned predictor's data, and the layer count per method."""
-    methods = Counter(est.method)
-    n_uns = len(analysis.costs) - len(table)
+def _layer_stats(analysis: GraphAnalysis, est: Estimates) -> tuple[int, Counter[str]]:
+    """How many costed layers of the graph lie outside the learned predictor's data, and the graph's layer
+    count per method (the loss row a training table ends with is not a graph layer: ``iteration.loss_ms``)."""
+    n_uns = analysis.unsupported_layer_count
+    n = len(analysis.costs) - n_uns
+    methods = Counter(est.method[:n])
     if n_uns:
         methods["unsupported"] = n_uns
-    return int(np.count_nonzero(est.out_of_distribution)), methods
+    return int(np.count_nonzero(est.out_of_distribution[:n])), methods
+
+
+def loss_ms(bound: graphs.BoundGraph, training: bool, est: Estimates) -> float:
+    """The loss layer's forward + backward ms (the last row of a training table, :meth:`BoundGraph.table`), 0.0
+    when the step has none (inference, or no floating-point output)."""
+    if not bound.has_loss_row(training):
+        return 0.0
+    return float(est.forward_ms[-1] + est.backward_ms[-1] + est.update_ms[-1])
 
 
 def _layer_rows(analysis: GraphAnalysis, table: LayerTable, setting: Setting, est: Estimates
@@ -316,16 +328,17 @@ def _layer_rows(analysis: GraphAnalysis, table: LayerTable, setting: Setting, es
 
 
 def _totals_read(
-    agg: Aggregate, request: PredictionCreate, hw: HardwareSpec, *, gradient_bytes: int
+    agg: Aggregate, request: PredictionCreate, hw: HardwareSpec, *, gradient_bytes: int, loss_ms: float
 ) -> tuple[IterationPrediction, EpochPrediction | None, JobPrediction | None]:
-    """The aggregation's iteration, epoch and job as response schemas (price and its source added)."""
+    """The aggregation's iteration, epoch and job as response schemas (price and its source added; ``loss_ms``:
+    the loss layer's share of ``layers_ms``)."""
     price, price_source = _price(request, hw)
     it = agg.iteration
     iteration = IterationPrediction(
         time_ms=it.time_ms, time_ms_p10=it.time_ms_p10, time_ms_p90=it.time_ms_p90, forward_ms=it.forward_ms,
         backward_ms=it.backward_ms, update_ms=it.update_ms, samples_per_s=it.samples_per_s,
         device_count=it.device_count, nodes=request.nodes, devices_per_node=it.device_count // request.nodes,
-        per_device_batch_size=it.per_device_batch_size, layers_ms=it.layers_ms,
+        per_device_batch_size=it.per_device_batch_size, layers_ms=it.layers_ms, loss_ms=loss_ms,
         overhead_ms=it.overhead_ms, gradient_bytes=gradient_bytes, allreduce_ms=it.allreduce_ms,
         allreduce_exposed_ms=it.allreduce_exposed_ms, allreduce_buckets=it.allreduce_buckets, input_ms=it.input_ms,
         input_exposed_ms=it.input_exposed_ms, scaling_efficiency=it.scaling_efficiency, energy_j=it.energy_j,
@@ -403,6 +416,31 @@ def checked_precision(hw: HardwareSpec, precision: Precision) -> Precision:
         ) from exc
 
 
+_RULE_TEXT: dict[str, str] = {
+    "attention": "the attention core (Q.K^T, scale, mask, softmax, dropout, .V) as one flash / memory-efficient "
+                 "SDPA kernel",
+    "gelu": "erf-GELU chains as one GELU",
+    "bias": "bias adds into their GEMM/conv",
+    "activation_epilogue": "activations into their GEMM/conv epilogue",
+    "pointwise": "connected element-wise groups as one generated kernel",
+}
+
+
+def fusion_assumption(software_stack: SoftwareStack, hardware_kind: str) -> str:
+    """The ``assumptions["fusion"]`` text of an answer under ``software_stack`` on a ``hardware_kind`` device
+    (``"gpu"``/``"cpu"``): the rules :func:`app.core.fusion.rules_for_stack` applies there, and on a CPU why the
+    attention core is not one of them."""
+    rules = rules_for_stack(software_stack, hardware_kind)
+    text = (f"layers fused as {software_stack.value} fuses them on a {hardware_kind.upper()}: "
+            + ("; ".join(_RULE_TEXT[r] for r in rules) or "nothing")
+            + "; a fused layer keeps its members' FLOPs and moves only its external tensors")
+    if hardware_kind == "cpu" and "attention" in rules_for_stack(software_stack, "gpu"):
+        text += ("; on a CPU the attention core is NOT fused but costed as its separate layers: PyTorch's CPU "
+                 "scaled_dot_product_attention runs it so in training with dropout (the math path), and its CPU "
+                 "flash kernel (no dropout) measured about as fast as those parts (app/core/fusion.py)")
+    return text
+
+
 def predict(session: Session, predictor: Predictor, *, request: PredictionCreate) -> PredictionRead:
     """Predict the cost of ``request`` (see :class:`PredictionCreate`).
 
@@ -410,19 +448,20 @@ def predict(session: Session, predictor: Predictor, *, request: PredictionCreate
     :class:`InvalidGraph`/:class:`UnboundDimension` (422) for graphs that cannot be imported at the
     requested binding, :class:`PrecisionNotSupportedError` (422) for a precision the device lacks.
     """
-    if request.graph_id is not None:
-        bound = graphs.bound_graph(session, graph_id=request.graph_id, batch_size=request.per_device_batch_size,
-                                   dims=request.dims, software_stack=request.software_stack)
-    else:
-        assert request.graph is not None
-        content = graphs.canonical_json(request.graph.model_dump())
-        bound = graphs.bound_inline(content, batch_size=request.per_device_batch_size, dims=request.dims,
-                                    software_stack=request.software_stack)
     if request.hardware_id is not None:
         hw = hardware_service.get_spec(session, hardware_id=request.hardware_id)
     else:
         assert request.hardware is not None
         hw = hardware_service.spec_from_inline(request.hardware)
+    # analysed for the device's kind: what the stack fuses on a GPU and on a CPU differs (app.core.fusion)
+    if request.graph_id is not None:
+        bound = graphs.bound_graph(session, graph_id=request.graph_id, batch_size=request.per_device_batch_size,
+                                   dims=request.dims, software_stack=request.software_stack, hardware_kind=hw.kind)
+    else:
+        assert request.graph is not None
+        content = graphs.canonical_json(request.graph.model_dump())
+        bound = graphs.bound_inline(content, batch_size=request.per_device_batch_size, dims=request.dims,
+                                    software_stack=request.software_stack, hardware_kind=hw.kind)
     return estimate(bound.analysis, hw, predictor, request=request, graph_id=bound.graph_id, bound=bound)
 
 
@@ -457,16 +496,16 @@ def estimate(
     ]
     if bound is None:
         bound = graphs.BoundGraph(key=None, analysis=analysis, graph_id=graph_id, nbytes=0)
-    table = bound.table(hw)
     setting = Setting(hardware=hw, mode=request.mode, optimizer=optimizer, precision=precision,
                       software_stack=request.software_stack)
+    table = bound.table(hw, training=training)  # a training step's table ends with the loss layer
     key: Hashable = None
     if estimates is None:
         key = estimates_key(predictor, setting, spec_fingerprint(hw))
         estimates, sums = memo_estimates(bound, predictor, setting, key=key)
     else:
         sums = sums_of(table, setting, estimates)
-    ood_layers, methods = _layer_stats(analysis, table, estimates)
+    ood_layers, methods = _layer_stats(analysis, estimates)
     rows: list[LayerPrediction] = []
     if request.detail == "layers":
         est = estimates
@@ -511,7 +550,8 @@ def estimate(
     if agg.job is not None and price is None:
         warnings.append(f"hardware {hw.id!r} has no list price: give price_usd_per_hour for a cost")
     gradient_bytes = fp.gradients_bytes if training and request.device_count > 1 else 0
-    iteration, epoch, job = _totals_read(agg, request, hw, gradient_bytes=gradient_bytes)
+    iteration, epoch, job = _totals_read(agg, request, hw, gradient_bytes=gradient_bytes,
+                                         loss_ms=loss_ms(bound, training, estimates))
     memory = MemoryPrediction(
         precision=storage_precision(precision),
         activation_checkpointing=request.activation_checkpointing,
@@ -574,15 +614,18 @@ def estimate(
         warnings=warnings,
         assumptions={
             "iteration": "sum over layers of forward + backward + optimizer update on one device at the "
-                         "per-device batch, no inter-layer overlap, + iteration_overhead_ms + the exposed "
+                         "per-device batch, no inter-layer overlap (in training the loss layer included: "
+                         "loss_ms) + iteration_overhead_ms + the exposed "
                          "all-reduce; input loading (when loading_samples_per_s is given) is max'ed with that "
                          "when loading_overlapped, added otherwise (app/core/aggregate.py)",
             "data_parallel": _data_parallel_assumption(request, hw),
-            "fusion": "layers fused as the software stack fuses them (attention core, erf-GELU chains, bias "
-                      "adds, and activation epilogues under compiled graphs); a fused layer keeps its members' "
-                      "FLOPs and moves only its external tensors",
+            "fusion": fusion_assumption(request.software_stack, hw.kind),
             "interval": "p10/p90 of the iteration are sums of per-layer p10/p90 (errors assumed correlated)",
             "backward": BACKWARD_SEMANTICS,
+            "loss": ("training: a cross-entropy loss on the graph's first floating-point output (log-softmax over "
+                     "its last axis + NLL, forward and backward), costed as a softmax layer over that tensor and "
+                     "added to the layer sum as loss_ms; the memory counts the same loss" if training else
+                     "inference: no loss computed"),
             "epoch": "ceil(dataset_size / batch_size) iterations (last partial batch counted as full) + "
                      "ceil(eval_size / batch_size) forward-only passes when eval_size is given; job = epochs x "
                      "epoch + floor(epochs / checkpoint_every_epochs) writes of weights + optimizer state at "

@@ -217,8 +217,9 @@ def e2e_predictions(
 
     Each architecture is exported once (:func:`app.profiler.e2e.export_onnx`) and imported at every
     measured batch size; prediction follows the API (:func:`app.predictions.service.estimate`): the graph
-    analysed for the record's software stack (fused as it fuses), one training-mode query per costed layer with
-    the record's optimizer and stack, summed.
+    analysed for the record's software stack on a CPU (fused as it fuses there: no attention fusion), one
+    training-mode query per costed layer and one for the loss layer (the measured step includes the loss:
+    :func:`app.core.analysis.loss_layer`) with the record's optimizer and stack, summed.
     """
     from app.core.analysis import analyze
     from app.core.onnx_import import import_onnx
@@ -242,18 +243,24 @@ def e2e_predictions(
             log(f"e2e {arch} b={r['batch_size']}: cannot rebuild ({type(exc).__name__}: {exc})")
             out.append({"arch": arch, "batch_size": r["batch_size"], "error": f"{type(exc).__name__}: {exc}"[:300]})
             continue
-        # as the API analyses a graph for the request's software stack (default PyTorch eager): fused as that
-        # stack fuses (attention, GELU, bias: app.core.fusion), every query under that stack
+        # as the API analyses a graph for the request's software stack (default PyTorch eager) on the device's
+        # kind: fused as that stack fuses there (GELU, bias; attention on GPUs only: app.core.fusion), every
+        # query under that stack
         stack = SoftwareStack(str(r.get("software_stack") or SoftwareStack.PYTORCH_EAGER.value))
-        a = analyze(g, software_stack=stack)
+        a = analyze(g, software_stack=stack, hardware_kind=cpu_hardware.kind)
         opt = str(r.get("optimizer", "sgd"))
+        # the measured step times forward with the loss and loss.backward() (app.profiler.e2e): the graph's
+        # layers and then the loss layer (app.core.analysis.loss_layer), as the API's training table ends with it
+        pairs = [(layer, cost) for layer, cost in zip(a.graph.layers, a.costs, strict=True) if cost.supported]
+        if a.loss is not None and a.loss_cost is not None:
+            pairs.append((a.loss, a.loss_cost))
         queries = [
             LayerTimeQuery(layer=layer, cost=cost, hardware=cpu_hardware, mode="training", optimizer=opt,
                            precision=Precision(str(r.get("precision", "fp32"))), software_stack=stack)
-            for layer, cost in zip(a.graph.layers, a.costs, strict=True)
-            if cost.supported
+            for layer, cost in pairs
         ]  # fmt: skip
         est = predictor.estimate(queries)
+        loss = est[-1].total_ms if a.loss is not None else 0.0
         learned = _iteration(est, int(r["batch_size"]))
         roofline = _iteration(roof.estimate(queries), int(r["batch_size"]))
         methods: dict[str, int] = {}
@@ -269,6 +276,7 @@ def e2e_predictions(
             "learned_sum_p90_ms": learned.time_ms_p90,
             "roofline_sum_ms": roofline.time_ms,
             "layers": len(queries),
+            "loss_ms": loss,
             "unsupported_layers": a.unsupported_layer_count,
             "train_flops": float(flops),
             "methods": methods,
@@ -507,11 +515,13 @@ def markdown(report: Mapping[str, Any]) -> str:
                       f"{len(e2e['rows'])} held-out records; over all models it "
                       f"{'helps' if oa.get('used') else 'does not help, so the plain layer sum is served'} "
                       f"(fitted {_fmt(oa.get('fitted_overhead_ms'), pct=False)} ms)."]  # fmt: skip
-        lines += ["", "| model | batch | measured ms | learned Σ ms | calibrated ms | error |",
-                  "|---|---|---|---|---|---|"]  # fmt: skip
+        lines += ["", "The layer sums include the loss layer (cross-entropy on the output; its share in the "
+                      "loss column); on the CPU the attention core is costed as its parts (app/core/fusion.py).",
+                  "", "| model | batch | measured ms | learned Σ ms | of which loss ms | calibrated ms | error |",
+                  "|---|---|---|---|---|---|---|"]  # fmt: skip
         for x in e2e["rows"]:
             lines.append(f"| {x['arch']} | {x['batch_size']} | {x['measured_ms']:.1f} | {x['learned_sum_ms']:.1f} | "
-                         f"{x['learned_calibrated_ms']:.1f} | "
+                         f"{x.get('loss_ms', 0.0):.1f} | {x['learned_calibrated_ms']:.1f} | "
                          f"{(x['learned_calibrated_ms'] / x['measured_ms'] - 1) * 100:+.1f} % |")  # fmt: skip
         lines.append("")
     elif report.get("e2e_note"):

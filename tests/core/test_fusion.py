@@ -159,3 +159,37 @@ def test_a_pointwise_group_whose_middle_is_read_outside_stays_unfused() -> None:
     assert fused.layers[0].cost.forward_bytes == x.nbytes + b.nbytes  # the intermediate never reaches DRAM
     assert all(f.rule is None for f in fuse_graph(graph(True), software_stack="pytorch-compiled").layers)
     assert all(f.rule is None for f in fuse_graph(graph(False), software_stack="pytorch-eager").layers)
+
+
+def test_a_cpu_keeps_the_attention_core_unfused_and_a_gpu_fuses_it() -> None:
+    """PyTorch's CPU SDPA runs the attention of a training step with dropout as separate ops (math path), and
+    its CPU flash kernel is no faster than them: a CPU analysis keeps the parts, a GPU one fuses them."""
+    g = _graph("bert")
+    cpu = fuse_graph(g, software_stack=SoftwareStack.PYTORCH_EAGER, hardware_kind="cpu")
+    gpu = fuse_graph(g, software_stack=SoftwareStack.PYTORCH_EAGER, hardware_kind="gpu")
+    assert gpu == fuse_graph(g, software_stack=SoftwareStack.PYTORCH_EAGER)  # the GPU answer is unchanged
+    cpu_rules = Counter(f.rule for f in cpu.layers if f.rule)
+    assert cpu_rules["attention"] == 0 and Counter(f.rule for f in gpu.layers)["attention"] == N_LAYERS
+    assert cpu_rules["gelu"] == N_LAYERS and cpu_rules["bias"] >= 6 * N_LAYERS  # the other rules still apply
+    ops = Counter(x.op_type for x in cpu.graph.layers)
+    assert ops["Softmax"] == N_LAYERS and ops["Attention"] == 0
+    assert sum(c.forward_flops for c in cpu.costs) == sum(c.forward_flops for c in gpu.costs)
+    assert cpu.rules == tuple(r for r in gpu.rules if r != "attention")
+    a = analyze(g, software_stack="pytorch-eager", hardware_kind="cpu")
+    assert a.fusion_hardware_kind == "cpu" and "attention" not in a.fusion_rules
+    with pytest.raises(ValueError, match="hardware_kind"):
+        fuse_graph(g, software_stack="pytorch-eager", hardware_kind="tpu")
+
+
+def test_the_loss_layer_is_a_cross_entropy_over_the_logits() -> None:
+    g = _graph("gpt2")
+    a = analyze(g, software_stack="pytorch-eager")
+    logits = next(t for t in g.outputs if t.dtype.startswith("float"))
+    assert a.loss is not None and a.loss_cost is not None
+    assert a.loss.op_type == "SoftmaxCrossEntropyLoss" and a.loss.kind is OpKind.SOFTMAX
+    assert a.loss.inputs == (logits,) and a.loss.outputs[0].shape == logits.shape and a.loss.needs_input_grad
+    assert a.loss not in a.graph.layers  # a training step adds it after the graph
+    assert a.loss_cost.forward_flops == 5 * logits.numel and a.loss_cost.backward_flops > 0
+    ints = Graph(name="ids", inputs=(Tensor("x", (2, 3), "int64"),), outputs=(Tensor("y", (2, 3), "int64"),),
+                 layers=(), batch_size=2)
+    assert analyze(ints).loss is None  # nothing to take a cross-entropy of

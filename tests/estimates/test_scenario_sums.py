@@ -72,7 +72,7 @@ def test_shared_sums_give_the_per_job_numbers(client: TestClient, session: Sessi
     found = engine.predict_layers(cache, scenarios)
     assert len({id(x) for x in found.sums}) == len(base)  # summed once per scenario, not once per job
     for s, est, sums in zip(scenarios, found.estimates, found.sums, strict=True):
-        times = layer_times(s.bound.table(s.hardware), s.setting, est)
+        times = layer_times(s.table, s.setting, est)
         assert sums == layer_sums(times)  # bit for bit, without a LayerTime per layer
         shared = engine.scenario_aggregate(cache, s, sums)
         _close(shared, _per_job(cache, s, times), s.request.graph_id or "")

@@ -35,8 +35,9 @@ def test_resnet50_training_on_p100_per_layer_iteration_epoch(client: TestClient,
     assert it["time_ms"] > 0 and it["time_ms_p10"] <= it["time_ms"] <= it["time_ms_p90"]
     assert math.isclose(it["time_ms"], it["forward_ms"] + it["backward_ms"] + it["update_ms"], rel_tol=1e-9)
     assert it["backward_ms"] > it["forward_ms"] * 0.5  # backward is roughly twice forward for convs
-    # per-layer rows add up to the iteration
-    assert math.isclose(sum(row["total_ms"] for row in body["layers"]), it["time_ms"], rel_tol=1e-6)
+    # per-layer rows and the loss layer after them add up to the iteration
+    assert it["loss_ms"] > 0
+    assert math.isclose(sum(row["total_ms"] for row in body["layers"]) + it["loss_ms"], it["time_ms"], rel_tol=1e-6)
     ep = body["epoch"]
     assert ep["iterations_per_epoch"] == math.ceil(IMAGENET / 64)
     assert math.isclose(ep["time_s"], ep["iterations_per_epoch"] * it["time_ms"] / 1e3, rel_tol=1e-9)
@@ -271,3 +272,37 @@ def test_answer_says_which_software_stack_it_assumed(client: TestClient, resnet_
     assert relu_ms(graphs.json()) < relu_ms(default.json())
     bad = _predict(client, graph_id=resnet_id, hardware_id="a100-sxm4-40gb", batch_size=1, software_stack="jax")
     assert bad.status_code == 422
+
+
+ATTENTION_LM = {"input_shape": [16, 32], "layers": [
+    {"op": "multihead_attention", "num_heads": 4}, {"op": "layernorm"}, {"op": "linear", "out_features": 1000}]}
+
+
+def test_training_adds_the_loss_layer_on_every_device_and_inference_does_not(client: TestClient) -> None:
+    for hw in ("local", "a100-sxm4-40gb"):
+        train = _predict(client, graph=ATTENTION_LM, hardware_id=hw, batch_size=8, detail="layers").json()
+        it = train["iteration"]
+        assert it["loss_ms"] > 0, hw
+        # the rows are the graph's layers; the loss layer after them is the named term of layers_ms
+        rows = sum(row["total_ms"] for row in train["layers"])
+        assert math.isclose(rows + it["loss_ms"], it["layers_ms"], rel_tol=1e-9)
+        assert math.isclose(it["forward_ms"] + it["backward_ms"] + it["update_ms"], it["layers_ms"], rel_tol=1e-9)
+        assert "cross-entropy" in train["assumptions"]["loss"]
+        infer = _predict(client, graph=ATTENTION_LM, hardware_id=hw, batch_size=8, mode="inference").json()
+        assert infer["iteration"]["loss_ms"] == 0
+        assert math.isclose(sum(r["total_ms"] for r in _predict(client, graph=ATTENTION_LM, hardware_id=hw,
+                                                                 batch_size=8, mode="inference",
+                                                                 detail="layers").json()["layers"]),
+                            infer["iteration"]["layers_ms"], rel_tol=1e-9)
+
+
+def test_a_cpu_costs_the_attention_core_as_its_parts_and_says_so(client: TestClient) -> None:
+    cpu = _predict(client, graph=ATTENTION_LM, hardware_id="local", batch_size=8, detail="layers").json()
+    gpu = _predict(client, graph=ATTENTION_LM, hardware_id="a100-sxm4-40gb", batch_size=8, detail="layers").json()
+    assert [r["fusion_rule"] for r in gpu["layers"]].count("attention") == 1
+    assert "attention" not in [r["fusion_rule"] for r in cpu["layers"]]
+    cpu_ops = [r["op_type"] for r in cpu["layers"]]
+    assert cpu_ops.count("MatMul") == 2 and "Softmax" in cpu_ops  # Q.K^T, softmax, .V costed one by one
+    assert all(r["method"] == "learned" for r in cpu["layers"] if r["op_type"] in ("MatMul", "Softmax"))
+    assert "NOT fused" in cpu["assumptions"]["fusion"] and "NOT fused" not in gpu["assumptions"]["fusion"]
+    assert "SDPA" in gpu["assumptions"]["fusion"]
