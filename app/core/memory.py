@@ -606,26 +606,26 @@ def footprint(
     elif layout.half != half or layout.device != (runtime, gpu):
         raise ValueError("layout was built for another precision or device")
     if activation_checkpointing:
-        return _walk_sets(analysis, layout, scale, states=states, precision=precision, activation_checkpointing=True)
+        return _walk_sets(layers, graph.outputs, layout, scale, states=states, precision=precision,
+                          activation_checkpointing=True)
     if layout.walk is None:
         layout.walk = _compile_walk(layout, layers, graph.outputs)
     return layout.walk.footprint(scale, states=states, precision=precision)
 
 
-def _walk_sets(analysis: GraphAnalysis, layout: Layout, scale: float, *, states: int, precision: str,
-               activation_checkpointing: bool) -> MemoryFootprint:
-    """The training footprint of ``layout`` at ``scale``, walked tensor set by tensor set: the definition,
-    what checkpointing runs (its segments depend on the bytes) and what :class:`_Walk` replays in numpy."""
+def _walk_sets(layers: Sequence[Layer], outputs: Sequence[Tensor], layout: Layout, scale: float, *, states: int,
+               precision: str, activation_checkpointing: bool) -> MemoryFootprint:
+    """The training footprint of ``layout`` (built from ``layers``/``outputs``) at ``scale``, walked tensor set
+    by tensor set: the definition, what checkpointing runs (its segments depend on the bytes) and what
+    :class:`_Walk` replays in numpy."""
     runtime, gpu = layout.device
-    graph = analysis.graph
-    layers = graph.layers
     weights, last_use = _weights(layers)
     w_bytes = sum(runtime.rounded(w.numel * 4) for w in weights.values())
     runtime_bytes = runtime.context_bytes + runtime.workspace_bytes
     plan = _sized(layout, scale)
     n = len(layers)
     saved, extra = (_checkpoint(plan, n) if activation_checkpointing else (plan.saved, plan.extra))
-    out_keys = {k for k in plan.nbytes if k in {t.name for t in graph.outputs}}
+    out_keys = {k for k in plan.nbytes if k in {t.name for t in outputs}}
     copies = {k for s in saved for k in s if k.endswith("@16") and k.split("@")[0] in weights}
     # free after the backward of the earliest layer that saved it
     release: dict[str, int] = {}
@@ -634,7 +634,7 @@ def _walk_sets(analysis: GraphAnalysis, layout: Layout, scale: float, *, states:
             release.setdefault(k, i)
     live_saved = {k for k in release} | out_keys
     act_keys = live_saved - copies
-    first_out = next((t for t in graph.outputs if _is_float(t)), None)
+    first_out = next((t for t in outputs if _is_float(t)), None)
     loss_bytes = runtime.rounded(int(4 * first_out.numel * scale)) if first_out is not None else 0  # log_softmax output
     act_bytes = sum(plan.nbytes[k] for k in act_keys) + sum(extra) + loss_bytes
     copy_bytes = sum(plan.nbytes[k] for k in copies)
