@@ -224,6 +224,7 @@ class LearnedPredictor:
                 layer_note_index=np.asarray([sets.setdefault(nt, len(sets)) for nt in notes], dtype=np.intp).reshape(n),
                 layer_note_sets=tuple(sets),
                 reasons={},
+                ranges={},
             )
 
         found = table.memo(("learned-rows", self.version), build)
@@ -247,29 +248,43 @@ class LearnedPredictor:
         """Per row ``idx`` (features ``feats`` ``[len(idx), len(FEATURE_NAMES)]``): the note on features outside
         the widened training range of its (hardware kind, op kind), or on missing training rows of that op
         kind; ``None`` inside the range. As ``(codes [len(idx)], texts)``: row ``j``'s note is
-        ``texts[codes[j]]`` (``texts[0]`` is ``None``; one text per distinct set of features out of range)."""
+        ``texts[codes[j]]`` (``texts[0]`` is ``None``; one text per op kind without training rows and per
+        distinct set of features out of range). Every row is compared with its kind's range at once."""
         x = select_features(feats, self.feature_names)
+        lo, hi, has = self._kind_ranges(hw_kind, rows)
         codes = np.zeros(len(idx), dtype=np.intp)
         texts: list[str | None] = [None]
         ki = rows.kind_index[idx]
-        for k in np.unique(ki).tolist():
-            kind = rows.kinds[k]
-            sel = np.nonzero(ki == k)[0]
-            rng = self._ranges.get((hw_kind, kind.value)) or self._ranges.get((hw_kind, "*"))
-            if rng is None:
-                codes[sel] = len(texts)
-                texts.append(f"no {hw_kind} training rows of op kind {kind.value}")
-                continue
-            out = (x[sel] < rng[0]) | (x[sel] > rng[1])
-            bad = np.nonzero(out.any(axis=1))[0]
-            if not len(bad):
-                continue
+        missing = ~has[ki]
+        for k in np.unique(ki[missing]).tolist():
+            codes[ki == k] = len(texts)
+            texts.append(f"no {hw_kind} training rows of op kind {rows.kinds[k].value}")
+        out = (x < lo[ki]) | (x > hi[ki])  # the range of a kind without one is (-inf, inf)
+        bad = np.nonzero(out.any(axis=1))[0]
+        if len(bad):
             first, which = _distinct_rows(out[bad])
-            codes[sel[bad]] = len(texts) + which
+            codes[bad] = len(texts) + which
             names = self.feature_names
             texts += ["features outside the training range: " + ", ".join(
                 names[c] for c in np.nonzero(out[bad[j]])[0].tolist()) for j in first.tolist()]  # fmt: skip
         return codes, texts
+
+    def _kind_ranges(self, hw_kind: str, rows: _Rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The widened training range of each op kind of ``rows`` on ``hw_kind`` devices, as ``(lo, hi)``
+        ``[K, len(feature_names)]`` float64 (``-inf``/``inf`` for a kind without training rows) and whether
+        the kind has one ``[K]``; kept on ``rows`` per device kind."""
+        found = rows.ranges.get(hw_kind)
+        if found is None:
+            width = len(self.feature_names)
+            lo = np.full((len(rows.kinds), width), -np.inf)
+            hi = np.full((len(rows.kinds), width), np.inf)
+            has = np.zeros(len(rows.kinds), dtype=bool)
+            for k, kind in enumerate(rows.kinds):
+                rng = self._ranges.get((hw_kind, kind.value)) or self._ranges.get((hw_kind, "*"))
+                if rng is not None:
+                    lo[k], hi[k], has[k] = rng[0], rng[1], True
+            found = rows.ranges[hw_kind] = (lo, hi, has)
+        return found
 
     def _prepare(self, table: LayerTable, idx: np.ndarray, s: Setting) -> _Prepared:
         """Plan and featurise rows ``idx`` of ``table`` in ``s`` (module docstring, "Whole-model assembly"), numpy
@@ -558,7 +573,8 @@ class _Rows:
     """Layer facts of a table's rows (``[N]`` each): the distinct op kinds and each row's index into them, the
     backward's kernel launches (input and weight gradients, or one), the parameter tensors, the layer-only
     notes (each row's index into the distinct sets of them), and per device kind the reason
-    :meth:`LearnedPredictor.applies` rejects a row (``None``: served)."""
+    :meth:`LearnedPredictor.applies` rejects a row (``None``: served) and the op kinds' feature ranges
+    (:meth:`LearnedPredictor._kind_ranges`)."""
 
     kinds: tuple[OpKind, ...]
     kind_index: np.ndarray
@@ -567,6 +583,7 @@ class _Rows:
     layer_note_index: np.ndarray
     layer_note_sets: tuple[tuple[str, ...], ...]
     reasons: dict[str, list[str | None]]
+    ranges: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]
 
 
 @dataclass(frozen=True, slots=True)
