@@ -267,8 +267,9 @@ class _Terms:
 class Layout:
     """What :func:`footprint`'s walk over the layers finds that does not depend on the batch size (aliases,
     autocast dtypes, what each layer saves, producers and consumers) with every byte count kept as a
-    :data:`_Size` to evaluate at a batch: built once per graph, precision and device runtime by
-    :func:`memory_layout`, then sized per batch without walking the layers again."""
+    :data:`_Size` to evaluate at a batch: built once per graph, precision and device kind (``gpu``: the
+    autocast op lists and the cuDNN workspace; the generation's allocator rounding is applied when sized) by
+    :func:`memory_layout`, then sized per batch and device without walking the layers again."""
 
     sizes: dict[str, _Size]
     saved: list[set[str]]
@@ -278,7 +279,7 @@ class Layout:
     needs_grad: set[str]
     transient: list[tuple[_Size, ...] | None]
     half: int | None
-    device: tuple[DeviceRuntime, bool]
+    gpu: bool
     walk: _Walk | None = None  # the walk without checkpointing, compiled by the first footprint that needs it
 
 
@@ -290,9 +291,9 @@ def _bytes(size: _Size, scale: float, runtime: DeviceRuntime) -> int:
     return runtime.rounded(int(nbytes * scale) if per_batch else int(nbytes))
 
 
-def _sized(layout: Layout, scale: float) -> _Plan:
-    """The :class:`_Plan` of ``layout`` at ``scale`` (batch / the graph's batch)."""
-    runtime = layout.device[0]
+def _sized(layout: Layout, scale: float, runtime: DeviceRuntime) -> _Plan:
+    """The :class:`_Plan` of ``layout`` at ``scale`` (batch / the graph's batch), blocks rounded as ``runtime``'s
+    allocator rounds them."""
     nbytes = {k: _bytes(v, scale, runtime) for k, v in layout.sizes.items()}
     extra = [sum(c * _bytes(size, scale, runtime) for c, size in e.terms) if isinstance(e, _Terms) else e
              for e in layout.extra]
@@ -304,19 +305,19 @@ def _sized(layout: Layout, scale: float) -> _Plan:
 def memory_layout(analysis: GraphAnalysis, *, precision: str = "fp32", hardware: HardwareSpec | None = None
                   ) -> Layout:
     """The batch-independent part of :func:`footprint`'s training walk for ``precision`` (a key of
-    :data:`PRECISIONS`) on ``hardware`` (its :func:`device_key`); pass it to :func:`footprint` (and
-    :func:`largest_batch_that_fits`) to size many batches of one graph without walking its layers each
-    time. Raises ``KeyError`` for an unknown precision."""
+    :data:`PRECISIONS`) on a device of ``hardware``'s kind (GPU or not: every GPU shares one layout, its
+    runtime rounds the bytes when :func:`footprint` sizes it); pass it to :func:`footprint` (and
+    :func:`largest_batch_that_fits`) to size many batches and devices of one graph without walking its layers
+    each time. Raises ``KeyError`` for an unknown precision."""
     half = PRECISIONS[precision]
-    device = device_key(hardware)
     weights = {w.name for layer in analysis.graph.layers for w in layer.weights}
-    return _plan(analysis.graph.layers, analysis.graph.outputs, half=half, device=device, weight_names=weights)
+    return _plan(analysis.graph.layers, analysis.graph.outputs, half=half, gpu=device_key(hardware)[1],
+                 weight_names=weights)
 
 
 def _plan(layers: Sequence[Layer], outputs: Iterable[Tensor], *, half: int | None,
-          device: tuple[DeviceRuntime, bool], weight_names: set[str]) -> Layout:
+          gpu: bool, weight_names: set[str]) -> Layout:
     """Walk the layers in order: alias views, assign autocast dtypes, list what each layer saves."""
-    gpu = device[1]
     alias: dict[str, str] = {}
     is16: dict[str, bool] = {}
     nbytes: dict[str, _Size] = {}
@@ -388,7 +389,7 @@ def _plan(layers: Sequence[Layer], outputs: Iterable[Tensor], *, half: int | Non
             transient[i] = tuple(nbytes[canon(o.name)] for o in outs)  # cuDNN workspace (capped at 1 GiB)
     for t in outputs:  # the model output is alive until backward has consumed its gradient
         nbytes.setdefault(canon(t.name), ("r", t.nbytes, 0, True))
-    return Layout(nbytes, saved, extra, produced, consumed, needs_grad, transient, half, device)
+    return Layout(nbytes, saved, extra, produced, consumed, needs_grad, transient, half, gpu)
 
 
 def _fused_attention(layers: Sequence[Layer]) -> dict[int, tuple[int, int]]:
@@ -576,9 +577,9 @@ def footprint(
     and the autocast op lists. ``activation_checkpointing`` recomputes activations in backward (training
     only). ``batch_size`` (default: the graph's) rescales every activation tensor linearly from the
     graph's batch (each carries the batch axis), so other batches need no re-import. ``layout``: the
-    :func:`memory_layout` of this analysis, precision and device, when the caller kept it (training only;
+    :func:`memory_layout` of this analysis, precision and device kind, when the caller kept it (training only;
     built here otherwise). Raises ``KeyError`` for an unknown optimizer or precision and ``ValueError`` for
-    an unknown mode, a batch below 1 or a ``layout`` of another precision or device.
+    an unknown mode, a batch below 1 or a ``layout`` of another precision or device kind.
     """
     half = PRECISIONS[precision]
     _, states = OPTIMIZERS[optimizer]
@@ -603,26 +604,26 @@ def footprint(
 
     if layout is None:
         layout = memory_layout(analysis, precision=precision, hardware=hardware)
-    elif layout.half != half or layout.device != (runtime, gpu):
-        raise ValueError("layout was built for another precision or device")
+    elif layout.half != half or layout.gpu != gpu:
+        raise ValueError("layout was built for another precision or device kind")
     if activation_checkpointing:
-        return _walk_sets(layers, graph.outputs, layout, scale, states=states, precision=precision,
+        return _walk_sets(layers, graph.outputs, layout, scale, runtime=runtime, states=states, precision=precision,
                           activation_checkpointing=True)
     if layout.walk is None:
         layout.walk = _compile_walk(layout, layers, graph.outputs)
-    return layout.walk.footprint(scale, states=states, precision=precision)
+    return layout.walk.footprint(scale, runtime=runtime, states=states, precision=precision)
 
 
-def _walk_sets(layers: Sequence[Layer], outputs: Sequence[Tensor], layout: Layout, scale: float, *, states: int,
-               precision: str, activation_checkpointing: bool) -> MemoryFootprint:
-    """The training footprint of ``layout`` (built from ``layers``/``outputs``) at ``scale``, walked tensor set
-    by tensor set: the definition, what checkpointing runs (its segments depend on the bytes) and what
-    :class:`_Walk` replays in numpy."""
-    runtime, gpu = layout.device
+def _walk_sets(layers: Sequence[Layer], outputs: Sequence[Tensor], layout: Layout, scale: float, *,
+               runtime: DeviceRuntime, states: int, precision: str, activation_checkpointing: bool) -> MemoryFootprint:
+    """The training footprint of ``layout`` (built from ``layers``/``outputs``) at ``scale`` on a device of
+    ``runtime``, walked tensor set by tensor set: the definition, what checkpointing runs (its segments depend
+    on the bytes) and what :class:`_Walk` replays in numpy."""
+    gpu = layout.gpu
     weights, last_use = _weights(layers)
     w_bytes = sum(runtime.rounded(w.numel * 4) for w in weights.values())
     runtime_bytes = runtime.context_bytes + runtime.workspace_bytes
-    plan = _sized(layout, scale)
+    plan = _sized(layout, scale, runtime)
     n = len(layers)
     saved, extra = (_checkpoint(plan, n) if activation_checkpointing else (plan.saved, plan.extra))
     out_keys = {k for k in plan.nbytes if k in {t.name for t in outputs}}
@@ -702,17 +703,16 @@ def _weights(layers: Sequence[Layer]) -> tuple[dict[str, Tensor], dict[str, int]
 class _Walk:
     """:func:`footprint`'s training walk without activation checkpointing, compiled once per :class:`Layout`
     into numpy: which tensor is saved, released, or in flight as a gradient at each layer depends on the
-    names alone, so only the byte counts depend on the batch. ``footprint(scale)`` sizes every byte count of
-    the layout at once (:data:`_Size` rows: ``amount`` elements or bytes, ``per`` bytes per element, 1 for a
-    buffer, ``fixed`` when it does not scale with the batch) and replays the reverse walk as cumulative sums
-    over the layers: the same integers as the set-by-set walk (``tests/core/test_memory_walk.py``), in
-    ~0.1 ms instead of ~3 ms for BERT-base. Key rows come first (``K`` of them), then one row per term of a
-    layer's extra and transient bytes."""
+    names alone, so only the byte counts depend on the batch and the device's allocator. ``footprint``
+    sizes every byte count of the layout at once (:data:`_Size` rows: ``amount`` elements or bytes, ``per``
+    bytes per element, 1 for a buffer, ``fixed`` when it does not scale with the batch) and replays the
+    reverse walk as cumulative sums over the layers: the same integers as the set-by-set walk
+    :func:`_walk_sets` (``tests/predictions/test_fresh_identical.py``), ~50 us instead of ~1 ms for
+    BERT-base. Key rows come first, then one row per term of a layer's extra and transient bytes."""
 
     amount: np.ndarray  # float64 [S]
     per: np.ndarray  # int64 [S]
     fixed: np.ndarray  # bool [S]
-    runtime: DeviceRuntime
     extra_layer: np.ndarray  # intp [E]: the layer of each extra term
     extra_coef: np.ndarray  # int64 [E]
     extra_size: np.ndarray  # intp [E]: its size row
@@ -725,34 +725,24 @@ class _Walk:
     out_keys: np.ndarray  # intp: the model output's keys (their gradient is the first in flight)
     loss_numel: int | None  # elements of the first float output (the loss's log_softmax), None without one
     events: tuple[tuple[np.ndarray, np.ndarray], ...]  # (layer, key) pairs: gradient in flight, done, released
-    grads_before: np.ndarray  # int64 [n]: weight gradients reached once layer i's backward runs
-    weights_bytes: int
-    gradients_bytes: int
-    largest_param_bytes: int
+    weight_numel: np.ndarray  # int64 [W]: elements of each weight
+    weight_last_use: np.ndarray  # intp [W]: the layer whose backward reaches its gradient
     gpu: bool
 
-    def _bytes(self, scale: float) -> np.ndarray:
-        """Every size row at ``scale`` as :func:`_bytes` computes it (int64 ``[S]``; exact below 2**53)."""
-        n = np.trunc(self.amount * np.where(self.fixed, 1.0, scale)).astype(np.int64) * self.per
-        rt = self.runtime
-        if rt.block_bytes <= 1:
-            return n
-        r = -(-n // rt.block_bytes) * rt.block_bytes
-        r = np.where(r >= rt.large_from_bytes, -(-r // rt.large_block_bytes) * rt.large_block_bytes, r)
-        return np.where(n > 0, r, n)
-
-    def footprint(self, scale: float, *, states: int, precision: str) -> MemoryFootprint:
-        """The training :class:`MemoryFootprint` at ``scale`` (batch / the graph's batch) with ``states``
-        optimizer states per parameter."""
-        b = self._bytes(scale)
+    def footprint(self, scale: float, *, runtime: DeviceRuntime, states: int, precision: str) -> MemoryFootprint:
+        """The training :class:`MemoryFootprint` at ``scale`` (batch / the graph's batch) on a device of
+        ``runtime`` with ``states`` optimizer states per parameter."""
         n = len(self.extra_fixed)
+        b = _rounded(np.trunc(self.amount * np.where(self.fixed, 1.0, scale)).astype(np.int64) * self.per, runtime)
         extra = self.extra_fixed.copy()
         np.add.at(extra, self.extra_layer, self.extra_coef * b[self.extra_size])
         transient = np.zeros(n, dtype=np.int64)
         np.add.at(transient, self.transient_layer, b[self.transient_size])
         transient = np.where(self.has_transient, np.minimum(transient, 1024 * MIB), 0)
-        rt = self.runtime
-        loss = rt.rounded(int(4 * self.loss_numel * scale)) if self.loss_numel is not None else 0
+        param = _rounded(self.weight_numel * 4, runtime)
+        grads_at = np.zeros(n, dtype=np.int64)
+        np.add.at(grads_at, self.weight_last_use, param)
+        loss = runtime.rounded(int(4 * self.loss_numel * scale)) if self.loss_numel is not None else 0
         act = int(b[self.act_keys].sum()) + int(extra.sum()) + loss
         copies = int(b[self.copy_keys].sum())
         end_of_forward = act + copies
@@ -762,24 +752,35 @@ class _Walk:
             np.add.at(v, layer, b[key])
             per_layer.append(v[::-1])  # reverse order: backward walks from the last layer
         add, done, released = per_layer
-        gone = np.cumsum(released + extra[::-1]) - (released + extra[::-1])  # freed by the layers after
+        freed = released + extra[::-1]
+        gone = np.cumsum(freed) - freed  # freed by the layers after
         in_flight = int(b[self.out_keys].sum()) + np.cumsum(add) - (np.cumsum(done) - done)
-        live = (end_of_forward - loss) - gone + self.grads_before[::-1] + in_flight + transient[::-1]
+        live = (end_of_forward - loss) - gone + np.cumsum(grads_at[::-1]) + in_flight + transient[::-1]
         peak = max(end_of_forward + 2 * loss, int(live.max()) if n else 0)
-        grads = self.gradients_bytes
-        step_tmp = (grads if states >= 2 else 0) if self.gpu else (2 * self.largest_param_bytes if states else 0)
+        grads = int(param.sum())
+        largest = int(param.max()) if len(param) else 0
+        step_tmp = (grads if states >= 2 else 0) if self.gpu else (2 * largest if states else 0)
         peak = max(peak, grads + step_tmp)
         return MemoryFootprint(
-            weights_bytes=self.weights_bytes, gradients_bytes=grads, optimizer_state_bytes=states * grads,
+            weights_bytes=grads, gradients_bytes=grads, optimizer_state_bytes=states * grads,
             activations_bytes=act, weight_copies_bytes=copies, backward_transient_bytes=peak - end_of_forward,
-            runtime_bytes=rt.context_bytes + rt.workspace_bytes, precision=precision, activation_checkpointing=False,
+            runtime_bytes=runtime.context_bytes + runtime.workspace_bytes, precision=precision,
+            activation_checkpointing=False,
         )  # fmt: skip
+
+
+def _rounded(nbytes: np.ndarray, runtime: DeviceRuntime) -> np.ndarray:
+    """:meth:`DeviceRuntime.rounded` of every element of ``nbytes`` (int64)."""
+    if runtime.block_bytes <= 1:
+        return nbytes
+    r = -(-nbytes // runtime.block_bytes) * runtime.block_bytes
+    r = np.where(r >= runtime.large_from_bytes, -(-r // runtime.large_block_bytes) * runtime.large_block_bytes, r)
+    return np.where(nbytes > 0, r, nbytes)
 
 
 def _compile_walk(layout: Layout, layers: Sequence[Layer], outputs: Sequence[Tensor]) -> _Walk:
     """The :class:`_Walk` of ``layout`` (built from ``layers``/``outputs``): the set logic of
-    :func:`footprint`'s training walk run once on names, its byte counts left as size rows."""
-    runtime, gpu = layout.device
+    :func:`_walk_sets` run once on names, its byte counts left as size rows."""
     n = len(layers)
     keys = {k: j for j, k in enumerate(layout.sizes)}
     rows: list[_Size] = list(layout.sizes.values())
@@ -814,7 +815,7 @@ def _compile_walk(layout: Layout, layers: Sequence[Layer], outputs: Sequence[Ten
             release.setdefault(k, i)
     act_keys = ({k for k in release} | out_keys) - copies
     first_out = next((t for t in outputs if _is_float(t)), None)
-    # the gradients in flight, replayed on names (footprint's reverse walk without the bytes)
+    # the gradients in flight, replayed on names (the reverse walk of _walk_sets without the bytes)
     producer = {k: i for i in range(n) for k in layout.produced[i]}
     grad_live = set(out_keys)
     add: list[tuple[int, int]] = []
@@ -831,10 +832,6 @@ def _compile_walk(layout: Layout, layers: Sequence[Layer], outputs: Sequence[Ten
                 if k in keys:
                     done.append((i, keys[k]))
     released = [(i, keys[k]) for k, i in release.items()]
-    grads_at = np.zeros(n, dtype=np.int64)
-    for name, w in weights.items():
-        grads_at[last_use[name]] += runtime.rounded(w.numel * 4)
-    param_bytes = [runtime.rounded(w.numel * 4) for w in weights.values()]
 
     def pairs(ev: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
         a = np.asarray(ev, dtype=np.intp).reshape(len(ev), 2)
@@ -847,7 +844,6 @@ def _compile_walk(layout: Layout, layers: Sequence[Layer], outputs: Sequence[Ten
         amount=np.asarray([float(r[1]) for r in rows], dtype=np.float64),
         per=np.asarray([r[2] if r[0] == "t" else 1 for r in rows], dtype=np.int64),
         fixed=np.asarray([r[3] if r[0] == "t" else not r[3] for r in rows], dtype=bool),
-        runtime=runtime,
         extra_layer=np.asarray(e_layer, dtype=np.intp), extra_coef=np.asarray(e_coef, dtype=np.int64),
         extra_size=np.asarray(e_size, dtype=np.intp), extra_fixed=extra_fixed,
         transient_layer=np.asarray(t_layer, dtype=np.intp), transient_size=np.asarray(t_size, dtype=np.intp),
@@ -855,9 +851,8 @@ def _compile_walk(layout: Layout, layers: Sequence[Layer], outputs: Sequence[Ten
         act_keys=idx(act_keys), copy_keys=idx(copies), out_keys=idx(out_keys),
         loss_numel=first_out.numel if first_out is not None else None,
         events=(pairs(add), pairs(done), pairs(released)),
-        grads_before=np.cumsum(grads_at[::-1])[::-1].copy(),
-        weights_bytes=sum(param_bytes), gradients_bytes=sum(param_bytes),
-        largest_param_bytes=max(param_bytes, default=0), gpu=gpu,
+        weight_numel=np.asarray([w.numel for w in weights.values()], dtype=np.int64),
+        weight_last_use=np.asarray([last_use[name] for name in weights], dtype=np.intp), gpu=layout.gpu,
     )  # fmt: skip
 
 

@@ -69,9 +69,10 @@ class _SetWalk:
     def __init__(self, layout: memory.Layout, layers: Sequence[Layer], outputs: Sequence[Tensor]) -> None:
         self.layout, self.layers, self.outputs = layout, layers, outputs
 
-    def footprint(self, scale: float, *, states: int, precision: str) -> memory.MemoryFootprint:
-        return memory._walk_sets(self.layers, self.outputs, self.layout, scale, states=states, precision=precision,
-                                 activation_checkpointing=False)
+    def footprint(self, scale: float, *, runtime: memory.DeviceRuntime, states: int,
+                  precision: str) -> memory.MemoryFootprint:
+        return memory._walk_sets(self.layers, self.outputs, self.layout, scale, runtime=runtime, states=states,
+                                 precision=precision, activation_checkpointing=False)
 
 
 @pytest.fixture
@@ -173,7 +174,8 @@ def test_the_compiled_footprint_walk_equals_the_set_walk(model: str) -> None:
                     got = memory.footprint(analysis, mode="training", optimizer=optimizer, precision=precision,
                                            hardware=hw, batch_size=batch, layout=layout)
                     ref = memory._walk_sets(layers, outputs, layout, batch / analysis.graph.batch_size,
-                                            states=states, precision=precision, activation_checkpointing=False)
+                                            runtime=memory.runtime_for(hw), states=states, precision=precision,
+                                            activation_checkpointing=False)
                     assert got == ref, (hw and hw.id, precision, optimizer, batch)
                     n += 1
     assert n == 7 * 3 * 3 * 5
