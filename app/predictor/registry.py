@@ -25,7 +25,15 @@ from app.predictor.base import LayerTimeEstimate, LayerTimeQuery
 from app.predictor.metadata import ArtifactMetadata, verify_sha256
 from app.predictor.onnx_model import LearnedPredictor, read_metadata
 from app.predictor.roofline import RooflineConstants, RooflinePredictor
-from app.predictor.table import Estimates, LayerTable, Setting, clamp_to_floors, estimate_queries, scatter
+from app.predictor.table import (
+    COST_FIELDS,
+    Estimates,
+    LayerTable,
+    Setting,
+    clamp_to_floors,
+    estimate_queries,
+    scatter,
+)
 
 CURRENT_FILE = "CURRENT"
 
@@ -107,8 +115,7 @@ class CompositePredictor:
         def build() -> np.ndarray:
             first: dict[tuple[object, ...], int] = {}
             return np.asarray([
-                first.setdefault((reasons.get(i), layer.kind, len(layer.weights), dataclasses.replace(c, name=""),
-                                  dataclasses.replace(at, name="")), i)
+                first.setdefault((reasons.get(i), layer.kind, len(layer.weights), COST_FIELDS(c), COST_FIELDS(at)), i)
                 for i, (layer, c, at) in enumerate(zip(table.layers, table.costs, rescaled.costs, strict=True))],
                 dtype=np.intp).reshape(len(table))  # fmt: skip
 

@@ -179,3 +179,17 @@ def test_the_compiled_footprint_walk_equals_the_set_walk(model: str) -> None:
                     assert got == ref, (hw and hw.id, precision, optimizer, batch)
                     n += 1
     assert n == 7 * 3 * 3 * 5
+
+
+@pytest.mark.parametrize("model", ["resnet50", "transformer"])
+def test_costs_at_a_precision_are_computed_once_per_twin_and_equal_each_rows_own(model: str) -> None:
+    from app.core.precision import cost_at_precision
+
+    analysis = _analysis(model)
+    table = graphs.BoundGraph(key=None, analysis=analysis, graph_id=None, nbytes=0).table(load_catalog()[DEVICES[0]])
+    assert len(set(table._twins())) < len(table) / 2  # repeated blocks
+    for precision in (*PRECISIONS, Precision.TF32, Precision.FP32_STRICT):
+        got = table.rescaled(precision).costs
+        for layer, cost, at in zip(table.layers, table.costs, got, strict=True):
+            own = cost_at_precision(layer, cost, precision)
+            assert at == own and (at is cost) == (own is cost), (layer.name, precision)
