@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from app.core.costs import LayerCost, layer_cost
@@ -68,11 +69,11 @@ class GraphAnalysis:
 LOSS_OP_TYPE = "SoftmaxCrossEntropyLoss"
 
 
-def loss_input(graph: Graph) -> Tensor | None:
-    """The tensor a training step's loss reads: the graph's first floating-point output (the logits), or None
-    when no output is floating point. The one choice the loss time (:func:`loss_layer`) and the loss memory
-    (:func:`app.core.memory.footprint`) share."""
-    return next((t for t in graph.outputs if t.dtype.startswith(("float", "bfloat"))), None)
+def loss_input(outputs: Sequence[Tensor]) -> Tensor | None:
+    """The tensor a training step's loss reads among a graph's ``outputs``: the first floating-point one (the
+    logits), or None when no output is floating point. The one choice the loss time (:func:`loss_layer`) and
+    the loss memory (:func:`app.core.memory.footprint`, both of its walks) share."""
+    return next((t for t in outputs if t.dtype.startswith(("float", "bfloat"))), None)
 
 
 def loss_layer(graph: Graph) -> Layer | None:
@@ -86,7 +87,7 @@ def loss_layer(graph: Graph) -> Layer | None:
     ``loss.backward()``, and an exported graph ends at the logits, so without this layer the layer sum misses
     it (GPT-2's 50,257-word vocabulary: ~10 % of a CPU step). A model trained with another loss (regression,
     a fused head) is costed with this one."""
-    x = loss_input(graph)
+    x = loss_input(graph.outputs)
     if x is None:
         return None
     log_probs = Tensor(f"{x.name}/log_probs", x.shape, x.dtype)

@@ -63,6 +63,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from app.core.analysis import GraphAnalysis, loss_input
 from app.core.costs import OPTIMIZERS, VIEW_OPS
 from app.core.hardware import HardwareSpec
@@ -265,8 +267,9 @@ class _Terms:
 class Layout:
     """What :func:`footprint`'s walk over the layers finds that does not depend on the batch size (aliases,
     autocast dtypes, what each layer saves, producers and consumers) with every byte count kept as a
-    :data:`_Size` to evaluate at a batch: built once per graph, precision and device runtime by
-    :func:`memory_layout`, then sized per batch without walking the layers again."""
+    :data:`_Size` to evaluate at a batch: built once per graph, precision and device kind (``gpu``: the
+    autocast op lists and the cuDNN workspace; the generation's allocator rounding is applied when sized) by
+    :func:`memory_layout`, then sized per batch and device without walking the layers again."""
 
     sizes: dict[str, _Size]
     saved: list[set[str]]
@@ -276,7 +279,8 @@ class Layout:
     needs_grad: set[str]
     transient: list[tuple[_Size, ...] | None]
     half: int | None
-    device: tuple[DeviceRuntime, bool]
+    gpu: bool
+    walk: _Walk | None = None  # the walk without checkpointing, compiled by the first footprint that needs it
 
 
 def _bytes(size: _Size, scale: float, runtime: DeviceRuntime) -> int:
@@ -287,9 +291,9 @@ def _bytes(size: _Size, scale: float, runtime: DeviceRuntime) -> int:
     return runtime.rounded(int(nbytes * scale) if per_batch else int(nbytes))
 
 
-def _sized(layout: Layout, scale: float) -> _Plan:
-    """The :class:`_Plan` of ``layout`` at ``scale`` (batch / the graph's batch)."""
-    runtime = layout.device[0]
+def _sized(layout: Layout, scale: float, runtime: DeviceRuntime) -> _Plan:
+    """The :class:`_Plan` of ``layout`` at ``scale`` (batch / the graph's batch), blocks rounded as ``runtime``'s
+    allocator rounds them."""
     nbytes = {k: _bytes(v, scale, runtime) for k, v in layout.sizes.items()}
     extra = [sum(c * _bytes(size, scale, runtime) for c, size in e.terms) if isinstance(e, _Terms) else e
              for e in layout.extra]
@@ -301,19 +305,19 @@ def _sized(layout: Layout, scale: float) -> _Plan:
 def memory_layout(analysis: GraphAnalysis, *, precision: str = "fp32", hardware: HardwareSpec | None = None
                   ) -> Layout:
     """The batch-independent part of :func:`footprint`'s training walk for ``precision`` (a key of
-    :data:`PRECISIONS`) on ``hardware`` (its :func:`device_key`); pass it to :func:`footprint` (and
-    :func:`largest_batch_that_fits`) to size many batches of one graph without walking its layers each
-    time. Raises ``KeyError`` for an unknown precision."""
+    :data:`PRECISIONS`) on a device of ``hardware``'s kind (GPU or not: every GPU shares one layout, its
+    runtime rounds the bytes when :func:`footprint` sizes it); pass it to :func:`footprint` (and
+    :func:`largest_batch_that_fits`) to size many batches and devices of one graph without walking its layers
+    each time. Raises ``KeyError`` for an unknown precision."""
     half = PRECISIONS[precision]
-    device = device_key(hardware)
     weights = {w.name for layer in analysis.graph.layers for w in layer.weights}
-    return _plan(analysis.graph.layers, analysis.graph.outputs, half=half, device=device, weight_names=weights)
+    return _plan(analysis.graph.layers, analysis.graph.outputs, half=half, gpu=device_key(hardware)[1],
+                 weight_names=weights)
 
 
 def _plan(layers: Sequence[Layer], outputs: Iterable[Tensor], *, half: int | None,
-          device: tuple[DeviceRuntime, bool], weight_names: set[str]) -> Layout:
+          gpu: bool, weight_names: set[str]) -> Layout:
     """Walk the layers in order: alias views, assign autocast dtypes, list what each layer saves."""
-    gpu = device[1]
     alias: dict[str, str] = {}
     is16: dict[str, bool] = {}
     nbytes: dict[str, _Size] = {}
@@ -385,7 +389,7 @@ def _plan(layers: Sequence[Layer], outputs: Iterable[Tensor], *, half: int | Non
             transient[i] = tuple(nbytes[canon(o.name)] for o in outs)  # cuDNN workspace (capped at 1 GiB)
     for t in outputs:  # the model output is alive until backward has consumed its gradient
         nbytes.setdefault(canon(t.name), ("r", t.nbytes, 0, True))
-    return Layout(nbytes, saved, extra, produced, consumed, needs_grad, transient, half, device)
+    return Layout(nbytes, saved, extra, produced, consumed, needs_grad, transient, half, gpu)
 
 
 def _fused_attention(layers: Sequence[Layer]) -> dict[int, tuple[int, int]]:
@@ -573,9 +577,9 @@ def footprint(
     and the autocast op lists. ``activation_checkpointing`` recomputes activations in backward (training
     only). ``batch_size`` (default: the graph's) rescales every activation tensor linearly from the
     graph's batch (each carries the batch axis), so other batches need no re-import. ``layout``: the
-    :func:`memory_layout` of this analysis, precision and device, when the caller kept it (training only;
+    :func:`memory_layout` of this analysis, precision and device kind, when the caller kept it (training only;
     built here otherwise). Raises ``KeyError`` for an unknown optimizer or precision and ``ValueError`` for
-    an unknown mode, a batch below 1 or a ``layout`` of another precision or device.
+    an unknown mode, a batch below 1 or a ``layout`` of another precision or device kind.
     """
     half = PRECISIONS[precision]
     _, states = OPTIMIZERS[optimizer]
@@ -587,15 +591,10 @@ def footprint(
     runtime, gpu = device_key(hardware)
     graph = analysis.graph
     layers = graph.layers
-    weights: dict[str, Tensor] = {}
-    last_use: dict[str, int] = {}  # backward reaches a weight's gradient at its last forward use
-    for i, layer in enumerate(layers):
-        for w in layer.weights:
-            weights.setdefault(w.name, w)
-            last_use[w.name] = i
-    w_bytes = sum(runtime.rounded(w.numel * 4) for w in weights.values())
     runtime_bytes = runtime.context_bytes + runtime.workspace_bytes
     if mode == "inference":
+        weights, _ = _weights(layers)
+        w_bytes = sum(runtime.rounded(w.numel * 4) for w in weights.values())
         working = 0
         for layer in layers:
             ts = (*layer.inputs, *layer.outputs)
@@ -604,13 +603,30 @@ def footprint(
         return MemoryFootprint(w_bytes, 0, 0, working, 0, 0, runtime_bytes, precision)
 
     if layout is None:
-        layout = _plan(layers, graph.outputs, half=half, device=(runtime, gpu), weight_names=set(weights))
-    elif layout.half != half or layout.device != (runtime, gpu):
-        raise ValueError("layout was built for another precision or device")
-    plan = _sized(layout, scale)
+        layout = memory_layout(analysis, precision=precision, hardware=hardware)
+    elif layout.half != half or layout.gpu != gpu:
+        raise ValueError("layout was built for another precision or device kind")
+    if activation_checkpointing:
+        return _walk_sets(layers, graph.outputs, layout, scale, runtime=runtime, states=states, precision=precision,
+                          activation_checkpointing=True)
+    if layout.walk is None:
+        layout.walk = _compile_walk(layout, layers, graph.outputs)
+    return layout.walk.footprint(scale, runtime=runtime, states=states, precision=precision)
+
+
+def _walk_sets(layers: Sequence[Layer], outputs: Sequence[Tensor], layout: Layout, scale: float, *,
+               runtime: DeviceRuntime, states: int, precision: str, activation_checkpointing: bool) -> MemoryFootprint:
+    """The training footprint of ``layout`` (built from ``layers``/``outputs``) at ``scale`` on a device of
+    ``runtime``, walked tensor set by tensor set: the definition, what checkpointing runs (its segments depend
+    on the bytes) and what :class:`_Walk` replays in numpy."""
+    gpu = layout.gpu
+    weights, last_use = _weights(layers)
+    w_bytes = sum(runtime.rounded(w.numel * 4) for w in weights.values())
+    runtime_bytes = runtime.context_bytes + runtime.workspace_bytes
+    plan = _sized(layout, scale, runtime)
     n = len(layers)
     saved, extra = (_checkpoint(plan, n) if activation_checkpointing else (plan.saved, plan.extra))
-    out_keys = {k for k in plan.nbytes if k in {t.name for t in graph.outputs}}
+    out_keys = {k for k in plan.nbytes if k in {t.name for t in outputs}}
     copies = {k for s in saved for k in s if k.endswith("@16") and k.split("@")[0] in weights}
     # free after the backward of the earliest layer that saved it
     release: dict[str, int] = {}
@@ -619,7 +635,7 @@ def footprint(
             release.setdefault(k, i)
     live_saved = {k for k in release} | out_keys
     act_keys = live_saved - copies
-    first_out = loss_input(graph)  # the tensor the loss layer of the time reads too (app.core.analysis.loss_layer)
+    first_out = loss_input(outputs)  # the tensor the loss layer of the time reads too (app.core.analysis.loss_layer)
     loss_bytes = runtime.rounded(int(4 * first_out.numel * scale)) if first_out is not None else 0  # log_softmax output
     act_bytes = sum(plan.nbytes[k] for k in act_keys) + sum(extra) + loss_bytes
     copy_bytes = sum(plan.nbytes[k] for k in copies)
@@ -669,6 +685,175 @@ def footprint(
         precision=precision,
         activation_checkpointing=activation_checkpointing,
     )
+
+
+def _weights(layers: Sequence[Layer]) -> tuple[dict[str, Tensor], dict[str, int]]:
+    """Each weight by name (first occurrence) and the index of the last layer that reads it (backward
+    reaches a weight's gradient there)."""
+    weights: dict[str, Tensor] = {}
+    last_use: dict[str, int] = {}
+    for i, layer in enumerate(layers):
+        for w in layer.weights:
+            weights.setdefault(w.name, w)
+            last_use[w.name] = i
+    return weights, last_use
+
+
+@dataclass(frozen=True, slots=True)
+class _Walk:
+    """:func:`footprint`'s training walk without activation checkpointing, compiled once per :class:`Layout`
+    into numpy: which tensor is saved, released, or in flight as a gradient at each layer depends on the
+    names alone, so only the byte counts depend on the batch and the device's allocator. ``footprint``
+    sizes every byte count of the layout at once (:data:`_Size` rows: ``amount`` elements or bytes, ``per``
+    bytes per element, 1 for a buffer, ``fixed`` when it does not scale with the batch) and replays the
+    reverse walk as cumulative sums over the layers: the same integers as the set-by-set walk
+    :func:`_walk_sets` (``tests/predictions/test_fresh_identical.py``), ~50 us instead of ~1 ms for
+    BERT-base. Key rows come first, then one row per term of a layer's extra and transient bytes."""
+
+    amount: np.ndarray  # float64 [S]
+    per: np.ndarray  # int64 [S]
+    fixed: np.ndarray  # bool [S]
+    extra_layer: np.ndarray  # intp [E]: the layer of each extra term
+    extra_coef: np.ndarray  # int64 [E]
+    extra_size: np.ndarray  # intp [E]: its size row
+    extra_fixed: np.ndarray  # int64 [n]: extras that are plain integers
+    transient_layer: np.ndarray  # intp [T]
+    transient_size: np.ndarray  # intp [T]
+    has_transient: np.ndarray  # bool [n]
+    act_keys: np.ndarray  # intp: saved activations alive at the end of forward (and the output)
+    copy_keys: np.ndarray  # intp: autocast's 16-bit weight copies among the saved
+    out_keys: np.ndarray  # intp: the model output's keys (their gradient is the first in flight)
+    loss_numel: int | None  # elements of the first float output (the loss's log_softmax), None without one
+    events: tuple[tuple[np.ndarray, np.ndarray], ...]  # (layer, key) pairs: gradient in flight, done, released
+    weight_numel: np.ndarray  # int64 [W]: elements of each weight
+    weight_last_use: np.ndarray  # intp [W]: the layer whose backward reaches its gradient
+    gpu: bool
+
+    def footprint(self, scale: float, *, runtime: DeviceRuntime, states: int, precision: str) -> MemoryFootprint:
+        """The training :class:`MemoryFootprint` at ``scale`` (batch / the graph's batch) on a device of
+        ``runtime`` with ``states`` optimizer states per parameter."""
+        n = len(self.extra_fixed)
+        b = _rounded(np.trunc(self.amount * np.where(self.fixed, 1.0, scale)).astype(np.int64) * self.per, runtime)
+        extra = self.extra_fixed.copy()
+        np.add.at(extra, self.extra_layer, self.extra_coef * b[self.extra_size])
+        transient = np.zeros(n, dtype=np.int64)
+        np.add.at(transient, self.transient_layer, b[self.transient_size])
+        transient = np.where(self.has_transient, np.minimum(transient, 1024 * MIB), 0)
+        param = _rounded(self.weight_numel * 4, runtime)
+        grads_at = np.zeros(n, dtype=np.int64)
+        np.add.at(grads_at, self.weight_last_use, param)
+        loss = runtime.rounded(int(4 * self.loss_numel * scale)) if self.loss_numel is not None else 0
+        act = int(b[self.act_keys].sum()) + int(extra.sum()) + loss
+        copies = int(b[self.copy_keys].sum())
+        end_of_forward = act + copies
+        per_layer = []
+        for layer, key in self.events:
+            v = np.zeros(n, dtype=np.int64)
+            np.add.at(v, layer, b[key])
+            per_layer.append(v[::-1])  # reverse order: backward walks from the last layer
+        add, done, released = per_layer
+        freed = released + extra[::-1]
+        gone = np.cumsum(freed) - freed  # freed by the layers after
+        in_flight = int(b[self.out_keys].sum()) + np.cumsum(add) - (np.cumsum(done) - done)
+        live = (end_of_forward - loss) - gone + np.cumsum(grads_at[::-1]) + in_flight + transient[::-1]
+        peak = max(end_of_forward + 2 * loss, int(live.max()) if n else 0)
+        grads = int(param.sum())
+        largest = int(param.max()) if len(param) else 0
+        step_tmp = (grads if states >= 2 else 0) if self.gpu else (2 * largest if states else 0)
+        peak = max(peak, grads + step_tmp)
+        return MemoryFootprint(
+            weights_bytes=grads, gradients_bytes=grads, optimizer_state_bytes=states * grads,
+            activations_bytes=act, weight_copies_bytes=copies, backward_transient_bytes=peak - end_of_forward,
+            runtime_bytes=runtime.context_bytes + runtime.workspace_bytes, precision=precision,
+            activation_checkpointing=False,
+        )  # fmt: skip
+
+
+def _rounded(nbytes: np.ndarray, runtime: DeviceRuntime) -> np.ndarray:
+    """:meth:`DeviceRuntime.rounded` of every element of ``nbytes`` (int64)."""
+    if runtime.block_bytes <= 1:
+        return nbytes
+    r = -(-nbytes // runtime.block_bytes) * runtime.block_bytes
+    r = np.where(r >= runtime.large_from_bytes, -(-r // runtime.large_block_bytes) * runtime.large_block_bytes, r)
+    return np.where(nbytes > 0, r, nbytes)
+
+
+def _compile_walk(layout: Layout, layers: Sequence[Layer], outputs: Sequence[Tensor]) -> _Walk:
+    """The :class:`_Walk` of ``layout`` (built from ``layers``/``outputs``): the set logic of
+    :func:`_walk_sets` run once on names, its byte counts left as size rows."""
+    n = len(layers)
+    keys = {k: j for j, k in enumerate(layout.sizes)}
+    rows: list[_Size] = list(layout.sizes.values())
+
+    def row(size: _Size) -> int:
+        rows.append(size)
+        return len(rows) - 1
+
+    extra_fixed = np.zeros(n, dtype=np.int64)
+    e_layer, e_coef, e_size = [], [], []
+    for i, e in enumerate(layout.extra):
+        if isinstance(e, _Terms):
+            for c, size in e.terms:
+                e_layer.append(i)
+                e_coef.append(c)
+                e_size.append(row(size))
+        else:
+            extra_fixed[i] = e
+    t_layer, t_size = [], []
+    for i, t in enumerate(layout.transient):
+        for size in t or ():
+            t_layer.append(i)
+            t_size.append(row(size))
+    saved = layout.saved
+    out_names = {t.name for t in outputs}
+    out_keys = {k for k in layout.sizes if k in out_names}
+    weights, last_use = _weights(layers)
+    copies = {k for s in saved for k in s if k.endswith("@16") and k.split("@")[0] in weights}
+    release: dict[str, int] = {}
+    for i in range(n):
+        for k in saved[i]:
+            release.setdefault(k, i)
+    act_keys = ({k for k in release} | out_keys) - copies
+    first_out = loss_input(outputs)
+    # the gradients in flight, replayed on names (the reverse walk of _walk_sets without the bytes)
+    producer = {k: i for i in range(n) for k in layout.produced[i]}
+    grad_live = set(out_keys)
+    add: list[tuple[int, int]] = []
+    done: list[tuple[int, int]] = []
+    for i in range(n - 1, -1, -1):
+        for k in layout.consumed[i]:
+            if k in layout.needs_grad and k not in grad_live and k in producer:
+                grad_live.add(k)
+                if k in keys:
+                    add.append((i, keys[k]))
+        for k in layout.produced[i]:
+            if k in grad_live:
+                grad_live.discard(k)
+                if k in keys:
+                    done.append((i, keys[k]))
+    released = [(i, keys[k]) for k, i in release.items()]
+
+    def pairs(ev: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
+        a = np.asarray(ev, dtype=np.intp).reshape(len(ev), 2)
+        return a[:, 0].copy(), a[:, 1].copy()
+
+    def idx(ks: Iterable[str]) -> np.ndarray:
+        return np.asarray(sorted(keys[k] for k in ks), dtype=np.intp)
+
+    return _Walk(
+        amount=np.asarray([float(r[1]) for r in rows], dtype=np.float64),
+        per=np.asarray([r[2] if r[0] == "t" else 1 for r in rows], dtype=np.int64),
+        fixed=np.asarray([r[3] if r[0] == "t" else not r[3] for r in rows], dtype=bool),
+        extra_layer=np.asarray(e_layer, dtype=np.intp), extra_coef=np.asarray(e_coef, dtype=np.int64),
+        extra_size=np.asarray(e_size, dtype=np.intp), extra_fixed=extra_fixed,
+        transient_layer=np.asarray(t_layer, dtype=np.intp), transient_size=np.asarray(t_size, dtype=np.intp),
+        has_transient=np.asarray([t is not None for t in layout.transient], dtype=bool).reshape(n),
+        act_keys=idx(act_keys), copy_keys=idx(copies), out_keys=idx(out_keys),
+        loss_numel=first_out.numel if first_out is not None else None,
+        events=(pairs(add), pairs(done), pairs(released)),
+        weight_numel=np.asarray([w.numel for w in weights.values()], dtype=np.int64),
+        weight_last_use=np.asarray([last_use[name] for name in weights], dtype=np.intp), gpu=layout.gpu,
+    )  # fmt: skip
 
 
 def fits(fp: MemoryFootprint, memory_bytes: float) -> bool:

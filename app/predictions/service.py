@@ -375,11 +375,12 @@ def _memo_key(what: str, mem_opts: dict[str, Any], *extra: Any) -> tuple[Any, ..
 
 def _memo_layout(bound: graphs.BoundGraph, mem_opts: dict[str, Any]) -> Layout | None:
     """The :func:`app.core.memory.memory_layout` of a training footprint, memoised on the cache entry by
-    precision and device key (``None`` for inference, which needs none)."""
+    precision and device kind (every GPU generation shares it; ``None`` for inference, which needs none)."""
     if mem_opts["mode"] != "training":
         return None
     hw, precision = mem_opts["hardware"], mem_opts["precision"]
-    return bound.memo(("layout", device_key(hw), PRECISIONS[precision]),  # fp32/tf32, fp16/bf16 share one
+    gpu = device_key(hw)[1]
+    return bound.memo(("layout", gpu, PRECISIONS[precision]),  # fp32/tf32, fp16/bf16 share one
                       lambda: memory_layout(bound.analysis, precision=precision, hardware=hw),
                       nbytes=graphs.LAYOUT_BYTES_PER_LAYER * len(bound.analysis.graph.layers))
 

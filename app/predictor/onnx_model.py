@@ -59,7 +59,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping, Sequence
+import logging
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,8 @@ from app.predictor.base import (
 )
 from app.predictor.roofline import KERNEL_FLOOR_MS_BY_STACK, STREAM_EFFICIENCY
 from app.predictor.table import Estimates, LayerTable, Setting, estimate_queries, floors_for, raw_for, update_cost
+
+_log = logging.getLogger(__name__)
 
 RANGE_MARGIN = 0.05
 #: The precision an op kind that was never measured on tensor cores is predicted at before the physics floors
@@ -128,6 +131,10 @@ class LearnedPredictor:
         opts.inter_op_num_threads = 1
         self._session = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
         self._input = self._session.get_inputs()[0].name
+        self.distinct_rows = _distinct_run_reproduces(self._run, len(names), np.random.default_rng(0))
+        if not self.distinct_rows:
+            _log.warning("model %s: onnxruntime's outputs on this CPU depend on the rows run beside them other than "
+                         "as ORT_ROW_BLOCK predicts; every feature row is run (same answers, slower)", onnx_path.name)
         self.metadata = metadata
         self.version = f"{metadata['name']}-{metadata['version']}"
         self._ranges = _feature_ranges(metadata)
@@ -189,7 +196,13 @@ class LearnedPredictor:
             raise ValueError(f"features must have {len(FEATURE_NAMES)} or {len(self.feature_names)} columns")
         if x.shape[0] == 0:
             return np.zeros((0, 3), dtype=np.float32)
-        return self._session.run(None, {self._input: x})[0]
+        if self.distinct_rows:
+            return _run_distinct(self._run, x)
+        return self._run(x)
+
+    def _run(self, x: np.ndarray) -> np.ndarray:
+        """One ``session.run`` over ``x`` ``[M, len(feature_names)]`` float32 (C order): ``[M, 3]``."""
+        return self._session.run(None, {self._input: x})[0]  # type: ignore[no-any-return]
 
     def _rows(self, table: LayerTable) -> _Rows:
         """Per-row layer facts of ``table`` this predictor reads (once per table and predictor version)."""
@@ -211,6 +224,7 @@ class LearnedPredictor:
                 layer_note_index=np.asarray([sets.setdefault(nt, len(sets)) for nt in notes], dtype=np.intp).reshape(n),
                 layer_note_sets=tuple(sets),
                 reasons={},
+                ranges={},
             )
 
         found = table.memo(("learned-rows", self.version), build)
@@ -234,29 +248,43 @@ class LearnedPredictor:
         """Per row ``idx`` (features ``feats`` ``[len(idx), len(FEATURE_NAMES)]``): the note on features outside
         the widened training range of its (hardware kind, op kind), or on missing training rows of that op
         kind; ``None`` inside the range. As ``(codes [len(idx)], texts)``: row ``j``'s note is
-        ``texts[codes[j]]`` (``texts[0]`` is ``None``; one text per distinct set of features out of range)."""
+        ``texts[codes[j]]`` (``texts[0]`` is ``None``; one text per op kind without training rows and per
+        distinct set of features out of range). Every row is compared with its kind's range at once."""
         x = select_features(feats, self.feature_names)
+        lo, hi, has = self._kind_ranges(hw_kind, rows)
         codes = np.zeros(len(idx), dtype=np.intp)
         texts: list[str | None] = [None]
         ki = rows.kind_index[idx]
-        for k in np.unique(ki).tolist():
-            kind = rows.kinds[k]
-            sel = np.nonzero(ki == k)[0]
-            rng = self._ranges.get((hw_kind, kind.value)) or self._ranges.get((hw_kind, "*"))
-            if rng is None:
-                codes[sel] = len(texts)
-                texts.append(f"no {hw_kind} training rows of op kind {kind.value}")
-                continue
-            out = (x[sel] < rng[0]) | (x[sel] > rng[1])
-            bad = np.nonzero(out.any(axis=1))[0]
-            if not len(bad):
-                continue
+        missing = ~has[ki]
+        for k in np.unique(ki[missing]).tolist():
+            codes[ki == k] = len(texts)
+            texts.append(f"no {hw_kind} training rows of op kind {rows.kinds[k].value}")
+        out = (x < lo[ki]) | (x > hi[ki])  # the range of a kind without one is (-inf, inf)
+        bad = np.nonzero(out.any(axis=1))[0]
+        if len(bad):
             first, which = _distinct_rows(out[bad])
-            codes[sel[bad]] = len(texts) + which
+            codes[bad] = len(texts) + which
             names = self.feature_names
             texts += ["features outside the training range: " + ", ".join(
                 names[c] for c in np.nonzero(out[bad[j]])[0].tolist()) for j in first.tolist()]  # fmt: skip
         return codes, texts
+
+    def _kind_ranges(self, hw_kind: str, rows: _Rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The widened training range of each op kind of ``rows`` on ``hw_kind`` devices, as ``(lo, hi)``
+        ``[K, len(feature_names)]`` float64 (``-inf``/``inf`` for a kind without training rows) and whether
+        the kind has one ``[K]``; kept on ``rows`` per device kind."""
+        found = rows.ranges.get(hw_kind)
+        if found is None:
+            width = len(self.feature_names)
+            lo = np.full((len(rows.kinds), width), -np.inf)
+            hi = np.full((len(rows.kinds), width), np.inf)
+            has = np.zeros(len(rows.kinds), dtype=bool)
+            for k, kind in enumerate(rows.kinds):
+                rng = self._ranges.get((hw_kind, kind.value)) or self._ranges.get((hw_kind, "*"))
+                if rng is not None:
+                    lo[k], hi[k], has[k] = rng[0], rng[1], True
+            found = rows.ranges[hw_kind] = (lo, hi, has)
+        return found
 
     def _prepare(self, table: LayerTable, idx: np.ndarray, s: Setting) -> _Prepared:
         """Plan and featurise rows ``idx`` of ``table`` in ``s`` (module docstring, "Whole-model assembly"), numpy
@@ -476,6 +504,53 @@ class LearnedPredictor:
         return split_training_step(total_ms=total, forward_ms=forward, update_ms=update, backward_min_ms=bwd_min)
 
 
+#: Rows of a ``session.run`` that onnxruntime's CPU GEMMs (MLAS) compute in blocks: measured on the shipped
+#: model (one thread, AVX-512), a row's output depends on its own values alone when it lies among the first
+#: ``M - M % ORT_ROW_BLOCK`` rows of a run of ``M``; the last ``M % ORT_ROW_BLOCK`` rows go through remainder
+#: kernels whose last bits differ (up to 2.4e-7 in ln ms) and equal those rows run on their own. 400 random
+#: draws of 1-400 rows from real graphs' features: no exception. :func:`_distinct_run_reproduces` checks it
+#: on the machine at load.
+ORT_ROW_BLOCK = 4
+
+
+def _run_distinct(run: Callable[[np.ndarray], np.ndarray], x: np.ndarray) -> np.ndarray:
+    """``run(x)`` (``[M, 3]``, bit for bit as :data:`ORT_ROW_BLOCK` describes it) from one run over fewer rows:
+    the distinct rows among the first ``M - M % ORT_ROW_BLOCK``, padded to whole blocks with copies of the
+    first, then the last ``M % ORT_ROW_BLOCK`` rows as they are (the run's remainder again). A transformer
+    repeats its blocks: a BERT-base table's 140 feature rows hold 17 distinct ones. Rows are compared as
+    bytes (``-0.0`` and ``0.0`` are distinct; so is every NaN payload)."""
+    m = len(x)
+    body = m - m % ORT_ROW_BLOCK
+    if body == 0:
+        return run(x)
+    keys = x[:body].view(np.dtype((np.void, x.shape[1] * x.itemsize))).reshape(body)
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    n_u = len(first)
+    padded = -(-n_u // ORT_ROW_BLOCK) * ORT_ROW_BLOCK
+    if padded >= body:
+        return run(x)  # no repeated block's worth of rows
+    rows = np.empty((padded + m - body, x.shape[1]), dtype=x.dtype)
+    rows[:n_u] = x[first]
+    rows[n_u:padded] = x[first[0]]
+    rows[padded:] = x[body:]
+    done = run(rows)
+    out = np.empty((m, done.shape[1]), dtype=done.dtype)
+    out[:body] = done[inverse.reshape(body)]
+    out[body:] = done[padded:]
+    return out
+
+
+def _distinct_run_reproduces(run: Callable[[np.ndarray], np.ndarray], width: int, rng: np.random.Generator) -> bool:
+    """Whether :func:`_run_distinct` equals ``run`` byte for byte on this machine: runs of 1-67 rows, each
+    drawn from 24 random rows (so most repeat) with every remainder of :data:`ORT_ROW_BLOCK`."""
+    pool = rng.standard_normal((24, width)).astype(np.float32)
+    for m in (1, 2, 3, 5, 8, 13, 31, 40, 66, 67):
+        x = np.ascontiguousarray(pool[rng.integers(0, len(pool), m)])
+        if run(x).tobytes() != _run_distinct(run, x).tobytes():
+            return False
+    return True
+
+
 def _distinct_rows(bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Groups of equal rows of the boolean matrix ``bits`` ``[M, F]``: ``(first, group)``, the index of one row
     of each group ``[G]`` and each row's group ``[M]``. The rows are packed into 64-bit words and sorted
@@ -498,7 +573,8 @@ class _Rows:
     """Layer facts of a table's rows (``[N]`` each): the distinct op kinds and each row's index into them, the
     backward's kernel launches (input and weight gradients, or one), the parameter tensors, the layer-only
     notes (each row's index into the distinct sets of them), and per device kind the reason
-    :meth:`LearnedPredictor.applies` rejects a row (``None``: served)."""
+    :meth:`LearnedPredictor.applies` rejects a row (``None``: served) and the op kinds' feature ranges
+    (:meth:`LearnedPredictor._kind_ranges`)."""
 
     kinds: tuple[OpKind, ...]
     kind_index: np.ndarray
@@ -507,6 +583,7 @@ class _Rows:
     layer_note_index: np.ndarray
     layer_note_sets: tuple[tuple[str, ...], ...]
     reasons: dict[str, list[str | None]]
+    ranges: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]
 
 
 @dataclass(frozen=True, slots=True)

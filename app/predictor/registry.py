@@ -25,7 +25,15 @@ from app.predictor.base import LayerTimeEstimate, LayerTimeQuery
 from app.predictor.metadata import ArtifactMetadata, verify_sha256
 from app.predictor.onnx_model import LearnedPredictor, read_metadata
 from app.predictor.roofline import RooflineConstants, RooflinePredictor
-from app.predictor.table import Estimates, LayerTable, Setting, clamp_to_floors, estimate_queries, scatter
+from app.predictor.table import (
+    COST_FIELDS,
+    Estimates,
+    LayerTable,
+    Setting,
+    clamp_to_floors,
+    estimate_queries,
+    scatter,
+)
 
 CURRENT_FILE = "CURRENT"
 
@@ -71,7 +79,8 @@ class CompositePredictor:
     def _fallback(self, table: LayerTable, rows: np.ndarray, reasons: dict[int, str],
                   s: Setting) -> list[LayerTimeEstimate]:
         """Roofline-fallback estimates of ``rows`` (a ``fallback: <reason>`` note first), remembered per table
-        for the last :data:`FALLBACK_SETTINGS` settings (the fallback is deterministic for one version)."""
+        for the last :data:`FALLBACK_SETTINGS` settings (the fallback is deterministic for one version). Rows
+        equal in all the fallback reads (:meth:`_fallback_groups`) are estimated once and share the answer."""
         if not len(rows):
             return []
         memo = table.memo(("fallback", self.version), OrderedDict)
@@ -79,19 +88,40 @@ class CompositePredictor:
         key = (repr(s.hardware), s.mode, s.optimizer, s.precision, s.software_stack, rows.tobytes())
         found = memo.get(key)
         if found is None:
+            at = table.rescaled(s.precision).costs
+            group = self._fallback_groups(table, reasons, s)[rows]
+            distinct = list(dict.fromkeys(group.tolist()))  # one representative row each, in first-seen order
             queries = [LayerTimeQuery(layer=table.layers[i], cost=table.costs[i], hardware=s.hardware, mode=s.mode,
                                       optimizer=s.optimizer, precision=s.precision, software_stack=s.software_stack)
-                       for i in rows.tolist()]
-            at = table.rescaled(s.precision).costs
-            estimates = self.fallback.estimate(queries, at_precision=[at[i] for i in rows.tolist()])
-            found = [dataclasses.replace(e, notes=(f"fallback: {reasons[i]}", *e.notes))
-                     for i, e in zip(rows.tolist(), estimates, strict=True)]
+                       for i in distinct]
+            estimates = self.fallback.estimate(queries, at_precision=[at[i] for i in distinct])
+            by_row = {i: dataclasses.replace(e, notes=(f"fallback: {reasons[i]}", *e.notes))
+                      for i, e in zip(distinct, estimates, strict=True)}
+            found = [by_row[g] for g in group.tolist()]
             memo[key] = found
             while len(memo) > FALLBACK_SETTINGS:
                 memo.popitem(last=False)
         else:
             memo.move_to_end(key)
         return found  # type: ignore[no-any-return]
+
+    def _fallback_groups(self, table: LayerTable, reasons: dict[int, str], s: Setting) -> np.ndarray:
+        """For each row of ``table``, the first row whose fallback answer in ``s``'s precision is the same
+        ``[N]``: equal reason, op kind, parameter tensor count, cost and cost at the precision (every field but the
+        layer's name), the only per-row inputs of :meth:`RooflinePredictor.estimate` and its note. Once per
+        table, version and storage precision; a transformer's repeated blocks collapse to one row each."""
+        rescaled = table.rescaled(s.precision)
+
+        def build() -> np.ndarray:
+            first: dict[tuple[object, ...], int] = {}
+            return np.asarray([
+                first.setdefault((reasons.get(i), layer.kind, len(layer.weights), COST_FIELDS(c), COST_FIELDS(at)), i)
+                for i, (layer, c, at) in enumerate(zip(table.layers, table.costs, rescaled.costs, strict=True))],
+                dtype=np.intp).reshape(len(table))  # fmt: skip
+
+        found = table.memo(("fallback-groups", self.version, s.hardware.kind, id(rescaled)), build)
+        assert isinstance(found, np.ndarray)
+        return found
 
     def estimate_tables(self, items: Sequence[tuple[LayerTable, np.ndarray, Setting]]) -> list[Estimates]:
         """Estimates of rows ``idx`` of each ``(table, idx, setting)``, each clamped to its physics floor; the

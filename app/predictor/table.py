@@ -20,8 +20,9 @@ Tests pin each equality on real graphs (``tests/predictor/test_table.py``).
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
@@ -37,7 +38,7 @@ from app.core.features import (
     raw_quantities,
 )
 from app.core.hardware import HardwareSpec
-from app.core.ir import Layer, OpKind
+from app.core.ir import Layer, OpKind, Tensor
 from app.core.precision import (
     CUDNN_KINDS,
     TENSOR_CORE_KINDS,
@@ -73,6 +74,9 @@ class _Rescaled:
     forward_flops_min: np.ndarray
     backward_flops_min: np.ndarray
 
+
+#: Every field of a :class:`~app.core.costs.LayerCost` but its name, as a tuple (rows equal but for names).
+COST_FIELDS = operator.attrgetter(*(f.name for f in fields(LayerCost) if f.name != "name"))
 
 #: Approximate CPython bytes of one row's :class:`~app.core.costs.LayerCost` at a precision (tracemalloc
 #: around :meth:`LayerTable.rescaled` on the model-zoo ResNet-50, DenseNet-121 and Inception-v2: 304-439 B
@@ -139,6 +143,46 @@ class LayerTable:
                   self.params, self.forward_macs, self.winograd, self.tensor_core, self.cudnn, self.dropout]
         return int(sum(a.nbytes for a in arrays)) + sum(_rescaled_nbytes(r) for r in self._rescaled.values())
 
+    def _costs_at(self, precision: Precision | str) -> tuple[LayerCost, ...]:
+        """:func:`app.core.precision.cost_at_precision` of every row, computed once per group of rows equal
+        in everything but their names (:meth:`_twins`; names are never read by it but the one it copies):
+        a repeated row is its group's answer with its own cost's name and counts."""
+        twins = self._twins()
+        first: dict[int, LayerCost] = {}
+        out = []
+        for i, (layer, cost) in enumerate(zip(self.layers, self.costs, strict=True)):
+            j = twins[i]
+            if j == i:
+                out.append(first.setdefault(i, cost_at_precision(layer, cost, precision)))
+                continue
+            at = first[j]
+            if at is self.costs[j]:  # nothing changes at this precision
+                out.append(cost)
+            else:
+                out.append(replace(cost, forward_bytes_read=at.forward_bytes_read,
+                                   forward_bytes_written=at.forward_bytes_written,
+                                   backward_bytes_read=at.backward_bytes_read,
+                                   backward_bytes_written=at.backward_bytes_written,
+                                   saved_activation_bytes=at.saved_activation_bytes))
+        return tuple(out)
+
+    def _twins(self) -> list[int]:
+        """For each row, the first row whose layer (op, kind, attributes, tensors' shapes and dtypes) and cost
+        equal its own but for names (built once)."""
+        found = self._memo.get("twins")
+        if found is None:
+
+            def tensors(ts: Sequence[Tensor]) -> tuple[tuple[tuple[int, ...], str], ...]:
+                return tuple((t.shape, t.dtype) for t in ts)
+
+            seen: dict[tuple[object, ...], int] = {}
+            found = [seen.setdefault((la.op_type, la.kind, tensors(la.inputs), tensors(la.outputs), tensors(la.weights),
+                                      tensors(la.buffers), repr(la.attrs), la.needs_input_grad,
+                                      COST_FIELDS(c)), i)
+                     for i, (la, c) in enumerate(zip(self.layers, self.costs, strict=True))]  # fmt: skip
+            self._memo["twins"] = found
+        return found  # type: ignore[return-value]
+
     def memo(self, key: object, build: object) -> object:
         """A per-table memo (e.g. the learned predictor's routing of these layers per device kind):
         ``build()`` once per ``key``."""
@@ -153,8 +197,7 @@ class LayerTable:
         key = width if width == 4 else (2 if Precision(precision) is Precision.FP16 else 3)
         found = self._rescaled.get(key)
         if found is None:
-            costs = tuple(cost_at_precision(layer, cost, precision)
-                          for layer, cost in zip(self.layers, self.costs, strict=True))  # fmt: skip
+            costs = self._costs_at(precision)
             fb, bb = [c.forward_bytes for c in costs], [c.backward_bytes for c in costs]
             mac = 2.0 * self.forward_macs
             built = _Rescaled(
