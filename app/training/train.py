@@ -17,8 +17,8 @@
    floor is :func:`app.core.features.pass_floor_ms` (roofline at the op's peak for the precision, cheapest
    algorithm, bytes at the precision) and the prior is ``ln(1/efficiency + overhead_ms / floor_ms)`` with a
    learned per-launch overhead per software stack (PyTorch eager, TF1 session, kernel time), pass and
-   hardware kind, plus, for gathers, element-wise ops and norms (:data:`LATENCY_KINDS`), a term in work
-   (elements or FLOPs) per SM cycle. So no
+   hardware kind (added, or for kernel time overlapped: :data:`KERNEL_TIME_OVERHEAD_P`), plus, for gathers,
+   element-wise ops and norms (:data:`LATENCY_KINDS`), a term in work (elements or FLOPs) per SM cycle. So no
    prediction, and no p10, is ever below the physics floor.
 4. **leave-one-GPU-out** (:func:`leave_one_gpu_out`): one fold per GPU chip (catalog ``architecture``: all
    A100 variants are one fold), the recipe retrained without any of its rows; the held-out chip's
@@ -178,6 +178,11 @@ MEMBER_FEATURES: tuple[tuple[str, ...], ...] = (V3_FEATURES, DEVICE_BLIND_FEATUR
 LATENCY_KINDS: dict[str, float] = {"is_embedding": 8.0, "is_elementwise": 0.07, "is_norm": 0.07}
 #: Work column of each latency kind's term (a ln feature of app.core.features).
 LATENCY_WORK: dict[str, str] = {"is_embedding": "log_out_elems", "is_elementwise": "log_flops", "is_norm": "log_flops"}
+#: Sharpness of the prior's combination of work and per-launch overhead for kernel time (``stack_kernel_time``:
+#: summed kernel durations, no launch gaps): a kernel's fixed duration (~1-2 us: grid launch and drain) overlaps
+#: its memory traffic instead of adding to it. Vidur's residual add on the A100 takes 2 us up to 48 tokens, then
+#: 4 us at 256 tokens over a 3.25 us floor and 7 us at 512 over 6.5 us; floor + 2 us would be 5.3 and 8.5 us.
+KERNEL_TIME_OVERHEAD_P = 4.0
 #: DRAM-bandwidth efficiency the prior starts from for :data:`LATENCY_KINDS` rows (streaming kernels reach
 #: ~90 % of the datasheet bandwidth; the other kinds start at 50 %, a GEMM-class compute efficiency).
 MEMORY_EFFICIENCY = 0.9
@@ -269,6 +274,7 @@ class LayerTimeNet(nn.Module):
         self.train_i = names.index("is_train")
         self.cpu_i = names.index("is_cpu") if "is_cpu" in names else -1
         self.stack_cols = [names.index(s) for s in ("stack_tf1_session", "stack_kernel_time") if s in names]
+        self.kernel_time_i = names.index("stack_kernel_time") if "stack_kernel_time" in names else -1
         # the latency term: off for weights trained without it (load_weights), or a feature list without its columns
         have = latency_prior and all(c in names for c in _LATENCY_COLUMNS)
         unknown_kinds = sorted(set(latency_kinds or ()) - set(LATENCY_KINDS))
@@ -318,13 +324,14 @@ class LayerTimeNet(nn.Module):
 
     def prior(self, x: torch.Tensor) -> torch.Tensor:
         """Physics prior of ``ln(time / floor)`` ``[N]`` (before the softplus): ``ln((floor / efficiency +
-        overhead_ms + cycles x sm_cycle_ms) / floor)``. The last term only for :data:`LATENCY_KINDS` rows
-        (``sm_cycle_ms`` = output elements / (SMs x clock), ``cycles`` learned per kind), whose efficiency is
-        the memory one (starts at :data:`MEMORY_EFFICIENCY`); ``sm_cycle_ms`` is work / (SMs x clock) with the
-        kind's :data:`LATENCY_WORK`."""
+        cycles x sm_cycle_ms (+) overhead_ms) / floor)``. The cycles term only for :data:`LATENCY_KINDS` rows
+        (``sm_cycle_ms`` = the kind's :data:`LATENCY_WORK` / (SMs x clock), ``cycles`` learned per kind), whose
+        efficiency is the memory one (starts at :data:`MEMORY_EFFICIENCY`). ``(+)`` is a sum, except for kernel
+        time (``stack_kernel_time``), where it is the smooth maximum ``(a^p + b^p)^(1/p)``, p =
+        :data:`KERNEL_TIME_OVERHEAD_P`."""
         floor = x[:, self.floor_i]
         ineff = self.ln_ineff + self._is_cpu(x) * self.cpu_ln_ineff
-        terms = [ineff, self.log_overhead_ms(x) - floor]
+        terms = [ineff]
         if self.cycle_cols:
             kinds = x[:, self.cycle_cols]  # one-hot [N, K]
             on = kinds.sum(dim=1)
@@ -334,9 +341,12 @@ class LayerTimeNet(nn.Module):
             ln_cycle_ms = work - sms - mhz - math.log(1e3)
             # rows of another kind get exp(-60) of it: nothing
             terms.append(ln_cycle_ms - floor - 60.0 * (1.0 - on))
-        t = torch.stack(terms, dim=1)
-        m = t.max(dim=1).values  # logsumexp, written out (no ONNX symbolic for aten::logaddexp)
-        return m + torch.log(torch.exp(t - m[:, None]).sum(dim=1))
+        work = _logsumexp(torch.stack(terms, dim=1))
+        ovh = self.log_overhead_ms(x) - floor
+        if self.kernel_time_i < 0:
+            return _logsumexp(torch.stack([work, ovh], dim=1))
+        p = 1.0 + (KERNEL_TIME_OVERHEAD_P - 1.0) * x[:, self.kernel_time_i]
+        return _logsumexp(torch.stack([work * p, ovh * p], dim=1)) / p
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         z = (x - self.mean) / self.std * self.input_mask
@@ -369,6 +379,12 @@ class LayerTimeNet(nn.Module):
             unit = "element" if LATENCY_WORK[self.feature_names[c]] == "log_out_elems" else "flop"
             out[f"cycles_per_{unit}_per_sm_{self.feature_names[c]}"] = math.exp(self.ln_cycles[j].item())
         return out
+
+
+def _logsumexp(t: torch.Tensor) -> torch.Tensor:
+    """ln sum exp over dim 1 of ``t`` ``[N, K]``, written out (no ONNX symbolic for aten::logaddexp)."""
+    m = t.max(dim=1).values
+    return m + torch.log(torch.exp(t - m[:, None]).sum(dim=1))
 
 
 class Ensemble(nn.Module):
@@ -1091,7 +1107,8 @@ def write_artifact(
             "prior": "ln(time/floor) = softplus(ln((floor/eff + overhead_ms(stack, pass, kind) + cycles(kind) x "
             "work(kind) / (SMs x clock)) / floor) + MLP); the cycles term only for "
             + ", ".join(f"{k.removeprefix('is_')} (work {LATENCY_WORK[k].removeprefix('log_')})" for k in LATENCY_KINDS)
-            + " kinds, with eff the memory efficiency there",
+            + " kinds, with eff the memory efficiency there; under kernel time (stack_kernel_time) the overhead "
+            f"and the rest combine as a smooth maximum (p = {KERNEL_TIME_OVERHEAD_P}), not a sum",
             "prior_constants_member0": {k: _members(h)[0].prior_summary() for k, h in model.heads().items()},
             "conformal_scales": {k: list(v) for k, v in scales.items()},
             "in_distribution_scales": {k: list(v) for k, v in in_distribution_scales.items()},

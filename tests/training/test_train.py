@@ -131,6 +131,25 @@ def test_latency_prior_of_element_wise_ops_and_norms_scales_with_their_flops() -
         assert p_silu - mem == pytest.approx(6 * term, rel=1e-4) and p_half - mem == pytest.approx(2 * term, rel=1e-4)
 
 
+def test_kernel_time_overlaps_the_per_launch_overhead_with_the_work() -> None:
+    """Launch-gap timing adds the per-launch overhead to the work; summed kernel durations (Vidur) take the
+    smooth maximum: a GEMM at the initial efficiency 0.5 whose floor equals the initial overhead (10 us) is
+    2 + 1 floors under PyTorch eager and (2^p + 1)^(1/p) under kernel time."""
+    from app.training.train import KERNEL_TIME_OVERHEAD_P, LayerTimeNet
+
+    f = len(MODEL_FEATURES)
+    m = LayerTimeNet(np.zeros(f), np.ones(f))
+    eager = _prior_rows("is_gemm", 100, 1000)
+    eager[:, MODEL_FEATURES.index("log_floor_ms")] = math.log(0.01)
+    kernel = eager.copy()
+    kernel[:, MODEL_FEATURES.index("stack_kernel_time")] = 1.0
+    with torch.no_grad():
+        p_eager, p_kernel = (np.exp(m.prior(torch.tensor(x)).numpy()) for x in (eager, kernel))
+    p = KERNEL_TIME_OVERHEAD_P
+    assert p_eager == pytest.approx(3.0, rel=1e-4)
+    assert p_kernel == pytest.approx((2.0**p + 1.0) ** (1 / p), rel=1e-4) and p > 1
+
+
 def test_weights_without_the_latency_term_load_and_keep_their_prior(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A model saved without the latency term (v3 artifacts) loads without it, so its function is unchanged."""
     from app.training.train import Ensemble, KindHeads, LayerTimeNet, load_weights, save_weights
