@@ -176,6 +176,12 @@ MEMBER_FEATURES: tuple[tuple[str, ...], ...] = (V3_FEATURES, DEVICE_BLIND_FEATUR
 #:   the floor, and SiLU-and-mul, at half of it, cannot be told apart; their FLOPs can.
 #: Multiply-accumulate kinds have no term (their work per output element, K MACs, is in the floor).
 LATENCY_KINDS: dict[str, float] = {"is_embedding": 8.0, "is_elementwise": 0.07, "is_norm": 0.07}
+#: How a latency kind's term combines with its ``floor / memory efficiency``: the p of the smooth maximum
+#: ``(mem^p + lat^p)^(1/p)`` (1: a sum). The gather's index work and its DRAM traffic are in flight together
+#: (p = 4): the A100's ~2.1 and the A40's ~1.7 cycles per element are its whole time, while the sum form
+#: needs 1.7 and 0.75 cycles above the floor. Per-token element-wise kernels and norms fit the sum: their
+#: cycles above the floor are the same on both GPUs (above).
+LATENCY_OVERLAP_P: dict[str, float] = {"is_embedding": 4.0, "is_elementwise": 1.0, "is_norm": 1.0}
 #: Work column of each latency kind's term (a ln feature of app.core.features).
 LATENCY_WORK: dict[str, str] = {"is_embedding": "log_out_elems", "is_elementwise": "log_flops", "is_norm": "log_flops"}
 #: Sharpness of the prior's combination of work and per-launch overhead for kernel time (``stack_kernel_time``:
@@ -302,6 +308,8 @@ class LayerTimeNet(nn.Module):
         self.ln_ovh_stack = nn.Parameter(torch.zeros(max(len(self.stack_cols), 1)))
         if self.cycle_cols:  # ln cycles per element and SM per latency kind; their own DRAM efficiency
             init = [LATENCY_KINDS[names[c]] for c in self.cycle_cols]
+            overlap = [LATENCY_OVERLAP_P[names[c]] for c in self.cycle_cols]
+            self.register_buffer("overlap_p", torch.tensor(overlap, dtype=torch.float32), persistent=False)
             self.ln_cycles = nn.Parameter(torch.log(torch.tensor(init, dtype=torch.float32)))
             self.ln_ineff_mem = nn.Parameter(torch.tensor(-math.log(MEMORY_EFFICIENCY)))
         self.cpu_ln_ineff = nn.Parameter(torch.tensor(0.0))
@@ -326,12 +334,13 @@ class LayerTimeNet(nn.Module):
         """Physics prior of ``ln(time / floor)`` ``[N]`` (before the softplus): ``ln((floor / efficiency +
         cycles x sm_cycle_ms (+) overhead_ms) / floor)``. The cycles term only for :data:`LATENCY_KINDS` rows
         (``sm_cycle_ms`` = the kind's :data:`LATENCY_WORK` / (SMs x clock), ``cycles`` learned per kind), whose
-        efficiency is the memory one (starts at :data:`MEMORY_EFFICIENCY`). ``(+)`` is a sum, except for kernel
-        time (``stack_kernel_time``), where it is the smooth maximum ``(a^p + b^p)^(1/p)``, p =
-        :data:`KERNEL_TIME_OVERHEAD_P`."""
+        efficiency is the memory one (starts at :data:`MEMORY_EFFICIENCY`), added to the floor term or, for
+        kinds with :data:`LATENCY_OVERLAP_P` above 1, combined with it as a smooth maximum. ``(+)`` is a sum,
+        except for kernel time (``stack_kernel_time``), where it is the smooth maximum ``(a^p + b^p)^(1/p)``,
+        p = :data:`KERNEL_TIME_OVERHEAD_P`."""
         floor = x[:, self.floor_i]
         ineff = self.ln_ineff + self._is_cpu(x) * self.cpu_ln_ineff
-        terms = [ineff]
+        terms = [ineff]  # ln(floor / efficiency) - ln floor
         if self.cycle_cols:
             kinds = x[:, self.cycle_cols]  # one-hot [N, K]
             on = kinds.sum(dim=1)
@@ -340,8 +349,11 @@ class LayerTimeNet(nn.Module):
             work = (kinds * (x[:, self.work_cols] + self.ln_cycles)).sum(dim=1)  # ln(cycles x work) of the row's kind
             ln_cycle_ms = work - sms - mhz - math.log(1e3)
             # rows of another kind get exp(-60) of it: nothing
-            terms.append(ln_cycle_ms - floor - 60.0 * (1.0 - on))
-        work = _logsumexp(torch.stack(terms, dim=1))
+            lat = ln_cycle_ms - floor - 60.0 * (1.0 - on)
+            p_lat = 1.0 + (kinds * (self.overlap_p - 1.0)).sum(dim=1)  # LATENCY_OVERLAP_P of the row's kind, else 1
+            work = _logsumexp(torch.stack([terms[0] * p_lat, lat * p_lat], dim=1)) / p_lat
+        else:
+            work = terms[0]
         ovh = self.log_overhead_ms(x) - floor
         if self.kernel_time_i < 0:
             return _logsumexp(torch.stack([work, ovh], dim=1))

@@ -131,6 +131,25 @@ def test_latency_prior_of_element_wise_ops_and_norms_scales_with_their_flops() -
         assert p_silu - mem == pytest.approx(6 * term, rel=1e-4) and p_half - mem == pytest.approx(2 * term, rel=1e-4)
 
 
+def test_a_gathers_latency_overlaps_its_dram_time_an_element_wise_ops_adds_to_it() -> None:
+    """With the SM-cycle term equal to floor / memory efficiency, a gather (LATENCY_OVERLAP_P 4) takes 2^(1/4)
+    of it and an element-wise op (1: a sum) twice it, plus the per-launch overhead in both (PyTorch eager)."""
+    from app.training.train import LATENCY_KINDS, LATENCY_OVERLAP_P, MEMORY_EFFICIENCY, LayerTimeNet
+
+    f = len(MODEL_FEATURES)
+    m = LayerTimeNet(np.zeros(f), np.ones(f))
+    mem = 1 / MEMORY_EFFICIENCY  # ms over the 1 ms floor
+    ovh = math.exp(m.ln_ovh.item())
+    for kind, column in (("is_embedding", "log_out_elems"), ("is_elementwise", "log_flops")):
+        x = _prior_rows(kind, 100, 1000)
+        x[:, MODEL_FEATURES.index(column)] = np.log(mem * 1e-3 * 100 * 1e9 / LATENCY_KINDS[kind])  # term = mem
+        with torch.no_grad():
+            got = np.exp(m.prior(torch.tensor(x)).numpy())
+        p = LATENCY_OVERLAP_P[kind]
+        assert got == pytest.approx(2 ** (1 / p) * mem + ovh, rel=1e-4)
+    assert LATENCY_OVERLAP_P["is_embedding"] > 1 and LATENCY_OVERLAP_P["is_elementwise"] == 1
+
+
 def test_kernel_time_overlaps_the_per_launch_overhead_with_the_work() -> None:
     """Launch-gap timing adds the per-launch overhead to the work; summed kernel durations (Vidur) take the
     smooth maximum: a GEMM at the initial efficiency 0.5 whose floor equals the initial overhead (10 us) is
