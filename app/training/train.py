@@ -249,6 +249,7 @@ class LayerTimeNet(nn.Module):
     std: torch.Tensor
     q_scale: torch.Tensor
     input_mask: torch.Tensor
+    overlap_p: torch.Tensor
 
     def __init__(
         self,
