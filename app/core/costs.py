@@ -49,6 +49,14 @@ ACTIVATION_FLOPS_PER_ELEMENT: dict[str, float] = {
     "Cast": 0, "Pow": 1, "Softsign": 3,
 }
 
+# FLOPs per output element of fused element-wise kernels whose inputs are not one operand per FLOP (the
+# default, n inputs -> n - 1 FLOPs per output, counts SiLU-and-mul as 1 and RoPE's auxiliary cos/sin and
+# position inputs as FLOPs). SiluAndMul: SiLU(gate) x up = SiLU (5) + mul (1) per output (vLLM/sarathi
+# ``silu_and_mul``). Rope: rotate each (x1, x2) pair by (cos, sin): x1·cos - x2·sin, x2·cos + x1·sin = 2 mul +
+# 1 add per output element (vLLM ``rotary_embedding``).
+FUSED_ELEMENTWISE_FLOPS_PER_OUTPUT: dict[str, float] = {"SiluAndMul": ACTIVATION_FLOPS_PER_ELEMENT["SiLU"] + 1,
+                                                        "Rope": 3}
+
 # Tensors the size of the output sequence a recurrent layer saves for backward (gates and states).
 _RECURRENT_SAVED_PER_OUTPUT: dict[str, int] = {"LSTM": 6, "GRU": 5, "RNN": 1}
 
@@ -222,6 +230,8 @@ def _elementwise_flops(layer: Layer) -> float:
     if kind is OpKind.ACTIVATION:
         return ACTIVATION_FLOPS_PER_ELEMENT.get(op, 1) * out_numel
     if kind is OpKind.ELEMENTWISE:
+        if op in FUSED_ELEMENTWISE_FLOPS_PER_OUTPUT:
+            return FUSED_ELEMENTWISE_FLOPS_PER_OUTPUT[op] * out_numel
         n_in = max(len(layer.inputs) + len(layer.weights), 2)
         return (n_in - 1) * out_numel
     if kind is OpKind.BATCHNORM:

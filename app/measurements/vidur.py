@@ -26,9 +26,13 @@ mlp_up_proj                 ``gemm``        linear E → k·F / t (k = 2 for a g
 mlp_down_proj               ``gemm``        linear F / t → E
 mlp_act (gated)            ``elementwise`` ``{"layer": {"op": "elementwise", "fn": "silu_and_mul", "shape": [T,2F/t]}}``
 mlp_act (phi-2)            ``activation``  ``{"input_shape": [F/t], "layer": {"op": "gelu"}}``
-attn_rope                   ``elementwise`` ``{"layer": {"op": "rope", "q_shape": [T, q], "k_shape": [T, kv]}}``
+attn_rope                   ``elementwise`` ``{"layer": {"op": "rope", "q_shape": [T, q], "k_shape": [T, kv],
+                                            "rotary_dim": h}}`` (in place on q and k; each token also reads
+                                            its int64 position and its h-wide cos/sin row of the cache)
 add                         ``elementwise`` ``{"layer": {"op": "elementwise", "fn": "add", "shape": [T, E],
-                                            "operand": "tensor"}}`` (residual add)
+                                            "operand": "tensor", "operands": n}}`` (residual add: n = 2;
+                                            phi-2, without a post-attention norm, times ``attn + mlp +
+                                            residual`` in one range: n = 3)
 ==========================  ==============  ================================================================
 
 Linear configs are ``{"input_shape": [in], "layer": {"op": "linear", "out_features": out, "bias": false}}``
@@ -115,7 +119,9 @@ def vidur_op_config(op: str, dims: Mapping[str, Any]) -> tuple[str, dict[str, An
     """``(op_kind, config)`` of one Vidur compute op (see the module table) for one row's ``dims``.
 
     ``dims`` has ``tokens``, ``n_embd``, ``n_expanded_embd``, ``vocab_size``, ``q_dim``, ``kv_dim`` (per
-    TP shard), ``tensor_parallel``, ``gated`` and ``norm``. Raises ``KeyError`` for an unknown op.
+    TP shard), ``head_dim``, ``tensor_parallel``, ``gated``, ``norm`` and ``add_operands`` (tensors summed in
+    the timed ``add`` range: 2, or 3 for a block without a post-attention norm, whose ``add`` is Vidur's
+    ``attn_outputs + feed_forward_hidden_states + residual``). Raises ``KeyError`` for an unknown op.
     """
     t, e, f, tp = dims["tokens"], dims["n_embd"], dims["n_expanded_embd"], dims["tensor_parallel"]
     q, kv = dims["q_dim"], dims["kv_dim"]
@@ -136,10 +142,13 @@ def vidur_op_config(op: str, dims: Mapping[str, Any]) -> tuple[str, dict[str, An
         if dims["gated"]:
             return "elementwise", {"layer": {"op": "elementwise", "fn": "silu_and_mul", "shape": [t, 2 * f // tp]}}
         return "activation", {"input_shape": [f // tp], "layer": {"op": "gelu"}}
-    if op == "attn_rope":
-        return "elementwise", {"layer": {"op": "rope", "q_shape": [t, q], "k_shape": [t, kv]}}
+    if op == "attn_rope":  # Vidur builds get_rope(head_dim, rotary_dim=head_dim, ...)
+        return "elementwise", {"layer": {"op": "rope", "q_shape": [t, q], "k_shape": [t, kv],
+                                         "rotary_dim": dims["head_dim"]}}  # fmt: skip
     if op == "add":
-        return "elementwise", {"layer": {"op": "elementwise", "fn": "add", "shape": [t, e], "operand": "tensor"}}
+        layer = {"op": "elementwise", "fn": "add", "shape": [t, e], "operand": "tensor",
+                 "operands": dims["add_operands"]}
+        return "elementwise", {"layer": layer}
     raise KeyError(f"unknown Vidur op {op!r}")
 
 
@@ -162,7 +171,9 @@ def _dims(row: Mapping[str, str], name: str, line: int) -> dict[str, Any]:
         "kv_dim": max(kv_heads // tp, 1) * head_dim,  # KV heads are replicated when TP > n_kv_head
         "tensor_parallel": tp,
         "gated": _choice(row, "use_gated_mlp", _BOOL, name, line),
+        "head_dim": head_dim,
         "norm": "layernorm" if model in _LAYERNORM_MODELS else "rmsnorm",
+        "add_operands": 3 if model in _NO_POST_NORM else 2,
     }
 
 

@@ -227,17 +227,25 @@ def _shape_layer(op: Mapping[str, Any], dtype: str) -> Layer | None:
         shape = tuple(int(v) for v in op["shape"])
         x = Tensor("x", shape, dtype)
         fn = str(op["fn"])
-        if fn == "silu_and_mul":  # SiLU(gate) * up over [T, 2F] -> [T, F]
+        if fn == "silu_and_mul":  # SiLU(gate) * up, [T, 2F] -> [T, F] (FLOPs: costs.FUSED_ELEMENTWISE_FLOPS_PER_OUTPUT)
             out = (*shape[:-1], shape[-1] // 2)
-            return Layer(fn, "Mul", OpKind.ELEMENTWISE, (x,), (Tensor("y", out, dtype),))
+            return Layer(fn, "SiluAndMul", OpKind.ELEMENTWISE, (x,), (Tensor("y", out, dtype),))
         if fn not in _ELEMENTWISE_OPS:
             return None
-        inputs = (x,) if op.get("operand") == "scalar" else (x, Tensor("x2", shape, dtype))
+        n_tensors = int(op.get("operands", 2))  # tensor operands of a chained op: a + b + c has 3 (2 FLOPs/output)
+        if n_tensors < 2:
+            raise ValueError(f"an element-wise op has at least 2 tensor operands, got {n_tensors}")
+        others = tuple(Tensor(f"x{i}", shape, dtype) for i in range(2, n_tensors + 1))
+        inputs = (x,) if op.get("operand") == "scalar" else (x, *others)
         return Layer(fn, _ELEMENTWISE_OPS[fn], OpKind.ELEMENTWISE, inputs, (Tensor("y", shape, dtype),))
-    if name == "rope":
+    if name == "rope":  # in place on q and k; with rotary_dim, each token's position (int64) and cos/sin row
         q_shape, k_shape = tuple(int(v) for v in op["q_shape"]), tuple(int(v) for v in op["k_shape"])
-        return Layer("rope", "Rope", OpKind.ELEMENTWISE, (Tensor("q", q_shape, dtype), Tensor("k", k_shape, dtype)),
-                     (Tensor("q_out", q_shape, dtype), Tensor("k_out", k_shape, dtype)))
+        aux: tuple[Tensor, ...] = ()
+        if "rotary_dim" in op:
+            tokens = q_shape[0]
+            aux = (Tensor("positions", (tokens,), "int64"), Tensor("cos_sin", (tokens, int(op["rotary_dim"])), dtype))
+        return Layer("rope", "Rope", OpKind.ELEMENTWISE, (Tensor("q", q_shape, dtype), Tensor("k", k_shape, dtype),
+                     *aux), (Tensor("q_out", q_shape, dtype), Tensor("k_out", k_shape, dtype)))  # fmt: skip
     return None
 
 

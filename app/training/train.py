@@ -17,7 +17,8 @@
    floor is :func:`app.core.features.pass_floor_ms` (roofline at the op's peak for the precision, cheapest
    algorithm, bytes at the precision) and the prior is ``ln(1/efficiency + overhead_ms / floor_ms)`` with a
    learned per-launch overhead per software stack (PyTorch eager, TF1 session, kernel time), pass and
-   hardware kind, plus, for gathers (:data:`LATENCY_KINDS`), a term in elements per SM cycle. So no
+   hardware kind (added, or for kernel time overlapped: :data:`KERNEL_TIME_OVERHEAD_P`), plus, for gathers,
+   element-wise ops and norms (:data:`LATENCY_KINDS`), a term in work (elements or FLOPs) per SM cycle. So no
    prediction, and no p10, is ever below the physics floor.
 4. **leave-one-GPU-out** (:func:`leave_one_gpu_out`): one fold per GPU chip (catalog ``architecture``: all
    A100 variants are one fold), the recipe retrained without any of its rows; the held-out chip's
@@ -157,25 +158,43 @@ MODEL_FEATURES: tuple[str, ...] = (*V3_FEATURES, "hw_log_flops_per_sm_cycle", "h
 #: chosen on leave-one-GPU-out validation configurations (models/README.md), where the mix beat three
 #: members of any one set.
 MEMBER_FEATURES: tuple[tuple[str, ...], ...] = (V3_FEATURES, DEVICE_BLIND_FEATURES, PER_SM_CYCLE_FEATURES)
-#: The latency term of the prior (:class:`LayerTimeNet`): op kinds whose kernels do per-element index work on
-#: few bytes per element, with the cycles per element and SM the prior starts from. Their time is
-#: ``floor / memory efficiency + cycles x elements / (SMs x clock)``, a term that scales with the SMs and clock
-#: instead of the DRAM bandwidth. Measured on Vidur's fp16 ops (A100 and A40, whose DRAM floors differ 2.8x):
-#: PyTorch's embedding gather (``index_select``: integer division and offset arithmetic per element, one
-#: 2-byte load and store) runs at 0.50 and 0.59 elements per SM cycle on the two GPUs, 300-350 GB/s on both,
-#: so its time is this term (~2 cycles per element; the prior starts at 8 so that the term, not the floor,
-#: sets how it moves between GPUs). Tried and not kept (full leave-one-GPU-out, worse or within noise): the
-#: same term for norms (0.5), element-wise ops and activations (0.25) and softmax (0.5); RMSNorm, RoPE and
-#: SiLU-and-mul fit ``floor + 0.25-0.6 cycles x elements / (SMs x clock)`` on both GPUs, PyTorch's vectorised add
-#: the floor alone, and one coefficient per op kind cannot tell them apart. Multiply-accumulate kinds have no
-#: term (their work per output element, K MACs, is in the floor).
-LATENCY_KINDS: dict[str, float] = {"is_embedding": 8.0}
+#: The latency term of the prior (:class:`LayerTimeNet`): op kinds whose kernels spend SM cycles on per-element
+#: work that does not overlap their DRAM traffic, with the cycles per unit of work and SM the prior starts from.
+#: Their time is ``floor / memory efficiency + cycles x work / (SMs x clock)``, a term that scales with the SMs
+#: and clock instead of the DRAM bandwidth; the work is :data:`LATENCY_WORK` of the kind. Measured on Vidur's
+#: fp16 ops (A100 and A40, whose DRAM floors differ 2.8x while SMs x clock differ 4 %):
+#: - ``is_embedding``, work = output elements: PyTorch's embedding gather (``index_select``: integer division and
+#:   offset arithmetic per element, one 2-byte load and store) runs at 0.50 and 0.59 elements per SM cycle on
+#:   the two GPUs, 300-350 GB/s on both, so its time is this term (~2 cycles per element; the prior starts at 8
+#:   so that the term, not the floor, sets how it moves between GPUs).
+#: - ``is_elementwise`` and ``is_norm``, work = FLOPs (:mod:`app.core.costs`: add 1, RoPE 3, SiLU-and-mul 6 per
+#:   output element, RMSNorm 7 per input element): above ``floor / 0.9`` the time of add, RoPE, SiLU-and-mul and
+#:   RMSNorm (tokens >= 64) is 0.074 (A100) and 0.067 (A40) cycles per FLOP and SM pooled over the four ops, the
+#:   same on both GPUs; one constant per kind then predicts each GPU from the other within 17 % (A100) and 10 %
+#:   (A40) MAPE, where carrying the efficiency over (what an MLP that saw one GPU does) is 55 % off. With one
+#:   cycles-per-element constant instead (tried before: worse or within noise) PyTorch's vectorised add, at
+#:   the floor, and SiLU-and-mul, at half of it, cannot be told apart; their FLOPs can.
+#: Multiply-accumulate kinds have no term (their work per output element, K MACs, is in the floor).
+LATENCY_KINDS: dict[str, float] = {"is_embedding": 8.0, "is_elementwise": 0.07, "is_norm": 0.07}
+#: How a latency kind's term combines with its ``floor / memory efficiency``: the p of the smooth maximum
+#: ``(mem^p + lat^p)^(1/p)`` (1: a sum). The gather's index work and its DRAM traffic are in flight together
+#: (p = 4): the A100's ~2.1 and the A40's ~1.7 cycles per element are its whole time, while the sum form
+#: needs 1.7 and 0.75 cycles above the floor. Per-token element-wise kernels and norms fit the sum: their
+#: cycles above the floor are the same on both GPUs (above).
+LATENCY_OVERLAP_P: dict[str, float] = {"is_embedding": 4.0, "is_elementwise": 1.0, "is_norm": 1.0}
+#: Work column of each latency kind's term (a ln feature of app.core.features).
+LATENCY_WORK: dict[str, str] = {"is_embedding": "log_out_elems", "is_elementwise": "log_flops", "is_norm": "log_flops"}
+#: Sharpness of the prior's combination of work and per-launch overhead for kernel time (``stack_kernel_time``:
+#: summed kernel durations, no launch gaps): a kernel's fixed duration (~1-2 us: grid launch and drain) overlaps
+#: its memory traffic instead of adding to it. Vidur's residual add on the A100 takes 2 us up to 48 tokens, then
+#: 4 us at 256 tokens over a 3.25 us floor and 7 us at 512 over 6.5 us; floor + 2 us would be 5.3 and 8.5 us.
+KERNEL_TIME_OVERHEAD_P = 4.0
 #: DRAM-bandwidth efficiency the prior starts from for :data:`LATENCY_KINDS` rows (streaming kernels reach
 #: ~90 % of the datasheet bandwidth; the other kinds start at 50 %, a GEMM-class compute efficiency).
 MEMORY_EFFICIENCY = 0.9
-#: Features the latency term reads: elements / (SMs x clock) = exp(log_out_elems - hw_log_compute_units -
-#: hw_log_clock_mhz) / 1e6 s.
-_LATENCY_COLUMNS = ("log_out_elems", "hw_log_compute_units", "hw_log_clock_mhz")
+#: Features the latency term reads: work / (SMs x clock) = exp(work - hw_log_compute_units - hw_log_clock_mhz)
+#: / 1e6 s, the work a column of :data:`LATENCY_WORK`.
+_LATENCY_COLUMNS = ("hw_log_compute_units", "hw_log_clock_mhz", *sorted(set(LATENCY_WORK.values())))
 
 #: Sources ``layercast train`` reads (measurement ``source`` values).
 V3_SOURCES: tuple[str, ...] = (SOURCE_JUSTUS, SOURCE_NEUSIGHT, SOURCE_VIDUR, SOURCE_PROFILER)
@@ -212,8 +231,9 @@ class LayerTimeNet(nn.Module):
     the time is the floor at a learned efficiency plus a learned per-launch overhead, whose log has one
     offset per non-default software stack column present (``stack_tf1_session``, ``stack_kernel_time``),
     for a training step (``is_train``) and for CPUs (``is_cpu``). With ``latency_prior`` (the default; off
-    for weights saved without it) rows of :data:`LATENCY_KINDS` add ``cycles_kind x elements / (SMs x
-    clock)`` and use their own (memory) efficiency: the hardware dependence of a latency-bound op comes from
+    for weights saved without it) rows of :data:`LATENCY_KINDS` add ``cycles_kind x work / (SMs x clock)``
+    (``latency_kinds``: the kinds covered, default all; weights saved with fewer load with those) and use
+    their own (memory) efficiency: the hardware dependence of a latency-bound op comes from
     this structure, not from an MLP that saw the op on one GPU only. The MLP sees standardised features
     (mean/std buffers baked into the graph) and corrects the prior; p10/p90 sit below/above p50 by softplus
     offsets times the conformal scales ``q_scale[kind]`` (row 0 GPU, row 1 CPU; 1 until calibrated), p10
@@ -229,6 +249,7 @@ class LayerTimeNet(nn.Module):
     std: torch.Tensor
     q_scale: torch.Tensor
     input_mask: torch.Tensor
+    overlap_p: torch.Tensor
 
     def __init__(
         self,
@@ -240,6 +261,7 @@ class LayerTimeNet(nn.Module):
         depth: int = 3,
         active: Sequence[str] | None = None,
         latency_prior: bool = True,
+        latency_kinds: Sequence[str] | None = None,
     ) -> None:
         super().__init__()
         names = list(feature_names)
@@ -259,10 +281,17 @@ class LayerTimeNet(nn.Module):
         self.train_i = names.index("is_train")
         self.cpu_i = names.index("is_cpu") if "is_cpu" in names else -1
         self.stack_cols = [names.index(s) for s in ("stack_tf1_session", "stack_kernel_time") if s in names]
+        self.kernel_time_i = names.index("stack_kernel_time") if "stack_kernel_time" in names else -1
         # the latency term: off for weights trained without it (load_weights), or a feature list without its columns
         have = latency_prior and all(c in names for c in _LATENCY_COLUMNS)
-        self.latency_cols = [names.index(c) for c in _LATENCY_COLUMNS] if have else []
-        self.cycle_cols = [names.index(k) for k in LATENCY_KINDS if k in names] if have else []
+        unknown_kinds = sorted(set(latency_kinds or ()) - set(LATENCY_KINDS))
+        if unknown_kinds:
+            raise ValueError(f"latency kinds {unknown_kinds} are not in LATENCY_KINDS")
+        covered = [k for k in (LATENCY_KINDS if latency_kinds is None else latency_kinds) if k in names]
+        self.latency_kinds = tuple(covered) if have else ()
+        self.latency_cols = [names.index(c) for c in ("hw_log_compute_units", "hw_log_clock_mhz")] if have else []
+        self.cycle_cols = [names.index(k) for k in self.latency_kinds]
+        self.work_cols = [names.index(LATENCY_WORK[k]) for k in self.latency_kinds]
         layers: list[nn.Module] = []
         width = len(names)
         for _ in range(depth):
@@ -280,6 +309,8 @@ class LayerTimeNet(nn.Module):
         self.ln_ovh_stack = nn.Parameter(torch.zeros(max(len(self.stack_cols), 1)))
         if self.cycle_cols:  # ln cycles per element and SM per latency kind; their own DRAM efficiency
             init = [LATENCY_KINDS[names[c]] for c in self.cycle_cols]
+            overlap = [LATENCY_OVERLAP_P[names[c]] for c in self.cycle_cols]
+            self.register_buffer("overlap_p", torch.tensor(overlap, dtype=torch.float32), persistent=False)
             self.ln_cycles = nn.Parameter(torch.log(torch.tensor(init, dtype=torch.float32)))
             self.ln_ineff_mem = nn.Parameter(torch.tensor(-math.log(MEMORY_EFFICIENCY)))
         self.cpu_ln_ineff = nn.Parameter(torch.tensor(0.0))
@@ -302,23 +333,33 @@ class LayerTimeNet(nn.Module):
 
     def prior(self, x: torch.Tensor) -> torch.Tensor:
         """Physics prior of ``ln(time / floor)`` ``[N]`` (before the softplus): ``ln((floor / efficiency +
-        overhead_ms + cycles x sm_cycle_ms) / floor)``. The last term only for :data:`LATENCY_KINDS` rows
-        (``sm_cycle_ms`` = output elements / (SMs x clock), ``cycles`` learned per kind), whose efficiency is
-        the memory one (starts at :data:`MEMORY_EFFICIENCY`)."""
+        cycles x sm_cycle_ms (+) overhead_ms) / floor)``. The cycles term only for :data:`LATENCY_KINDS` rows
+        (``sm_cycle_ms`` = the kind's :data:`LATENCY_WORK` / (SMs x clock), ``cycles`` learned per kind), whose
+        efficiency is the memory one (starts at :data:`MEMORY_EFFICIENCY`), added to the floor term or, for
+        kinds with :data:`LATENCY_OVERLAP_P` above 1, combined with it as a smooth maximum. ``(+)`` is a sum,
+        except for kernel time (``stack_kernel_time``), where it is the smooth maximum ``(a^p + b^p)^(1/p)``,
+        p = :data:`KERNEL_TIME_OVERHEAD_P`."""
         floor = x[:, self.floor_i]
         ineff = self.ln_ineff + self._is_cpu(x) * self.cpu_ln_ineff
-        terms = [ineff, self.log_overhead_ms(x) - floor]
+        terms = [ineff]  # ln(floor / efficiency) - ln floor
         if self.cycle_cols:
             kinds = x[:, self.cycle_cols]  # one-hot [N, K]
             on = kinds.sum(dim=1)
             terms[0] = ineff + on * (self.ln_ineff_mem - self.ln_ineff)
-            elems, sms, mhz = (x[:, c] for c in self.latency_cols)
-            ln_sm_cycle_ms = elems - sms - mhz - math.log(1e3)
+            sms, mhz = (x[:, c] for c in self.latency_cols)
+            work = (kinds * (x[:, self.work_cols] + self.ln_cycles)).sum(dim=1)  # ln(cycles x work) of the row's kind
+            ln_cycle_ms = work - sms - mhz - math.log(1e3)
             # rows of another kind get exp(-60) of it: nothing
-            terms.append(ln_sm_cycle_ms + (kinds * self.ln_cycles).sum(dim=1) - floor - 60.0 * (1.0 - on))
-        t = torch.stack(terms, dim=1)
-        m = t.max(dim=1).values  # logsumexp, written out (no ONNX symbolic for aten::logaddexp)
-        return m + torch.log(torch.exp(t - m[:, None]).sum(dim=1))
+            lat = ln_cycle_ms - floor - 60.0 * (1.0 - on)
+            p_lat = 1.0 + (kinds * (self.overlap_p - 1.0)).sum(dim=1)  # LATENCY_OVERLAP_P of the row's kind, else 1
+            work = _logsumexp(torch.stack([terms[0] * p_lat, lat * p_lat], dim=1)) / p_lat
+        else:
+            work = terms[0]
+        ovh = self.log_overhead_ms(x) - floor
+        if self.kernel_time_i < 0:
+            return _logsumexp(torch.stack([work, ovh], dim=1))
+        p = 1.0 + (KERNEL_TIME_OVERHEAD_P - 1.0) * x[:, self.kernel_time_i]
+        return _logsumexp(torch.stack([work * p, ovh * p], dim=1)) / p
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         z = (x - self.mean) / self.std * self.input_mask
@@ -348,8 +389,15 @@ class LayerTimeNet(nn.Module):
         if self.cycle_cols:
             out["memory_efficiency"] = math.exp(-self.ln_ineff_mem.item())
         for j, c in enumerate(self.cycle_cols):
-            out[f"cycles_per_element_per_sm_{self.feature_names[c]}"] = math.exp(self.ln_cycles[j].item())
+            unit = "element" if LATENCY_WORK[self.feature_names[c]] == "log_out_elems" else "flop"
+            out[f"cycles_per_{unit}_per_sm_{self.feature_names[c]}"] = math.exp(self.ln_cycles[j].item())
         return out
+
+
+def _logsumexp(t: torch.Tensor) -> torch.Tensor:
+    """ln sum exp over dim 1 of ``t`` ``[N, K]``, written out (no ONNX symbolic for aten::logaddexp)."""
+    m = t.max(dim=1).values
+    return m + torch.log(torch.exp(t - m[:, None]).sum(dim=1))
 
 
 class Ensemble(nn.Module):
@@ -423,7 +471,7 @@ def train_model(
     if init is not None:
         model = LayerTimeNet(
             init.mean.numpy(), init.std.numpy(), feature_names=init.feature_names, hidden=init.hidden,
-            depth=init.depth, latency_prior=bool(init.cycle_cols),
+            depth=init.depth, latency_prior=bool(init.cycle_cols), latency_kinds=init.latency_kinds,
         )  # fmt: skip
         model.load_state_dict(init.state_dict())  # input_mask included
         model.q_scale.fill_(1.0)
@@ -824,7 +872,8 @@ def load_weights(path: Path, *, feature_names: Sequence[str], hidden: int, depth
             prefix = f"{head}.member{k}."
             sd = {key[len(prefix) :]: torch.tensor(v) for key, v in data.items() if key.startswith(prefix)}
             m = LayerTimeNet(sd["mean"].numpy(), sd["std"].numpy(), feature_names=feature_names, hidden=hidden,
-                             depth=depth, latency_prior="ln_cycles" in sd)  # fmt: skip
+                             depth=depth, latency_prior="ln_cycles" in sd,
+                             latency_kinds=tuple(LATENCY_KINDS)[: len(sd["ln_cycles"])] if "ln_cycles" in sd else None)  # fmt: skip  # noqa: E501
             sd.setdefault("input_mask", m.input_mask)  # artifacts before the input mask: every feature read
             m.load_state_dict(sd)
             m.eval()
@@ -1069,9 +1118,10 @@ def write_artifact(
             "architecture": f"two heads (GPU, CPU; picked by is_cpu), each an ensemble of MLPs {recipe['depth']}x"
             f"{recipe['hidden']} SiLU with quantile outputs over a floor + overhead + latency prior",
             "prior": "ln(time/floor) = softplus(ln((floor/eff + overhead_ms(stack, pass, kind) + cycles(kind) x "
-            "out_elems / (SMs x clock)) / floor) + MLP); the cycles term only for "
-            f"{', '.join(k.removeprefix('is_') for k in LATENCY_KINDS) or 'no'} kinds, with eff the memory "
-            "efficiency there",
+            "work(kind) / (SMs x clock)) / floor) + MLP); the cycles term only for "
+            + ", ".join(f"{k.removeprefix('is_')} (work {LATENCY_WORK[k].removeprefix('log_')})" for k in LATENCY_KINDS)
+            + " kinds, with eff the memory efficiency there; under kernel time (stack_kernel_time) the overhead "
+            f"and the rest combine as a smooth maximum (p = {KERNEL_TIME_OVERHEAD_P}), not a sum",
             "prior_constants_member0": {k: _members(h)[0].prior_summary() for k, h in model.heads().items()},
             "conformal_scales": {k: list(v) for k, v in scales.items()},
             "in_distribution_scales": {k: list(v) for k, v in in_distribution_scales.items()},

@@ -94,6 +94,20 @@ def test_tensor_parallel_shards_the_projections() -> None:
     assert recs["mlp_down_proj"].config["input_shape"] == [28672 // 4]
     assert recs["emb"].config["layer"]["num_embeddings"] == 32768 // 4
     assert recs["attn_rope"].config["layer"]["k_shape"][1] == 2 * 128
+    assert recs["attn_rope"].config["layer"]["rotary_dim"] == 128  # Vidur: get_rope(head_dim, rotary_dim=head_dim)
+    assert recs["add"].config["layer"]["operands"] == 2  # residual + hidden_states
+
+
+def test_phi2_add_sums_three_tensors() -> None:
+    """phi-2 has no post-attention norm: Vidur times ``attn_outputs + feed_forward_hidden_states + residual``
+    (``_forward_without_post_attn_norm``), three [T, E] tensors, in its ``add`` range."""
+    path = VIDUR / "compute_mlp_a40.csv.gz"
+    index = 5220  # the first phi-2 row of the A40 file: 4096 tokens, n_embd 2560
+    recs = {r.context["source_column"]: r for r in iter_vidur_compute(path, limit=index + 1)
+            if r.context["source_row"] == index}
+    assert recs["add"].config["model"] == "microsoft/phi-2" and recs["add"].batch_size == 4096
+    assert recs["add"].config["layer"] == {"op": "elementwise", "fn": "add", "shape": [4096, 2560],
+                                           "operand": "tensor", "operands": 3}  # fmt: skip
 
 
 def test_network_counts_and_fields() -> None:

@@ -129,6 +129,32 @@ def test_record_layer_shape_records() -> None:
     assert a == config_key(source="neusight", config={"input_shape": [3], "layer": {"op": "relu"}}, batch_size=2)
 
 
+def test_vidur_fused_ops_cost_by_hand() -> None:
+    """FLOPs and DRAM bytes of Vidur's fused element-wise ops, counted by hand from their definitions (fp16)."""
+    silu = record_layer(source="vidur", batch_size=7, precision="fp16",
+                        config={"layer": {"op": "elementwise", "fn": "silu_and_mul", "shape": [7, 20]}})
+    assert not isinstance(silu, str)
+    c = layer_cost(silu)  # SiLU(gate) (5 FLOPs) x up (1) per output: 6 x 70; read 140, write 70 halves
+    assert (c.forward_flops, c.forward_bytes_read, c.forward_bytes_written) == (6 * 70, 140 * 2, 70 * 2)
+    rope_cfg = {"layer": {"op": "rope", "q_shape": [4, 256], "k_shape": [4, 128], "rotary_dim": 128}}
+    rope = record_layer(source="vidur", batch_size=4, precision="fp16", config=rope_cfg)
+    assert not isinstance(rope, str)
+    c = layer_cost(rope)  # 2 mul + 1 add per rotated element of q and k: 3 x 4 x 384
+    assert c.forward_flops == 3 * 4 * 384
+    # in place: reads q, k, each token's int64 position and its 128-wide cos/sin row; writes q and k
+    assert c.forward_bytes_read == 4 * 384 * 2 + 4 * 8 + 4 * 128 * 2 and c.forward_bytes_written == 4 * 384 * 2
+    add3 = {"layer": {"op": "elementwise", "fn": "add", "shape": [4, 8], "operand": "tensor", "operands": 3}}
+    add = record_layer(source="vidur", batch_size=4, precision="fp16", config=add3)
+    assert not isinstance(add, str)
+    c = layer_cost(add)  # a + b + c: 2 adds per output; any kernel reads 3 tensors and writes 1
+    assert (c.forward_flops, c.forward_bytes_read, c.forward_bytes_written) == (2 * 32, 3 * 32 * 2, 32 * 2)
+    add2 = record_layer(source="vidur", batch_size=4, precision="fp16",
+                        config={"layer": {**add3["layer"], "operands": 2}})  # fmt: skip
+    assert not isinstance(add2, str) and layer_cost(add2).forward_flops == 32
+    bad = {"layer": {**add3["layer"], "operands": 1}}
+    assert record_layer(source="vidur", batch_size=4, precision="fp16", config=bad) == "config_does_not_rebuild"
+
+
 def test_iterations_come_from_the_database(tmp_path: Path) -> None:
     seed = Path(__file__).resolve().parents[2] / "data" / "seed"
     url = f"sqlite:///{tmp_path / 'm.db'}"
