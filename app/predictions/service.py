@@ -390,7 +390,7 @@ def memo_footprint(bound: graphs.BoundGraph, mem_opts: dict[str, Any], *, batch_
     """:func:`app.core.memory.footprint` of ``bound``'s analysis with ``mem_opts`` (at ``batch_size``, default
     the binding's), memoised on the cache entry (a pure function of the analysis, the options and the
     device's :func:`~app.core.memory.device_key`); the walk over the layers (its layout) is done once per
-    precision and device key, not per batch."""
+    precision and device kind (:func:`_memo_layout`), not per batch or GPU generation."""
     return bound.memo(_memo_key("footprint", mem_opts, batch_size), lambda: footprint(
         bound.analysis, batch_size=batch_size, layout=_memo_layout(bound, mem_opts), **mem_opts))
 
