@@ -91,8 +91,8 @@ def test_byte_estimate_is_within_a_factor_two_of_traced_memory(name: str) -> Non
 
 @pytest.mark.parametrize("name", ["resnet50", "densenet121", "inception_v2"])
 def test_layout_byte_estimate_counts_the_compiled_walk(name: str) -> None:
-    """What a memoised training layout is charged (``LAYOUT_BYTES_PER_LAYER`` per layer) is within 10 % below /
-    15 % above what it holds once a footprint has compiled its numpy walk onto it (``Layout.walk``, ~10 % of it:
+    """What a memoised training layout is charged (``LAYOUT_BYTES_PER_LAYER`` per layer) is within 15 % below /
+    20 % above what it holds once a footprint has compiled its numpy walk onto it (``Layout.walk``, ~10 % of it:
     the layout alone would be charged too little)."""
     from app.core import memory
     from app.hardware.catalog import load_catalog
@@ -111,7 +111,7 @@ def test_layout_byte_estimate_counts_the_compiled_walk(name: str) -> None:
         tracemalloc.stop()
     assert layout.walk is not None
     charged = LAYOUT_BYTES_PER_LAYER * len(a.graph.layers)
-    assert 0.9 <= charged / traced <= 1.15, (charged, traced)
+    assert 0.85 <= charged / traced <= 1.2, (charged, traced)
 
 
 def test_importing_the_api_imports_neither_torch_nor_alembic_nor_onnx() -> None:
