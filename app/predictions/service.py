@@ -390,7 +390,7 @@ def memo_footprint(bound: graphs.BoundGraph, mem_opts: dict[str, Any], *, batch_
     """:func:`app.core.memory.footprint` of ``bound``'s analysis with ``mem_opts`` (at ``batch_size``, default
     the binding's), memoised on the cache entry (a pure function of the analysis, the options and the
     device's :func:`~app.core.memory.device_key`); the walk over the layers (its layout) is done once per
-    precision and device key, not per batch."""
+    precision and device kind (:func:`_memo_layout`), not per batch or GPU generation."""
     return bound.memo(_memo_key("footprint", mem_opts, batch_size), lambda: footprint(
         bound.analysis, batch_size=batch_size, layout=_memo_layout(bound, mem_opts), **mem_opts))
 
@@ -524,8 +524,10 @@ def estimate(
     agg = aggregate(aggregation_input(request, hw, (), fp, training=training, sums=sums))
     it = agg.iteration
     fwd = it.forward_ms
-    if it.layers_ms <= 0:
-        # never a silent zero: a graph with nothing costable is an error the caller must see
+    loss = loss_ms(bound, training, estimates)
+    if it.layers_ms - loss <= 0:
+        # never a silent zero: a graph with nothing costable is an error the caller must see (in training the
+        # loss layer after the graph is always costed, so it alone does not make the graph's time meaningful)
         warnings.append("no layer of this graph could be costed; the iteration time is not meaningful")
     if analysis.unsupported:
         warnings.append(
@@ -551,8 +553,7 @@ def estimate(
     if agg.job is not None and price is None:
         warnings.append(f"hardware {hw.id!r} has no list price: give price_usd_per_hour for a cost")
     gradient_bytes = fp.gradients_bytes if training and request.device_count > 1 else 0
-    iteration, epoch, job = _totals_read(agg, request, hw, gradient_bytes=gradient_bytes,
-                                         loss_ms=loss_ms(bound, training, estimates))
+    iteration, epoch, job = _totals_read(agg, request, hw, gradient_bytes=gradient_bytes, loss_ms=loss)
     memory = MemoryPrediction(
         precision=storage_precision(precision),
         activation_checkpointing=request.activation_checkpointing,

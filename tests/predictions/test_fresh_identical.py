@@ -153,6 +153,13 @@ def test_distinct_rows_are_run_once_and_answer_what_every_row_answers(predictor:
         assert counted == [counted[0]] and counted[0] < m / 2  # one run, over far fewer rows
 
 
+def test_distinct_rows_only_with_one_onnxruntime_thread() -> None:
+    """With several intra-op threads MLAS shares a run's rows among them by its length, so the distinct-row run
+    would not reproduce a large run bit for bit (the small runs of the load-time check do not show it)."""
+    assert load_predictor(REPO_ROOT / "models", threads=1).learned.distinct_rows
+    assert not load_predictor(REPO_ROOT / "models", threads=2).learned.distinct_rows
+
+
 def test_a_run_that_depends_on_its_neighbours_is_detected() -> None:
     rng = np.random.default_rng(0)
     assert onnx_model._distinct_run_reproduces(lambda x: x[:, :3] * 2.0, 8, rng)

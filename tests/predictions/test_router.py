@@ -114,6 +114,25 @@ def test_unsupported_op_is_listed_and_totals_say_so(client: TestClient) -> None:
     assert any("Hardmax" in w for w in body["warnings"])
 
 
+@pytest.mark.parametrize("mode", ["inference", "training"])
+def test_a_graph_with_no_costable_layer_says_so_in_both_modes(client: TestClient, mode: str) -> None:
+    """The loss layer a training step adds is always costed: it alone must not hide that none of the graph's
+    layers could be."""
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    model = helper.make_model(helper.make_graph([helper.make_node("Hardmax", ["x"], ["y"])], "g", [x], [y]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    gid = client.post("/v1/graphs", content=model.SerializeToString(),
+                      headers={"content-type": "application/octet-stream"}).json()["id"]
+    r = _predict(client, graph_id=gid, hardware_id="p100", batch_size=2, mode=mode)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert (body["iteration"]["loss_ms"] > 0) == (mode == "training")
+    assert any("no layer of this graph could be costed" in w for w in body["warnings"]), body["warnings"]
+
+
 @pytest.mark.parametrize(
     ("body", "status", "code"),
     [
