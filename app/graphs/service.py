@@ -38,6 +38,7 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import IO, Any, TypeVar
 
+from sqlalchemy import event
 from sqlalchemy.orm import Session
 
 from app.auth import Principal, check_owner
@@ -490,7 +491,10 @@ def delete_graph(session: Session, *, graph_id: str, principal: Principal) -> No
         raise GraphNotFound(f"no graph with id '{graph_id}'", detail={"graph_id": graph_id})
     check_owner(principal, row.owner, what="graph", ident=graph_id)
     repo.delete(row)
-    analysis_cache.discard_graph(graph_id)  # this process's analyses of it (other workers keep theirs: README)
+    # this process's analyses of it (other workers keep theirs: README); again once the delete is committed, for
+    # a prediction that read the row before the commit and cached its analysis meanwhile
+    analysis_cache.discard_graph(graph_id)
+    event.listen(session, "after_commit", lambda _s: analysis_cache.discard_graph(graph_id), once=True)
 
 
 def get_graph(session: Session, *, graph_id: str) -> StoredGraph:

@@ -286,6 +286,19 @@ def loss_ms(bound: graphs.BoundGraph, training: bool, est: Estimates) -> float:
     return float(est.forward_ms[-1] + est.backward_ms[-1] + est.update_ms[-1])
 
 
+def loss_quality(bound: graphs.BoundGraph, training: bool, est: Estimates) -> str:
+    """How the loss row (the last of a training table) was estimated: ``"; estimated by the <method> method"``
+    plus ``", outside the learned predictor's training data (wider interval)"`` when it is; ``""`` when the step
+    has no loss row. The loss is not one of the graph's layers (``methods`` and the out-of-data warning count
+    those), so the answer's ``assumptions.loss`` says it here."""
+    if not bound.has_loss_row(training):
+        return ""
+    out = f"; estimated by the {est.method[-1]} method"
+    if bool(est.out_of_distribution[-1]):
+        out += ", outside the learned predictor's training data (wider interval)"
+    return out
+
+
 def _layer_rows(analysis: GraphAnalysis, table: LayerTable, setting: Setting, est: Estimates
                 ) -> list[LayerPrediction]:
     """The response rows of ``detail="layers"``, one per layer in graph order (unsupported ones included)."""
@@ -626,7 +639,8 @@ def estimate(
             "backward": BACKWARD_SEMANTICS,
             "loss": ("training: a cross-entropy loss on the graph's first floating-point output (log-softmax over "
                      "its last axis + NLL, forward and backward), costed as a softmax layer over that tensor and "
-                     "added to the layer sum as loss_ms; the memory counts the same loss" if training else
+                     "added to the layer sum as loss_ms; the memory counts the same loss"
+                     + loss_quality(bound, training, estimates) if training else
                      "inference: no loss computed"),
             "epoch": "ceil(dataset_size / batch_size) iterations (last partial batch counted as full) + "
                      "ceil(eval_size / batch_size) forward-only passes when eval_size is given; job = epochs x "

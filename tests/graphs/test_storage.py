@@ -330,3 +330,25 @@ def test_migration_keeps_old_rows_and_says_their_weights_are_stored(sqlite_url: 
             assert row.created_at.tzinfo is not None and row.created_at.utcoffset().total_seconds() == 0
     finally:
         engine.dispose()
+
+
+def test_an_analysis_cached_while_a_delete_is_uncommitted_goes_with_the_commit(client: TestClient) -> None:
+    """A prediction that read the row before the delete committed may cache its analysis in between: the
+    commit drops it again; a rolled-back delete keeps what is cached."""
+    from app.auth import Principal, Scope
+    from app.graphs import service
+    from app.graphs.service import BoundGraph, analysis_cache
+
+    gid = _post(client, _gpt_like().SerializeToString(), dims="seq=4").json()["id"]
+    admin = Principal(key_id=None, scopes=frozenset({Scope.ADMIN}))
+    factory = client.app.state.sessionmaker  # type: ignore[attr-defined]
+    key = ("id", gid, 1, (), None, None)
+    analysis = analyze(import_onnx(_gpt_like().SerializeToString(), dims={"seq": 4}))
+    for commit in (False, True):
+        analysis_cache.clear()
+        with factory() as session:
+            service.delete_graph(session, graph_id=gid, principal=admin)
+            analysis_cache.put(BoundGraph(key=key, analysis=analysis, graph_id=gid, nbytes=1))  # in between
+            assert len(analysis_cache) == 1
+            session.commit() if commit else session.rollback()
+        assert len(analysis_cache) == (0 if commit else 1)

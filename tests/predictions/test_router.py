@@ -307,6 +307,8 @@ def test_training_adds_the_loss_layer_on_every_device_and_inference_does_not(cli
         assert math.isclose(rows + it["loss_ms"], it["layers_ms"], rel_tol=1e-9)
         assert math.isclose(it["forward_ms"] + it["backward_ms"] + it["update_ms"], it["layers_ms"], rel_tol=1e-9)
         assert "cross-entropy" in train["assumptions"]["loss"]
+        # the loss is not a graph layer, so its method and out-of-data flag are said here
+        assert "estimated by the learned method" in train["assumptions"]["loss"], train["assumptions"]["loss"]
         infer = _predict(client, graph=ATTENTION_LM, hardware_id=hw, batch_size=8, mode="inference").json()
         assert infer["iteration"]["loss_ms"] == 0
         assert math.isclose(sum(r["total_ms"] for r in _predict(client, graph=ATTENTION_LM, hardware_id=hw,
