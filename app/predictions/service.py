@@ -498,8 +498,11 @@ def estimate(
     binding, device, precision, mode and optimizer only).
 
     Raises :class:`PrecisionNotSupportedError` (422) when ``hw`` lacks the requested precision and
-    :class:`NoInterconnect` (422) for several devices on hardware without an interconnect.
+    :class:`NoInterconnect` (422) for several devices on hardware without an interconnect; ``ValueError`` when
+    ``analysis`` was fused for another kind of device than ``hw`` (a caller's bug: what is fused depends on it).
     """
+    if analysis.fusion_hardware_kind is not None and analysis.fusion_hardware_kind != hw.kind:
+        raise ValueError(f"analysis fused for a {analysis.fusion_hardware_kind} answers a {hw.kind} device")
     precision = checked_precision(hw, request.precision)
     check_interconnect(hw, request)
     training = request.mode == "training"
