@@ -10,7 +10,7 @@ rows per file, split seed read from its metadata; the same loaders and split as 
    kernels, Vidur fp16 LLM ops, CPU seed layers). The learned model exactly as served (ONNX through
    onnxruntime) against, on the same rows: the pure roofline (the physics floor at the op's peak for the
    precision), FLOPs at 50 % of peak, the nearest-neighbour lookup table of measured configurations on the
-   same device, and the previous predictor (``--previous``, default ``layer-time-mlp-3``, ONNX as shipped);
+   same device, and the previous predictor (``--previous``, default the artifact created before it, ONNX as shipped);
    MAPE, RMSPE, within ±10 %, Spearman, per source, op family, GPU and precision; 80 % interval coverage;
    and the share of predictions below the pure roofline.
 2. **Leave-one-GPU-out** — for each GPU chip of the training data (catalog ``architecture``: the A100
@@ -67,7 +67,19 @@ from app.training.metrics import (
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MODELS_DIR = REPO_ROOT / "models"
 DEFAULT_REPORT_DIR = REPO_ROOT / "reports"
-DEFAULT_PREVIOUS = "layer-time-mlp-3"
+#: ``--previous`` default: the artifact created just before the evaluated one (:func:`previous_stem_of`).
+DEFAULT_PREVIOUS = "auto"
+
+
+def previous_stem_of(models_dir: Path, stem: str) -> str | None:
+    """The artifact of ``models_dir`` created just before ``stem`` (by the ``created_unix_s`` of their
+    metadata, then name), or None when ``stem`` is the oldest or not there."""
+    from app.predictor.registry import list_versions
+
+    versions = sorted(list_versions(models_dir), key=lambda v: (v.created_unix_s or 0, v.stem))
+    stems = [v.stem for v in versions]
+    i = stems.index(stem) if stem in stems else 0
+    return stems[i - 1] if i > 0 else None
 
 #: Targets of issue 8 (reported reached / missed in the report).
 TARGETS: dict[str, tuple[str, float]] = {
@@ -563,7 +575,11 @@ def run(
     learned: LearnedPredictor = predictor.learned
     meta = learned.metadata
     previous: LearnedPredictor | None = None
-    if previous_stem and (models_dir / f"{previous_stem}.json").is_file():
+    if previous_stem == DEFAULT_PREVIOUS:
+        previous_stem = previous_stem_of(models_dir, stem)
+    if previous_stem and not (models_dir / f"{previous_stem}.json").is_file():
+        raise FileNotFoundError(f"--previous {previous_stem}: no {previous_stem}.json in {models_dir}")
+    if previous_stem:
         pm = read_metadata(models_dir / f"{previous_stem}.json")
         previous = LearnedPredictor(models_dir / pm["onnx_file"], pm, threads=threads)
     tdata = meta.get("training_data", {})
@@ -636,7 +652,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="layercast evaluate", description=(__doc__ or "").splitlines()[0])
     p.add_argument("--models-dir", type=Path, default=DEFAULT_MODELS_DIR)
     p.add_argument("--stem", default=None, help="artifact stem (default: models/CURRENT)")
-    p.add_argument("--previous", default=DEFAULT_PREVIOUS, help="artifact compared side by side ('' for none)")
+    p.add_argument("--previous", default=DEFAULT_PREVIOUS, help="artifact compared side by side (default: the one created before the evaluated one; '' for none)")
     p.add_argument("--database-url", default=None, help="measurement database (default $LAYERCAST_DATABASE_URL)")
     p.add_argument("--out-dir", type=Path, default=DEFAULT_REPORT_DIR)
     p.add_argument("--no-logo", action="store_true", help="skip leave-one-GPU-out (needs torch, retrains)")
@@ -665,6 +681,9 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             print(f"--logo-gpus: unknown GPU chip(s) {unknown}; catalog chips: {chips}", file=sys.stderr)
             return 2
+    if a.previous not in (DEFAULT_PREVIOUS, "") and not (a.models_dir / f"{a.previous}.json").is_file():
+        print(f"--previous: no artifact {a.previous}.json in {a.models_dir}", file=sys.stderr)
+        return 2
     if not a.no_logo or not a.no_e2e:
         try:
             import torch

@@ -149,3 +149,23 @@ def test_e2e_rebuilds_the_graph_fused_as_the_api_serves_it() -> None:
     assert "gelu" in fused.fusion_rules and "attention" not in fused.fusion_rules
     assert "error" not in rows[0] and n_fused < sum(c.supported for c in raw.costs)
     assert rows[0]["layers"] == n_fused + 1 and rows[0]["loss_ms"] > 0  # + the loss layer
+
+
+def test_the_previous_predictor_defaults_to_the_artifact_created_before_and_a_missing_one_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import shutil
+
+    from app.training.evaluate import previous_stem_of
+
+    src = Path(__file__).resolve().parents[2] / "models"
+    for i, stem in enumerate(("layer-time-mlp-4", "layer-time-mlp-5")):
+        meta = json.loads((src / f"{stem}.json").read_text())
+        meta["created_unix_s"] = 1000 + i
+        (tmp_path / f"{stem}.json").write_text(json.dumps(meta))
+        shutil.copy(src / meta["onnx_file"], tmp_path / meta["onnx_file"])
+    assert previous_stem_of(tmp_path, "layer-time-mlp-5") == "layer-time-mlp-4"
+    assert previous_stem_of(tmp_path, "layer-time-mlp-4") is None
+    assert evaluate_main(["--models-dir", str(tmp_path), "--previous", "layer-time-mlp-1", "--no-logo",
+                          "--no-e2e"]) == 2
+    assert "no artifact layer-time-mlp-1.json" in capsys.readouterr().err
