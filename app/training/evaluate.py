@@ -653,7 +653,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--models-dir", type=Path, default=DEFAULT_MODELS_DIR)
     p.add_argument("--stem", default=None, help="artifact stem (default: models/CURRENT)")
     p.add_argument("--previous", default=DEFAULT_PREVIOUS,
-                   help="artifact compared side by side (default: the one created before the evaluated one; '' for none)")
+                   help="artifact compared side by side (default: the one made before the evaluated one; '' for none)")
     p.add_argument("--database-url", default=None, help="measurement database (default $LAYERCAST_DATABASE_URL)")
     p.add_argument("--out-dir", type=Path, default=DEFAULT_REPORT_DIR)
     p.add_argument("--no-logo", action="store_true", help="skip leave-one-GPU-out (needs torch, retrains)")
