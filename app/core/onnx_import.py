@@ -497,10 +497,11 @@ def _bind_inputs(
                     value = batch_size
                 else:
                     kind = "parameter" if is_param else "input"
+                    given = f" (it binds {', '.join(map(repr, sorted(dims)))}, not '{name}')" if dims else ""
                     raise UnboundDimension(
                         f"{kind} '{vi.name}' has symbolic dimension '{name}' (axis {axis}) that the request "
-                        f"does not bind; pass it in 'dims'",
-                        detail={"dimension": name, "input": vi.name, "axis": axis},
+                        f"does not bind{given}; pass it in 'dims'",
+                        detail={"dimension": name, "input": vi.name, "axis": axis, "given_dims": sorted(dims)},
                     )
                 if value <= 0:
                     raise UnboundDimension(
