@@ -101,13 +101,19 @@ class _ReadFields(Mapping[str, Any]):
         return sorted(str(k) for k in self._spec if k not in self.read)
 
 
-_UNREAD_SHOWN = 10  # layers named in the unread-fields warning; the rest are counted
+_UNREAD_SHOWN = 10  # layers, and fields per layer, named in the unread-fields warning; the rest are counted
 
 
 def _unread_warning(unread: list[tuple[int, str, list[str]]]) -> str:
     """One :attr:`Graph.warnings` line naming the fields no builder read, per layer (the first
-    :data:`_UNREAD_SHOWN` layers, then a count)."""
-    shown = "; ".join(f"layer {i} ({op}): {', '.join(repr(k) for k in keys)}" for i, op, keys in unread[:_UNREAD_SHOWN])
+    :data:`_UNREAD_SHOWN` layers and fields of each, names cut to 40 characters, then counts: the line stays
+    short whatever the document holds)."""
+
+    def fields(keys: list[str]) -> str:
+        named = ", ".join(repr(k[:40]) for k in keys[:_UNREAD_SHOWN])
+        return named + (f" and {len(keys) - _UNREAD_SHOWN} more" if len(keys) > _UNREAD_SHOWN else "")
+
+    shown = "; ".join(f"layer {i} ({op[:40]}): {fields(keys)}" for i, op, keys in unread[:_UNREAD_SHOWN])
     more = f"; and {len(unread) - _UNREAD_SHOWN} more layer(s)" if len(unread) > _UNREAD_SHOWN else ""
     return (f"JSON layer fields not read, so they do not change the cost (misspelt, or not part of the cost "
             f"model; defaults were used): {shown}{more}")
@@ -162,8 +168,8 @@ def import_json(doc: Mapping[str, Any], *, batch_size: int = 1) -> Graph:
         op = spec["op"].lower()
         name = str(spec.get("name") or f"{op}_{i}")
         built = _build(i, op, name, spec, x, act_dtype, first=(i == 0))
-        if spec.unread():
-            unread.append((i, op, spec.unread()))
+        if not_read := spec.unread():
+            unread.append((i, op, not_read))
         block = built if isinstance(built, list) else [built]
         for layer in block:
             for t in layer.outputs:

@@ -91,3 +91,6 @@ def test_fields_no_builder_reads_are_named_in_a_warning() -> None:
         {"op": "multihead_attention", "num_heads": 4, "bias": True},
         {"op": "lstm", "hidden_size": 16, "num_layers": 2, "bidirectional": True}]})
     assert clean.warnings == ()
+    noisy = import_json({"input_shape": [8], "layers": [{"op": "relu", **{f"k{j:05d}": j for j in range(5000)}}] * 50})
+    assert len(noisy.warnings[0]) < 2000  # bounded whatever the document holds
+    assert "'k00009' and 4990 more" in noisy.warnings[0] and "and 40 more layer(s)" in noisy.warnings[0]
