@@ -197,9 +197,9 @@ class _Calls:
                      params=_params(**filters, limit=limit, offset=offset or None, cursor=cursor))  # fmt: skip
 
 
-def _merged(data: PredictionCreate | Mapping[str, Any] | None, fields: Mapping[str, Any]) -> dict[str, Any]:
-    """A prediction request from a model or dict, overridden by keyword ``fields``."""
-    if isinstance(data, PredictionCreate):
+def _merged(data: BaseModel | Mapping[str, Any] | None, fields: Mapping[str, Any]) -> dict[str, Any]:
+    """A request (prediction, comparison) from a model or dict, overridden by keyword ``fields``."""
+    if isinstance(data, BaseModel):
         data = data.model_dump(mode="json", by_alias=True, exclude_unset=True)
     return {**dict(data or {}), **fields}
 
@@ -301,9 +301,10 @@ class Client:
         """Report measured job durations."""
         return _must(self._send(_Calls.report_job_actuals(data)))
 
-    def compare(self, data: ComparisonCreate | Mapping[str, Any]) -> ComparisonRead:
-        """One job on many devices."""
-        return _must(self._send(_Calls.compare(data)))
+    def compare(self, data: ComparisonCreate | Mapping[str, Any] | None = None, **fields: Any) -> ComparisonRead:
+        """``POST /v1/comparisons`` (one job on many devices) from a :class:`ComparisonCreate`, a dict, or its
+        fields as keywords, as :meth:`predict` takes them."""
+        return _must(self._send(_Calls.compare(_merged(data, fields))))
 
     # measurements
     def report_measurements(self, measurements: Sequence[MeasurementCreate | Mapping[str, Any]], *,
@@ -411,9 +412,10 @@ class AsyncClient:
         """See :meth:`Client.report_job_actuals`."""
         return _must(await self._send(_Calls.report_job_actuals(data)))
 
-    async def compare(self, data: ComparisonCreate | Mapping[str, Any]) -> ComparisonRead:
+    async def compare(self, data: ComparisonCreate | Mapping[str, Any] | None = None,
+                      **fields: Any) -> ComparisonRead:
         """See :meth:`Client.compare`."""
-        return _must(await self._send(_Calls.compare(data)))
+        return _must(await self._send(_Calls.compare(_merged(data, fields))))
 
     async def report_measurements(self, measurements: Sequence[MeasurementCreate | Mapping[str, Any]], *,
                                   idempotency_key: str | None = None) -> MeasurementBatchRead:  # fmt: skip

@@ -136,3 +136,35 @@ class UnsupportedOpset(LayercastError):
 
     status_code = 422
     code = "unsupported_opset"
+
+
+def clean_validation_errors(errors: Any) -> list[dict[str, Any]]:
+    """Pydantic errors made JSON-safe: ``type``, ``loc``, ``msg`` and a stringified ``ctx``.
+
+    The offending ``input`` is left out on purpose: it can be a whole uploaded model or layer list (binary,
+    up to ``max_json_bytes``), which a problem document must not echo back.
+    """
+    cleaned: list[dict[str, Any]] = []
+    for err in errors:
+        item: dict[str, Any] = {
+            "type": str(err.get("type", "")),
+            "loc": [p if isinstance(p, int) else str(p) for p in err.get("loc", ())],
+            "msg": str(err.get("msg", "")),
+        }
+        if isinstance(err.get("ctx"), dict):
+            item["ctx"] = {
+                str(k): v if isinstance(v, (int, float, bool, str)) or v is None else str(v)
+                for k, v in err["ctx"].items()
+            }
+        cleaned.append(item)
+    return cleaned
+
+
+def validation_message(prefix: str, errors: list[dict[str, Any]]) -> str:
+    """``prefix`` followed by the first cleaned error's dotted ``loc`` and ``msg``
+    (``"request validation failed: body.batch_size: Input should be greater than 0"``), so that the message
+    alone says what to fix; ``prefix`` alone when there is none."""
+    if not errors:
+        return prefix
+    first = errors[0]
+    return f"{prefix}: {'.'.join(str(p) for p in first['loc'])}: {first['msg']}"

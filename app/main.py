@@ -59,7 +59,7 @@ from app.auth import Scope as AccessScope
 from app.config import Settings, is_loopback
 from app.core.limits import Limits, json_bytes_depth, use_limits
 from app.db import make_engine, make_sessionmaker, write_intent
-from app.errors import LayercastError, LimitExceeded, PayloadTooLarge
+from app.errors import LayercastError, LimitExceeded, PayloadTooLarge, clean_validation_errors, validation_message
 from app.migrate import ensure_sqlite_dir
 from app.observability import RequestContext
 from app.predictors.service import PredictorUnavailable
@@ -122,27 +122,6 @@ def problem(status_code: int, code: str, message: str, detail: dict[str, Any] | 
 # --------------------------------------------------------------------------------------------- errors
 
 
-def _clean_validation_errors(errors: Any) -> list[dict[str, Any]]:
-    """Pydantic errors made JSON-safe: ``type``, ``loc``, ``msg`` and a stringified ``ctx``.
-
-    The offending ``input`` is left out on purpose: it can be a whole uploaded model (binary, large).
-    """
-    cleaned: list[dict[str, Any]] = []
-    for err in errors:
-        item: dict[str, Any] = {
-            "type": str(err.get("type", "")),
-            "loc": [p if isinstance(p, int) else str(p) for p in err.get("loc", ())],
-            "msg": str(err.get("msg", "")),
-        }
-        if isinstance(err.get("ctx"), dict):
-            item["ctx"] = {
-                str(k): v if isinstance(v, (int, float, bool, str)) or v is None else str(v)
-                for k, v in err["ctx"].items()
-            }
-        cleaned.append(item)
-    return cleaned
-
-
 async def _handle_layercast_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, LayercastError)
     return ProblemResponse(exc.to_problem(), status_code=exc.status_code)
@@ -150,12 +129,8 @@ async def _handle_layercast_error(_request: Request, exc: Exception) -> JSONResp
 
 async def _handle_validation_error(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    errors = _clean_validation_errors(exc.errors())
-    first = errors[0] if errors else None
-    message = "request validation failed"
-    if first:
-        message += f": {'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
-    return problem(422, "validation_error", message, {"errors": errors})
+    errors = clean_validation_errors(exc.errors())
+    return problem(422, "validation_error", validation_message("request validation failed", errors), {"errors": errors})
 
 
 async def _handle_layercast_error_with_headers(request: Request, exc: Exception) -> JSONResponse:

@@ -103,6 +103,12 @@ def test_caller_endpoints(api: Client) -> None:
     compared = api.compare({"graph_id": graph.id, "batch_size": 8, "dataset_size": 800, "epochs": 1,
                             "hardware_ids": ["p100", "v100-sxm2-16gb"]})
     assert {row.hardware_id for row in compared.rows} == {"p100", "v100-sxm2-16gb"}
+    # keywords, as predict() takes them, and a dict overridden by keywords
+    by_keywords = api.compare(graph_id=graph.id, batch_size=8, dataset_size=800, epochs=1, hardware_ids=["p100"])
+    assert [row.hardware_id for row in by_keywords.rows] == ["p100"]
+    overridden = api.compare({"graph_id": graph.id, "batch_size": 8, "dataset_size": 800, "epochs": 1,
+                              "hardware_ids": ["p100"]}, hardware_ids=["v100-sxm2-16gb"])
+    assert [row.hardware_id for row in overridden.rows] == ["v100-sxm2-16gb"]
 
 
 def test_invalid_request_fails_before_sending(api: Client) -> None:
@@ -126,20 +132,22 @@ def test_measurements(api: Client) -> None:
 
 
 def test_async_client_over_asgi_transport(client: TestClient) -> None:
-    async def run() -> tuple[str, float, str]:
+    async def run() -> tuple[str, float, str, list[str]]:
         transport = httpx.ASGITransport(app=client.app)
         async with AsyncClient(http=httpx.AsyncClient(transport=transport, base_url="http://test")) as api:
             graph = await api.upload_json(SMALL_CNN)
             prediction = await api.predict(graph_id=graph.id, hardware_id="p100", batch_size=8)
             hardware = await api.get_hardware("p100")
+            compared = await api.compare(graph_id=graph.id, batch_size=8, dataset_size=80, epochs=1,
+                                         hardware_ids=["p100"])
             try:
                 await api.get_graph("f" * 64)
             except LayercastAPIError as exc:
                 code = exc.code
-            return hardware.id, prediction.iteration.time_ms, code
+            return hardware.id, prediction.iteration.time_ms, code, [r.hardware_id for r in compared.rows]
 
-    hardware_id, time_ms, code = asyncio.run(run())
-    assert hardware_id == "p100" and time_ms > 0 and code == "graph_not_found"
+    hardware_id, time_ms, code, compared = asyncio.run(run())
+    assert hardware_id == "p100" and time_ms > 0 and code == "graph_not_found" and compared == ["p100"]
 
 
 def test_non_problem_error_body() -> None:

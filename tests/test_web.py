@@ -87,6 +87,17 @@ def test_upload_from_the_page_redirects_to_the_graph(client: TestClient) -> None
     assert bad.status_code == 422 and 'data-code="invalid_graph"' in bad.text
 
 
+def test_a_refused_csv_is_a_problem_document_whatever_refused_it(client: TestClient) -> None:
+    graph = client.post("/v1/graphs", json=SMALL_CNN).json()
+    bad_mode = client.get("/ui/layers.csv", params={"graph_id": graph["id"], "hardware_id": "t4", "mode": "train"})
+    assert bad_mode.status_code == 422 and bad_mode.headers["content-type"].startswith("application/json")
+    error = bad_mode.json()["error"]
+    assert error["code"] == "validation_error" and error["detail"]["errors"][0]["loc"] == ["query", "mode"]
+    assert error["message"].startswith("request validation failed: query.mode: ")
+    no_graph = client.get("/ui/comparison.csv", params={"graph_id": "nope", "dataset_size": 10, "epochs": 1})
+    assert no_graph.status_code == 404 and no_graph.json()["error"]["code"] == "graph_not_found"
+
+
 def test_comparison_on_the_page_and_its_csv(client: TestClient) -> None:
     graph = client.post("/v1/graphs", json=SMALL_CNN).json()
     params = {"graph_id": graph["id"], "hardware_id": "p100", "batch_size": 16, "dataset_size": 1600, "epochs": 2}

@@ -18,7 +18,7 @@ importers. Errors raise :class:`InvalidGraph` naming the layer index and the fie
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from math import prod
 from typing import Any
@@ -74,6 +74,51 @@ def _tuple(spec: Mapping[str, Any], key: str, n: int, i: int, default: int, mini
     return tuple(v)
 
 
+class _ReadFields(Mapping[str, Any]):
+    """A layer spec that records which of its fields the builder read (``get``, ``[]``, ``in``), so that a
+    field no op reads (a misspelt ``kernal_size``, PyTorch's ``inplace``) is reported, not silently dropped."""
+
+    def __init__(self, spec: Mapping[str, Any]) -> None:
+        self._spec = spec
+        self.read: set[str] = {"op", "name"}
+
+    def __getitem__(self, key: str) -> Any:
+        self.read.add(key)
+        return self._spec[key]
+
+    def __contains__(self, key: object) -> bool:
+        if isinstance(key, str):
+            self.read.add(key)
+        return key in self._spec
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._spec)
+
+    def __len__(self) -> int:
+        return len(self._spec)
+
+    def unread(self) -> list[str]:
+        return sorted(str(k) for k in self._spec if k not in self.read)
+
+
+_UNREAD_SHOWN = 10  # layers, and fields per layer, named in the unread-fields warning; the rest are counted
+
+
+def _unread_warning(unread: list[tuple[int, str, list[str]]]) -> str:
+    """One :attr:`Graph.warnings` line naming the fields no builder read, per layer (the first
+    :data:`_UNREAD_SHOWN` layers and fields of each, names cut to 40 characters, then counts: the line stays
+    short whatever the document holds)."""
+
+    def fields(keys: list[str]) -> str:
+        named = ", ".join(repr(k[:40]) for k in keys[:_UNREAD_SHOWN])
+        return named + (f" and {len(keys) - _UNREAD_SHOWN} more" if len(keys) > _UNREAD_SHOWN else "")
+
+    shown = "; ".join(f"layer {i} ({op[:40]}): {fields(keys)}" for i, op, keys in unread[:_UNREAD_SHOWN])
+    more = f"; and {len(unread) - _UNREAD_SHOWN} more layer(s)" if len(unread) > _UNREAD_SHOWN else ""
+    return (f"JSON layer fields not read, so they do not change the cost (misspelt, or not part of the cost "
+            f"model; defaults were used): {shown}{more}")
+
+
 def import_json(doc: Mapping[str, Any], *, batch_size: int = 1) -> Graph:
     """Build a :class:`Graph` from a JSON layer list at ``batch_size``.
 
@@ -115,12 +160,16 @@ def import_json(doc: Mapping[str, Any], *, batch_size: int = 1) -> Graph:
     graph_input = x
     act_dtype = "float32" if dtype.startswith("int") else dtype
     layers: list[Layer] = []
-    for i, spec in enumerate(specs):
-        if not isinstance(spec, Mapping) or not isinstance(spec.get("op"), str):
+    unread: list[tuple[int, str, list[str]]] = []
+    for i, raw_spec in enumerate(specs):
+        if not isinstance(raw_spec, Mapping) or not isinstance(raw_spec.get("op"), str):
             raise _err(i, "each layer must be an object with a string 'op'")
+        spec = _ReadFields(raw_spec)
         op = spec["op"].lower()
         name = str(spec.get("name") or f"{op}_{i}")
         built = _build(i, op, name, spec, x, act_dtype, first=(i == 0))
+        if not_read := spec.unread():
+            unread.append((i, op, not_read))
         block = built if isinstance(built, list) else [built]
         for layer in block:
             for t in layer.outputs:
@@ -135,6 +184,7 @@ def import_json(doc: Mapping[str, Any], *, batch_size: int = 1) -> Graph:
         outputs=(x,),
         batch_size=batch_size,
         source_format="json",
+        warnings=(_unread_warning(unread),) if unread else (),
     )
 
 

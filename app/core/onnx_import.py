@@ -60,7 +60,7 @@ from app.core.ir import (
 )
 from app.core.limits import Deadline, Limits, current_limits
 from app.core.onnx_weights import drop_external_data, has_inline_data
-from app.core.onnx_wire import read_model
+from app.core.onnx_wire import WireError, read_model
 from app.core.shape_prop import MAX_VALUE_NUMEL, propagate_shapes
 from app.errors import GraphTooLarge, InvalidGraph, LimitExceeded, UnboundDimension, UnsupportedOpset
 
@@ -161,7 +161,8 @@ def parse_model(content: bytes | IO[bytes]) -> onnx.ModelProto:
     try:
         model = read_model(io.BytesIO(content) if isinstance(content, bytes) else content)
     except Exception as exc:  # WireError, protobuf DecodeError and friends
-        raise InvalidGraph(f"not a valid ONNX model: {exc.__class__.__name__}") from exc
+        why = str(exc)[:200] if isinstance(exc, WireError) else exc.__class__.__name__  # our own, bounded text
+        raise InvalidGraph(f"not a valid ONNX model: the bytes are not a protobuf ModelProto ({why})") from exc
     if not model.graph.node:
         raise InvalidGraph("ONNX model has no nodes (empty graph or not an ONNX file)")
     check_model_bounds(model, current_limits())
@@ -496,10 +497,11 @@ def _bind_inputs(
                     value = batch_size
                 else:
                     kind = "parameter" if is_param else "input"
+                    given = f" (it binds {', '.join(map(repr, sorted(dims)))}, not '{name}')" if dims else ""
                     raise UnboundDimension(
                         f"{kind} '{vi.name}' has symbolic dimension '{name}' (axis {axis}) that the request "
-                        f"does not bind; pass it in 'dims'",
-                        detail={"dimension": name, "input": vi.name, "axis": axis},
+                        f"does not bind{given}; pass it in 'dims'",
+                        detail={"dimension": name, "input": vi.name, "axis": axis, "given_dims": sorted(dims)},
                     )
                 if value <= 0:
                     raise UnboundDimension(

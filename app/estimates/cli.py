@@ -105,10 +105,16 @@ class OfflineBackend:
         """Raises :class:`PredictionFailed` with the API's error code for what the API would refuse."""
         from app.core.analysis import analyze
         from app.graphs import service as graphs
+        from app.hardware.local import LOCAL_ID
         from app.predictions.schemas import PredictionCreate
         from app.predictions.service import estimate
 
         hw = self.catalog.get(hardware_id)
+        if hw is None and hardware_id == LOCAL_ID:  # the one non-catalog id a user may expect to work offline
+            raise PredictionFailed(
+                "hardware_not_found",
+                f"{LOCAL_ID!r} (this machine's CPU) is detected and its memory bandwidth measured by the service at "
+                "startup, not offline: start it (`layercast serve`) and pass --server URL")
         if hw is None:
             raise PredictionFailed(
                 "hardware_not_found",

@@ -14,7 +14,14 @@ from starlette.concurrency import run_in_threadpool
 from app.auth import PrincipalDep, get_principal
 from app.core.ir import Tensor
 from app.deps import SessionDep, SettingsDep
-from app.errors import InvalidGraph, InvalidRequest, LimitExceeded, PayloadTooLarge
+from app.errors import (
+    InvalidGraph,
+    InvalidRequest,
+    LimitExceeded,
+    PayloadTooLarge,
+    clean_validation_errors,
+    validation_message,
+)
 from app.graphs import service
 from app.graphs.models import StoredGraph
 from app.graphs.schemas import GraphLayers, GraphList, GraphRead, GraphSummary, JsonGraphCreate, LayerCostRead
@@ -68,11 +75,11 @@ def _parse_json_graph(raw: bytes) -> JsonGraphCreate:
     """A JSON layer-list upload; raises :class:`InvalidGraph` (422) for bad JSON or a bad document."""
     try:
         return JsonGraphCreate.model_validate(json.loads(raw))
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError and pydantic ValidationError
-        errors = exc.errors(include_url=False) if isinstance(exc, ValidationError) else []
-        raise InvalidGraph(
-            f"JSON graph is not valid: {str(exc).splitlines()[0]}", detail={"errors": errors}
-        ) from None
+    except ValidationError as exc:  # the document's fields: named in the message, never echoed back
+        errors = clean_validation_errors(exc.errors())
+        raise InvalidGraph(validation_message("JSON graph is not valid", errors), detail={"errors": errors}) from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise InvalidGraph(f"JSON graph is not valid: {str(exc).splitlines()[0]}", detail={"errors": []}) from None
 
 
 def _read(row: StoredGraph, *, notices: list[str] | None = None) -> GraphRead:

@@ -13,11 +13,11 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
-from fastapi.responses import HTMLResponse, RedirectResponse
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
 from pydantic import ValidationError
 
 from app.deps import PredictorDep, SessionDep, SettingsDep
-from app.errors import LayercastError
+from app.errors import LayercastError, clean_validation_errors, validation_message
 from app.estimates import service as estimates
 from app.estimates.schemas import ComparisonCreate, ComparisonRead
 from app.graphs import router as graphs_router
@@ -113,13 +113,19 @@ def _comparison_section(session: Any, predictor: Any, query: dict[str, Any], par
 
 
 def _csv(build: Callable[[], str], filename: str) -> Response:
-    """``build()``'s CSV text as a download named ``filename``; a request the API refuses answers its
-    problem (status, ``code: message``) as plain text instead."""
+    """``build()``'s CSV text as a download named ``filename``. A request the API refuses answers the API's
+    problem document: a :class:`LayercastError` through the app's handler, a value the request schema
+    refuses (``mode=train``) here as the 422 ``validation_error`` a query parameter gets, ``loc``
+    ``["query", <field>]``."""
     try:
         text = build()
     except ValidationError as exc:
-        status, code, message = _problem(exc)
-        return Response(f"{code}: {message}\n", status_code=status, media_type="text/plain")
+        errors = clean_validation_errors(exc.errors())
+        for err in errors:
+            err["loc"] = ["query", *err["loc"]]
+        message = validation_message("request validation failed", errors)
+        return JSONResponse({"error": {"code": "validation_error", "message": message, "detail": {"errors": errors}}},
+                            status_code=422)
     return Response(text, media_type="text/csv", headers={"content-disposition": f'attachment; filename="{filename}"'})
 
 

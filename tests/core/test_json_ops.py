@@ -73,3 +73,24 @@ def test_conv1d_conv3d(op: str, shape: list[int], out: tuple[int, ...]) -> None:
 def test_attention_heads_must_divide_width() -> None:
     with pytest.raises(InvalidGraph):
         import_json({"input_shape": [4, 30], "layers": [{"op": "multihead_attention", "num_heads": 4}]})
+
+
+def test_fields_no_builder_reads_are_named_in_a_warning() -> None:
+    """A misspelt field falls back to the default (here a 1x1 kernel): the graph must say so, not stay silent."""
+    g = import_json({"input_shape": [3, 32, 32], "layers": [
+        {"op": "conv2d", "out_channels": 16, "kernal_size": 3, "padding": 1},
+        {"op": "relu", "inplace": True},
+        {"op": "maxpool", "kernel_size": 2, "stride": 2},
+        {"op": "flatten", "name": "flat"},
+        {"op": "linear", "out_features": 10, "bias": False}]})
+    assert g.layers[0].weights[0].shape == (16, 3, 1, 1)  # the default the typo left in place
+    assert len(g.warnings) == 1
+    assert "layer 0 (conv2d): 'kernal_size'; layer 1 (relu): 'inplace'" in g.warnings[0]
+    assert "maxpool" not in g.warnings[0] and "linear" not in g.warnings[0]  # every field read: not named
+    clean = import_json({"input_shape": [10, 32], "layers": [
+        {"op": "multihead_attention", "num_heads": 4, "bias": True},
+        {"op": "lstm", "hidden_size": 16, "num_layers": 2, "bidirectional": True}]})
+    assert clean.warnings == ()
+    noisy = import_json({"input_shape": [8], "layers": [{"op": "relu", **{f"k{j:05d}": j for j in range(5000)}}] * 50})
+    assert len(noisy.warnings[0]) < 2000  # bounded whatever the document holds
+    assert "'k00009' and 4990 more" in noisy.warnings[0] and "and 40 more layer(s)" in noisy.warnings[0]

@@ -118,6 +118,10 @@ def test_symbolic_non_batch_dimension_must_be_bound() -> None:
     with pytest.raises(UnboundDimension) as err:
         import_onnx(content, batch_size=4)
     assert err.value.detail["dimension"] == "seq"
+    with pytest.raises(UnboundDimension) as err:  # a misnamed binding: the message shows what was given
+        import_onnx(content, batch_size=4, dims={"sequence": 128})
+    assert "does not bind (it binds 'sequence', not 'seq')" in err.value.message
+    assert err.value.detail["given_dims"] == ["sequence"]
     g = import_onnx(content, batch_size=4, dims={"seq": 128})
     (layer,) = g.layers
     assert layer.kind is OpKind.GEMM

@@ -73,8 +73,10 @@ def test_slices_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_bytes_that_are_not_a_model_are_invalid_graph(content: bytes) -> None:
     with pytest.raises(InvalidGraph, match="not a valid ONNX model"):
         parse_model(io.BytesIO(content))
-    with pytest.raises(InvalidGraph, match="not a valid ONNX model"):
+    with pytest.raises(InvalidGraph, match="not a valid ONNX model") as info:
         parse_model(content)
+    # the message says what is wrong in a user's words, not only the parser's class name
+    assert "not a protobuf ModelProto (" in info.value.message and "WireError" not in info.value.message
 
 
 def _graph_with(*arrays: tuple[str, np.ndarray]) -> onnx.GraphProto:

@@ -59,6 +59,13 @@ def test_server_backend_gives_the_offline_answer(models: dict[str, Path], client
     assert info.value.code == "hardware_not_found"
 
 
+def test_offline_local_says_it_needs_the_server(models: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    # `local` is a device of the service (detected and measured at its start), not of the offline catalog
+    assert main(["predict", str(models["small"]), "--hardware", "local", "--batch-size", "8"]) == ci.EXIT_ERROR
+    err = capsys.readouterr().err
+    assert "hardware_not_found" in err and "--server" in err and "custom hardware" not in err
+
+
 def test_compare_lists_refusals_with_their_code(models: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["compare", str(models["small"]), "--hardware", f"{A100},k80,nope", "--batch-size", "64",
                  "--dataset-size", "6400", "--epochs", "1", "--precision", "bf16", "--json"]) == 0

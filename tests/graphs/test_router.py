@@ -95,6 +95,21 @@ def test_invalid_json_graph_is_422_with_code(client: TestClient) -> None:
     assert "out_channels" in r.json()["error"]["message"]
 
 
+def test_a_bad_json_graph_names_the_field_and_does_not_echo_the_document(client: TestClient) -> None:
+    # no input_shape: pydantic's error carries the whole document as its input; the problem must not
+    layers = [{"op": "linear", "out_features": 10, "name": f"fc{i}"} for i in range(2000)]
+    r = client.post("/v1/graphs", json={"layers": layers})
+    assert r.status_code == 422
+    error = r.json()["error"]
+    assert error["code"] == "invalid_graph"
+    assert error["message"] == "JSON graph is not valid: input_shape: Field required"
+    assert error["detail"]["errors"] == [{"type": "missing", "loc": ["input_shape"], "msg": "Field required"}]
+    assert "fc1999" not in r.text
+    r = client.post("/v1/graphs", content=b'{"input_shape": [3,', headers={"content-type": "application/json"})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_graph"
+    assert r.json()["error"]["message"].startswith("JSON graph is not valid: Expecting value")
+
+
 def test_unknown_graph_is_404(client: TestClient) -> None:
     r = client.get("/v1/graphs/" + "0" * 64)
     assert r.status_code == 404
