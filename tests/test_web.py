@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 import re
 import shutil
@@ -60,8 +61,11 @@ def test_prediction_page_charts_and_csv(client: TestClient) -> None:
     csv_response = client.get(href.group(1).replace("&amp;", "&"))
     assert csv_response.status_code == 200 and csv_response.headers["content-type"].startswith("text/csv")
     rows = list(csv.DictReader(io.StringIO(csv_response.text)))
-    assert [r["name"] for r in rows] == [layer["name"] for layer in api["layers"]]
+    # the graph's layers, then the training loss: total_ms sums to the iteration's layer time
+    assert [r["name"] for r in rows] == [layer["name"] for layer in api["layers"]] + ["loss/cross_entropy"]
     assert float(rows[0]["total_ms"]) == api["layers"][0]["total_ms"]
+    assert float(rows[-1]["total_ms"]) == api["iteration"]["loss_ms"] > 0
+    assert math.isclose(sum(float(r["total_ms"] or 0) for r in rows), api["iteration"]["layers_ms"], rel_tol=1e-6)
 
 
 def test_bad_parameters_are_shown_with_their_code(client: TestClient) -> None:

@@ -67,6 +67,8 @@ class GraphAnalysis:
 
 #: ``op_type`` of the loss layer a training step adds after the graph (:func:`loss_layer`; ONNX's name of the op).
 LOSS_OP_TYPE = "SoftmaxCrossEntropyLoss"
+#: Name of that layer (in the layer table and the page's layers CSV).
+LOSS_ROW_NAME = "loss/cross_entropy"
 
 
 def loss_input(outputs: Sequence[Tensor]) -> Tensor | None:
@@ -91,7 +93,7 @@ def loss_layer(graph: Graph) -> Layer | None:
     if x is None:
         return None
     log_probs = Tensor(f"{x.name}/log_probs", x.shape, x.dtype)
-    return Layer(name="loss/cross_entropy", op_type=LOSS_OP_TYPE, kind=OpKind.SOFTMAX, inputs=(x,),
+    return Layer(name=LOSS_ROW_NAME, op_type=LOSS_OP_TYPE, kind=OpKind.SOFTMAX, inputs=(x,),
                  outputs=(log_probs,), needs_input_grad=True)
 
 
