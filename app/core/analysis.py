@@ -64,6 +64,15 @@ class GraphAnalysis:
         """Number of layers without a cost formula."""
         return sum(u.count for u in self.unsupported)
 
+    def step_layers(self, training: bool) -> list[tuple[Layer, LayerCost]]:
+        """What one step runs, as ``(layer, cost)`` pairs: the supported layers in graph order and, for a
+        ``training`` step with a :attr:`loss`, the loss layer after them (the rows of the served layer table,
+        :meth:`app.graphs.service.BoundGraph.table`, and of ``evaluate``'s whole-iteration check)."""
+        pairs = [(layer, cost) for layer, cost in zip(self.graph.layers, self.costs, strict=True) if cost.supported]
+        if training and self.loss is not None and self.loss_cost is not None:
+            pairs.append((self.loss, self.loss_cost))
+        return pairs
+
 
 #: ``op_type`` of the loss layer a training step adds after the graph (:func:`loss_layer`; ONNX's name of the op).
 LOSS_OP_TYPE = "SoftmaxCrossEntropyLoss"

@@ -165,11 +165,7 @@ class BoundGraph:
         if with_loss not in self._tables:
             from app.predictor.table import LayerTable
 
-            a = self.analysis
-            pairs = [(layer, cost) for layer, cost in zip(a.graph.layers, a.costs, strict=True) if cost.supported]
-            if with_loss:
-                assert a.loss is not None and a.loss_cost is not None
-                pairs.append((a.loss, a.loss_cost))
+            pairs = self.analysis.step_layers(with_loss)
             me = weakref.ref(self)  # the table must not keep an evicted entry alive (a reference cycle)
 
             def grow(n: int) -> None:

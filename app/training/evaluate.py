@@ -263,9 +263,7 @@ def e2e_predictions(
         opt = str(r.get("optimizer", "sgd"))
         # the measured step times forward with the loss and loss.backward() (app.profiler.e2e): the graph's
         # layers and then the loss layer (app.core.analysis.loss_layer), as the API's training table ends with it
-        pairs = [(layer, cost) for layer, cost in zip(a.graph.layers, a.costs, strict=True) if cost.supported]
-        if a.loss is not None and a.loss_cost is not None:
-            pairs.append((a.loss, a.loss_cost))
+        pairs = a.step_layers(training=True)
         queries = [
             LayerTimeQuery(layer=layer, cost=cost, hardware=cpu_hardware, mode="training", optimizer=opt,
                            precision=Precision(str(r.get("precision", "fp32"))), software_stack=stack)
