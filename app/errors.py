@@ -163,8 +163,9 @@ def clean_validation_errors(errors: Any) -> list[dict[str, Any]]:
 def validation_message(prefix: str, errors: list[dict[str, Any]]) -> str:
     """``prefix`` followed by the first cleaned error's dotted ``loc`` and ``msg``
     (``"request validation failed: body.batch_size: Input should be greater than 0"``), so that the message
-    alone says what to fix; ``prefix`` alone when there is none."""
+    alone says what to fix; ``prefix`` alone when there is none, no prefix when it is empty."""
     if not errors:
         return prefix
     first = errors[0]
-    return f"{prefix}: {'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
+    where = f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
+    return f"{prefix}: {where}" if prefix else where

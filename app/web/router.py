@@ -13,7 +13,8 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, RedirectResponse
 from pydantic import ValidationError
 
 from app.deps import PredictorDep, SessionDep, SettingsDep
@@ -63,8 +64,7 @@ def _problem(exc: Exception) -> tuple[int, str, str]:
     if isinstance(exc, LayercastError):
         return exc.status_code, exc.code, exc.message
     assert isinstance(exc, ValidationError)
-    first = exc.errors()[0]
-    return 422, "validation_error", f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
+    return 422, "validation_error", validation_message("", clean_validation_errors(exc.errors()))
 
 
 Int = Annotated[int, Query(ge=1, le=1_000_000)]
@@ -119,13 +119,8 @@ def _csv(build: Callable[[], str], filename: str) -> Response:
     ``["query", <field>]``."""
     try:
         text = build()
-    except ValidationError as exc:
-        errors = clean_validation_errors(exc.errors())
-        for err in errors:
-            err["loc"] = ["query", *err["loc"]]
-        message = validation_message("request validation failed", errors)
-        return JSONResponse({"error": {"code": "validation_error", "message": message, "detail": {"errors": errors}}},
-                            status_code=422)
+    except ValidationError as exc:  # answered by the app's validation handler, as a refused query parameter
+        raise RequestValidationError([{**e, "loc": ("query", *e["loc"])} for e in exc.errors()]) from None
     return Response(text, media_type="text/csv", headers={"content-disposition": f'attachment; filename="{filename}"'})
 
 
