@@ -25,15 +25,7 @@ from app.predictor.base import LayerTimeEstimate, LayerTimeQuery
 from app.predictor.metadata import ArtifactMetadata, verify_sha256
 from app.predictor.onnx_model import LearnedPredictor, read_metadata
 from app.predictor.roofline import RooflineConstants, RooflinePredictor
-from app.predictor.table import (
-    COST_FIELDS,
-    Estimates,
-    LayerTable,
-    Setting,
-    clamp_to_floors,
-    estimate_queries,
-    scatter,
-)
+from app.predictor.table import Estimates, LayerTable, Setting, clamp_to_floors, estimate_queries, scatter
 
 CURRENT_FILE = "CURRENT"
 
@@ -106,20 +98,17 @@ class CompositePredictor:
         return found  # type: ignore[no-any-return]
 
     def _fallback_groups(self, table: LayerTable, reasons: dict[int, str], s: Setting) -> np.ndarray:
-        """For each row of ``table``, the first row whose fallback answer in ``s``'s precision is the same
-        ``[N]``: equal reason, op kind, parameter tensor count, cost and cost at the precision (every field but the
-        layer's name), the only per-row inputs of :meth:`RooflinePredictor.estimate` and its note. Once per
-        table, version and storage precision; a transformer's repeated blocks collapse to one row each."""
-        rescaled = table.rescaled(s.precision)
+        """For each row of ``table``, the first row whose fallback answer is the same ``[N]``: a twin
+        (:meth:`LayerTable.twins`: equal but for the layer's name, so equal in every input of
+        :meth:`RooflinePredictor.estimate`) with the same fallback reason. Once per table and version; a
+        transformer's repeated blocks collapse to one row each."""
 
         def build() -> np.ndarray:
             first: dict[tuple[object, ...], int] = {}
-            return np.asarray([
-                first.setdefault((reasons.get(i), layer.kind, len(layer.weights), COST_FIELDS(c), COST_FIELDS(at)), i)
-                for i, (layer, c, at) in enumerate(zip(table.layers, table.costs, rescaled.costs, strict=True))],
-                dtype=np.intp).reshape(len(table))  # fmt: skip
+            return np.asarray([first.setdefault((reasons.get(i), twin), i) for i, twin in enumerate(table.twins())],
+                              dtype=np.intp).reshape(len(table))  # fmt: skip
 
-        found = table.memo(("fallback-groups", self.version, s.hardware.kind, id(rescaled)), build)
+        found = table.memo(("fallback-groups", self.version, s.hardware.kind), build)
         assert isinstance(found, np.ndarray)
         return found
 

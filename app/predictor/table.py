@@ -145,9 +145,9 @@ class LayerTable:
 
     def _costs_at(self, precision: Precision | str) -> tuple[LayerCost, ...]:
         """:func:`app.core.precision.cost_at_precision` of every row, computed once per group of rows equal
-        in everything but their names (:meth:`_twins`; names are never read by it but the one it copies):
+        in everything but their names (:meth:`twins`; names are never read by it but the one it copies):
         a repeated row is its group's answer with its own cost's name and counts."""
-        twins = self._twins()
+        twins = self.twins()
         first: dict[int, LayerCost] = {}
         out = []
         for i, (layer, cost) in enumerate(zip(self.layers, self.costs, strict=True)):
@@ -166,9 +166,9 @@ class LayerTable:
                                    saved_activation_bytes=at.saved_activation_bytes))
         return tuple(out)
 
-    def _twins(self) -> list[int]:
+    def twins(self) -> list[int]:
         """For each row, the first row whose layer (op, kind, attributes, tensors' shapes and dtypes) and cost
-        equal its own but for names (built once)."""
+        equal its own but for names (built once): rows that every estimate of a setting answers alike."""
         found = self._memo.get("twins")
         if found is None:
 

@@ -194,7 +194,7 @@ def test_costs_at_a_precision_are_computed_once_per_twin_and_equal_each_rows_own
 
     analysis = _analysis(model)
     table = graphs.BoundGraph(key=None, analysis=analysis, graph_id=None, nbytes=0).table(load_catalog()[DEVICES[0]])
-    assert len(set(table._twins())) < len(table) / 2  # repeated blocks
+    assert len(set(table.twins())) < len(table) / 2  # repeated blocks
     for precision in (*PRECISIONS, Precision.TF32, Precision.FP32_STRICT):
         got = table.rescaled(precision).costs
         for layer, cost, at in zip(table.layers, table.costs, got, strict=True):
