@@ -347,8 +347,8 @@ class LayerTimeNet(nn.Module):
             on = kinds.sum(dim=1)
             terms[0] = ineff + on * (self.ln_ineff_mem - self.ln_ineff)
             sms, mhz = (x[:, c] for c in self.latency_cols)
-            work = (kinds * (x[:, self.work_cols] + self.ln_cycles)).sum(dim=1)  # ln(cycles x work) of the row's kind
-            ln_cycle_ms = work - sms - mhz - math.log(1e3)
+            ln_work = (kinds * (x[:, self.work_cols] + self.ln_cycles)).sum(dim=1)  # ln(cycles x work), row's kind
+            ln_cycle_ms = ln_work - sms - mhz - math.log(1e3)
             # rows of another kind get exp(-60) of it: nothing
             lat = ln_cycle_ms - floor - 60.0 * (1.0 - on)
             p_lat = 1.0 + (kinds * (self.overlap_p - 1.0)).sum(dim=1)  # LATENCY_OVERLAP_P of the row's kind, else 1
