@@ -50,21 +50,35 @@ SUPPORTED_OPS: tuple[str, ...] = (
 )
 
 
-def _err(i: int, msg: str) -> InvalidGraph:
-    return InvalidGraph(f"layer {i}: {msg}", detail={"layer_index": i})
+def _err(i: int, msg: str, field: str | None = None) -> InvalidGraph:
+    detail: dict[str, Any] = {"layer_index": i}
+    if field is not None:
+        detail["field"] = field
+    return InvalidGraph(f"layer {i}: {msg}", detail=detail)
+
+
+def _missing(i: int, key: str) -> InvalidGraph:
+    """A required field (one PyTorch's module has no default for, e.g. ``kernel_size``) is absent: 422
+    ``invalid_graph`` with ``detail = {"layer_index": i, "field": key}``, never a guessed value."""
+    return _err(i, f"'{key}' is required", field=key)
 
 
 def _int(spec: Mapping[str, Any], key: str, i: int, default: int | None = None, minimum: int = 1) -> int:
     v = spec.get(key, default)
     if v is None:
-        raise _err(i, f"'{key}' is required")
+        raise _missing(i, key)
     if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
         raise _err(i, f"'{key}' must be an integer ≥ {minimum}, got {v!r}")
     return v
 
 
-def _tuple(spec: Mapping[str, Any], key: str, n: int, i: int, default: int, minimum: int = 1) -> tuple[int, ...]:
+def _tuple(spec: Mapping[str, Any], key: str, n: int, i: int, default: int | None,
+           minimum: int = 1) -> tuple[int, ...]:
+    """``spec[key]`` as ``n`` integers ≥ ``minimum`` (one integer is repeated); ``default`` when absent, or
+    :func:`_missing` when ``default`` is None (a required field)."""
     v = spec.get(key, default)
+    if v is None:
+        raise _missing(i, key)
     if isinstance(v, int) and not isinstance(v, bool):
         v = [v] * n
     if not isinstance(v, list | tuple) or len(v) != n or any(
@@ -197,7 +211,7 @@ def _conv_geometry(
         raise _err(i, f"{op} expects an input of rank {nd + 1} per sample (C, *spatial), got {x.shape[1:]}")
     c_in = x.shape[1]
     c_out = _int(spec, "out_channels", i)
-    k = _tuple(spec, "kernel_size", nd, i, 1)
+    k = _tuple(spec, "kernel_size", nd, i, None)  # required, as in torch.nn.Conv*d / ConvTranspose*d
     s = _tuple(spec, "stride", nd, i, 1)
     p = _tuple(spec, "padding", nd, i, 0, minimum=0)
     d = _tuple(spec, "dilation", nd, i, 1)
@@ -265,8 +279,9 @@ def _build(
         nd = len(x.shape) - 2
         if nd < 1:
             raise _err(i, f"{op} expects (C, *spatial) per sample, got {x.shape[1:]}")
-        k = _tuple(spec, "kernel_size", nd, i, 2)
-        s = _tuple(spec, "stride", nd, i, k[0]) if "stride" in spec else k
+        k = _tuple(spec, "kernel_size", nd, i, None)  # required, as in torch.nn.MaxPool*d / AvgPool*d
+        # PyTorch: stride None (or absent) is the kernel size
+        s = k if spec.get("stride") is None else _tuple(spec, "stride", nd, i, None)
         p = _tuple(spec, "padding", nd, i, 0, minimum=0)
         spatial = [_conv_out(x.shape[2 + j], k[j], s[j], p[j], 1, i) for j in range(nd)]
         onnx_op = "MaxPool" if op == "maxpool" else "AveragePool"
@@ -297,7 +312,7 @@ def _build(
         nd = len(x.shape) - 2
         if nd < 1:
             raise _err(i, f"upsample expects (C, *spatial) per sample, got {x.shape[1:]}")
-        scale = _tuple(spec, "scale_factor", nd, i, 2)
+        scale = _tuple(spec, "scale_factor", nd, i, None)  # required: torch.nn.Upsample has no default scale
         out = (b, x.shape[1], *(x.shape[2 + j] * scale[j] for j in range(nd)))
         return Layer(name, "Resize", OpKind.DATA_MOVEMENT, (x,), (t("out", out),), (), (), None, nig)
     if op == "multihead_attention":

@@ -371,7 +371,7 @@ def module_for_spec(spec: Mapping[str, Any], input_shape: Sequence[int]) -> Any:
     if op in ("conv1d", "conv2d", "conv3d", "conv"):
         nd = {"conv1d": 1, "conv2d": 2, "conv3d": 3}.get(op, nd)
         cls = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}[nd]
-        return cls(input_shape[0], spec["out_channels"], spec.get("kernel_size", 1),
+        return cls(input_shape[0], spec["out_channels"], spec["kernel_size"],
                    stride=spec.get("stride", 1), padding=spec.get("padding", 0),
                    dilation=spec.get("dilation", 1), groups=spec.get("groups", 1), bias=spec.get("bias", True))
     if op in ("linear", "dense"):
@@ -389,8 +389,8 @@ def module_for_spec(spec: Mapping[str, Any], input_shape: Sequence[int]) -> Any:
     if op == "layernorm":
         return nn.LayerNorm(input_shape[-1], elementwise_affine=spec.get("affine", True))
     if op in ("maxpool", "avgpool"):
-        k = spec.get("kernel_size", 2)
-        s = spec.get("stride", k)
+        k = spec["kernel_size"]
+        s = spec.get("stride") or k
         p = spec.get("padding", 0)
         cls = getattr(nn, ("MaxPool" if op == "maxpool" else "AvgPool") + f"{nd}d")
         return cls(k, stride=s, padding=p)

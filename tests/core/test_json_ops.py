@@ -70,22 +70,51 @@ def test_conv1d_conv3d(op: str, shape: list[int], out: tuple[int, ...]) -> None:
     assert g.layers[0].outputs[0].shape == out
 
 
+@pytest.mark.parametrize(("shape", "spec", "field"), [
+    ([3, 32, 32], {"op": "conv2d", "out_channels": 16}, "kernel_size"),
+    ([3, 32, 32], {"op": "conv2d", "out_channels": 16, "kernal_size": 3}, "kernel_size"),  # misspelt
+    ([4, 20], {"op": "conv1d", "out_channels": 8, "stride": 2}, "kernel_size"),
+    ([3, 32, 32], {"op": "conv", "out_channels": 8}, "kernel_size"),
+    ([8, 7, 7], {"op": "conv_transpose2d", "out_channels": 4, "stride": 2}, "kernel_size"),
+    ([3, 32, 32], {"op": "maxpool", "stride": 2}, "kernel_size"),
+    ([3, 32, 32], {"op": "avgpool"}, "kernel_size"),
+    ([3, 32, 32], {"op": "upsample"}, "scale_factor"),
+    ([3, 32, 32], {"op": "conv2d", "kernel_size": 3}, "out_channels"),
+])
+def test_a_required_geometry_field_has_no_silent_default(shape: list[int], spec: dict[str, object],
+                                                         field: str) -> None:
+    """A field PyTorch's module requires (a conv's or pool's kernel, upsample's scale) is an error naming the
+    layer and the field, not a guessed 1x1 / 2x2 kernel or a x2 scale."""
+    with pytest.raises(InvalidGraph) as e:
+        import_json({"input_shape": shape, "layers": [{"op": "relu"}, spec]})
+    assert e.value.code == "invalid_graph" and e.value.status_code == 422
+    assert e.value.detail == {"layer_index": 1, "field": field}
+    assert f"layer 1: '{field}' is required" == e.value.message
+
+
+def test_pool_stride_defaults_to_the_kernel_as_in_pytorch() -> None:
+    for stride in ({}, {"stride": None}):
+        g = import_json({"input_shape": [3, 32, 32], "layers": [{"op": "maxpool", "kernel_size": 4, **stride}]})
+        assert g.layers[0].outputs[0].shape == (1, 3, 8, 8)
+
+
 def test_attention_heads_must_divide_width() -> None:
     with pytest.raises(InvalidGraph):
         import_json({"input_shape": [4, 30], "layers": [{"op": "multihead_attention", "num_heads": 4}]})
 
 
 def test_fields_no_builder_reads_are_named_in_a_warning() -> None:
-    """A misspelt field falls back to the default (here a 1x1 kernel): the graph must say so, not stay silent."""
+    """A misspelt optional field falls back to the default (here padding 0): the graph must say so, not stay
+    silent."""
     g = import_json({"input_shape": [3, 32, 32], "layers": [
-        {"op": "conv2d", "out_channels": 16, "kernal_size": 3, "padding": 1},
+        {"op": "conv2d", "out_channels": 16, "kernel_size": 3, "paddding": 1},
         {"op": "relu", "inplace": True},
         {"op": "maxpool", "kernel_size": 2, "stride": 2},
         {"op": "flatten", "name": "flat"},
         {"op": "linear", "out_features": 10, "bias": False}]})
-    assert g.layers[0].weights[0].shape == (16, 3, 1, 1)  # the default the typo left in place
+    assert g.layers[0].outputs[0].shape == (1, 16, 30, 30)  # the default (no padding) the typo left in place
     assert len(g.warnings) == 1
-    assert "layer 0 (conv2d): 'kernal_size'; layer 1 (relu): 'inplace'" in g.warnings[0]
+    assert "layer 0 (conv2d): 'paddding'; layer 1 (relu): 'inplace'" in g.warnings[0]
     assert "maxpool" not in g.warnings[0] and "linear" not in g.warnings[0]  # every field read: not named
     clean = import_json({"input_shape": [10, 32], "layers": [
         {"op": "multihead_attention", "num_heads": 4, "bias": True},

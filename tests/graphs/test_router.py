@@ -95,6 +95,17 @@ def test_invalid_json_graph_is_422_with_code(client: TestClient) -> None:
     assert "out_channels" in r.json()["error"]["message"]
 
 
+def test_a_json_conv_without_kernel_size_is_422_naming_the_field(client: TestClient, session: Session) -> None:
+    conv = {k: v for k, v in JSON_GRAPH["layers"][0].items() if k != "kernel_size"}  # type: ignore[union-attr]
+    layers = [conv, *JSON_GRAPH["layers"][1:]]  # type: ignore[misc]
+    r = client.post("/v1/graphs", json={**JSON_GRAPH, "layers": layers})
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["code"] == "invalid_graph"
+    assert error["detail"] == {"layer_index": 0, "field": "kernel_size"}
+    assert session.scalar(select(func.count()).select_from(StoredGraph)) == 0
+
+
 def test_a_bad_json_graph_names_the_field_and_does_not_echo_the_document(client: TestClient) -> None:
     # no input_shape: pydantic's error carries the whole document as its input; the problem must not
     layers = [{"op": "linear", "out_features": 10, "name": f"fc{i}"} for i in range(2000)]
