@@ -74,10 +74,18 @@ class GraphAnalysis:
         return pairs
 
 
-#: ``op_type`` of the loss layer a training step adds after the graph (:func:`loss_layer`; ONNX's name of the op).
+#: ``op_type`` of the loss layer a training step adds after the graph (:func:`loss_layer`; ONNX's name of the op)
+#: when the graph ends at the logits: cross-entropy, ``log_softmax`` then NLL.
 LOSS_OP_TYPE = "SoftmaxCrossEntropyLoss"
 #: Name of that layer (in the layer table and the page's layers CSV).
 LOSS_ROW_NAME = "loss/cross_entropy"
+#: ``op_type`` and name of the loss layer when the graph already ends in its own ``Softmax``/``LogSoftmax``
+#: (:func:`loss_on_probabilities`): only the NLL part of cross-entropy is left to run (ONNX's name of the op).
+NLL_OP_TYPE = "NegativeLogLikelihoodLoss"
+NLL_ROW_NAME = "loss/nll"
+#: Ops whose output is (log-)probabilities over the last axis: a graph ending in one has run the softmax
+#: of cross-entropy itself.
+PROBABILITY_OPS = frozenset({"Softmax", "LogSoftmax"})
 
 
 def loss_input(outputs: Sequence[Tensor]) -> Tensor | None:
@@ -87,12 +95,30 @@ def loss_input(outputs: Sequence[Tensor]) -> Tensor | None:
     return next((t for t in outputs if t.dtype.startswith(("float", "bfloat"))), None)
 
 
+def loss_on_probabilities(layers: Sequence[Layer], x: Tensor) -> bool:
+    """Whether the loss input ``x`` is the output of a :data:`PROBABILITY_OPS` layer among ``layers`` (a graph
+    ending in ``Softmax``/``LogSoftmax``): the loss then runs no softmax of its own (:func:`loss_layer`), and
+    keeps no log-probabilities of its own in memory (:func:`app.core.memory.footprint`)."""
+    producer = next((la for la in reversed(layers) if any(t.name == x.name for t in la.outputs)), None)
+    return producer is not None and producer.op_type in PROBABILITY_OPS
+
+
 def loss_layer(graph: Graph) -> Layer | None:
-    """The loss of a training step on ``graph`` as a layer: cross-entropy over the last axis of
-    :func:`loss_input` ``[..., classes]`` (``F.cross_entropy``: ``log_softmax`` then ``nll_loss``; its
-    backward ``nll_loss_backward`` + ``_log_softmax_backward_data``), with the cost family of a softmax over
-    that tensor (:attr:`OpKind.SOFTMAX`: 5 FLOPs per element forward, the output-sized log-probabilities
-    written and read back by backward). None when the graph has no floating-point output.
+    """The loss of a training step on ``graph`` as a layer, over the last axis of :func:`loss_input`
+    ``[..., classes]``; None when the graph has no floating-point output.
+
+    - The graph ends at the logits (an export's usual end): cross-entropy, ``F.cross_entropy`` (``log_softmax``
+      then ``nll_loss``; backward ``nll_loss_backward`` + ``_log_softmax_backward_data``), with the cost family
+      of a softmax over that tensor (:attr:`OpKind.SOFTMAX`: 5 FLOPs per element forward, the output-sized
+      log-probabilities written and read back by backward): :data:`LOSS_OP_TYPE`.
+    - The graph ends in its own ``Softmax``/``LogSoftmax`` (:func:`loss_on_probabilities`), already costed as
+      a graph layer with its backward: the step is costed as what PyTorch runs for that pattern, the graph's
+      (log-)softmax followed by ``F.nll_loss`` on its output (exact for ``LogSoftmax``; for ``Softmax`` the
+      usual training form, ``CrossEntropyLoss`` on the logits, whose ``log_softmax`` costs the same 5 FLOPs per
+      element as the graph's softmax), so no second softmax is added: :data:`NLL_OP_TYPE`, an elementwise
+      layer with one loss per row (``rows = numel / classes`` FLOPs forward and backward) that reads the
+      log-probabilities (an upper bound: the kernel gathers one per row) and whose backward writes their
+      output-sized gradient (``nll_loss_backward`` zero-fills it and scatters one value per row).
 
     The profiler's whole training iterations (:mod:`app.profiler.e2e`) time ``forward`` with the loss and
     ``loss.backward()``, and an exported graph ends at the logits, so without this layer the layer sum misses
@@ -101,6 +127,11 @@ def loss_layer(graph: Graph) -> Layer | None:
     x = loss_input(graph.outputs)
     if x is None:
         return None
+    if loss_on_probabilities(graph.layers, x):
+        rows = x.shape[:-1] or (1,)
+        per_row = Tensor(f"{x.name}/nll", rows, x.dtype)
+        return Layer(name=NLL_ROW_NAME, op_type=NLL_OP_TYPE, kind=OpKind.ELEMENTWISE, inputs=(x,),
+                     outputs=(per_row,), needs_input_grad=True)
     log_probs = Tensor(f"{x.name}/log_probs", x.shape, x.dtype)
     return Layer(name=LOSS_ROW_NAME, op_type=LOSS_OP_TYPE, kind=OpKind.SOFTMAX, inputs=(x,),
                  outputs=(log_probs,), needs_input_grad=True)

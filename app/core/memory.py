@@ -31,7 +31,9 @@ a few attributes), each activation tensor identified by its name (views share th
   bf16 on CPU).
 * **Loss**: cross-entropy on the graph's first output (classes on the last axis), as classifiers and
   language models train: ``log_softmax`` saves its fp32 output (autocast runs it in fp32), and its
-  backward holds two fp32 gradients of the output's size at once.
+  backward holds two fp32 gradients of the output's size at once. A graph that ends in its own
+  ``Softmax``/``LogSoftmax`` has run that softmax already (:func:`app.core.analysis.loss_layer`): its loss is
+  NLL on that output, which keeps nothing of its own beyond the output's gradient.
 * **Peak**: the end-of-forward live set (model state + saved activations + the model's output) is followed
   by a reverse walk over the layers: at each layer's backward, live = model state + the saved tensors of
   layers not yet back-propagated + the gradients of the weights already reached (fp32) + the activation
@@ -65,7 +67,7 @@ from typing import Any
 
 import numpy as np
 
-from app.core.analysis import GraphAnalysis, loss_input
+from app.core.analysis import GraphAnalysis, loss_input, loss_on_probabilities
 from app.core.costs import OPTIMIZERS, VIEW_OPS
 from app.core.hardware import HardwareSpec
 from app.core.ir import BYTES_PER_ELEMENT, Layer, OpKind, Tensor
@@ -614,6 +616,14 @@ def footprint(
     return layout.walk.footprint(scale, runtime=runtime, states=states, precision=precision)
 
 
+def _loss_logits(layers: Sequence[Layer], outputs: Sequence[Tensor]) -> Tensor | None:
+    """The graph output whose cross-entropy keeps its own fp32 log-probabilities (and two output-sized gradients
+    in its backward): :func:`app.core.analysis.loss_input`, or None when there is none or when the graph ends in
+    its own ``Softmax``/``LogSoftmax`` (the loss is then NLL on that output, already counted as the graph's)."""
+    x = loss_input(outputs)
+    return None if x is None or loss_on_probabilities(layers, x) else x
+
+
 def _walk_sets(layers: Sequence[Layer], outputs: Sequence[Tensor], layout: Layout, scale: float, *,
                runtime: DeviceRuntime, states: int, precision: str, activation_checkpointing: bool) -> MemoryFootprint:
     """The training footprint of ``layout`` (built from ``layers``/``outputs``) at ``scale`` on a device of
@@ -635,7 +645,7 @@ def _walk_sets(layers: Sequence[Layer], outputs: Sequence[Tensor], layout: Layou
             release.setdefault(k, i)
     live_saved = {k for k in release} | out_keys
     act_keys = live_saved - copies
-    first_out = loss_input(outputs)  # the tensor the loss layer of the time reads too (app.core.analysis.loss_layer)
+    first_out = _loss_logits(layers, outputs)  # what the loss layer of the time reads (app.core.analysis.loss_layer)
     loss_bytes = runtime.rounded(int(4 * first_out.numel * scale)) if first_out is not None else 0  # log_softmax output
     act_bytes = sum(plan.nbytes[k] for k in act_keys) + sum(extra) + loss_bytes
     copy_bytes = sum(plan.nbytes[k] for k in copies)
@@ -814,7 +824,7 @@ def _compile_walk(layout: Layout, layers: Sequence[Layer], outputs: Sequence[Ten
         for k in saved[i]:
             release.setdefault(k, i)
     act_keys = ({k for k in release} | out_keys) - copies
-    first_out = loss_input(outputs)
+    first_out = _loss_logits(layers, outputs)
     # the gradients in flight, replayed on names (the reverse walk of _walk_sets without the bytes)
     producer = {k: i for i in range(n) for k in layout.produced[i]}
     grad_live = set(out_keys)

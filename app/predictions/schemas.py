@@ -177,7 +177,8 @@ class IterationPrediction(Schema):
     layers_ms: float = Field(description="sum of the layers' forward + backward + update on one device "
                                          "(in training the loss layer's loss_ms included)")
     loss_ms: float = Field(
-        description="training: the cross-entropy loss on the graph's output, forward + backward "
+        description="training: the cross-entropy loss on the graph's output (NLL only when the graph ends in "
+                    "its own Softmax/LogSoftmax), forward + backward "
                                  "(a layer after the graph's last, part of layers_ms); 0 in inference")
     overhead_ms: float = Field(description="the request's iteration_overhead_ms")
     gradient_bytes: int = Field(description="bytes all-reduced per step (fp32 gradients; 0 on one device)")

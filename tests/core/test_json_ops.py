@@ -123,3 +123,34 @@ def test_fields_no_builder_reads_are_named_in_a_warning() -> None:
     noisy = import_json({"input_shape": [8], "layers": [{"op": "relu", **{f"k{j:05d}": j for j in range(5000)}}] * 50})
     assert len(noisy.warnings[0]) < 2000  # bounded whatever the document holds
     assert "'k00009' and 4990 more" in noisy.warnings[0] and "and 40 more layer(s)" in noisy.warnings[0]
+
+
+def test_a_graph_ending_in_softmax_gets_nll_not_a_second_softmax() -> None:
+    """Cross-entropy after the graph's own softmax would run softmax twice: the loss is then NLL on its output,
+    and the whole training step costs what ``F.cross_entropy`` on the logits does (plus one add per row)."""
+    from dataclasses import replace
+
+    from app.core.analysis import LOSS_OP_TYPE, NLL_OP_TYPE
+
+    b, classes = 8, 1000
+    head = [{"op": "flatten"}, {"op": "linear", "out_features": classes}]
+    logits = analyze(import_json({"input_shape": [64], "layers": head}, batch_size=b))
+    probs_graph = import_json({"input_shape": [64], "layers": [*head, {"op": "softmax"}]}, batch_size=b)
+    probs = analyze(probs_graph)
+    assert logits.loss is not None and logits.loss.op_type == LOSS_OP_TYPE
+    assert logits.loss_cost is not None and logits.loss_cost.forward_flops == 5 * b * classes
+    assert probs.loss is not None and probs.loss.op_type == NLL_OP_TYPE and probs.loss.kind is OpKind.ELEMENTWISE
+    assert probs.loss.inputs == probs_graph.outputs and probs.loss.outputs[0].shape == (b,)
+    assert probs.loss_cost is not None and probs.loss_cost.forward_flops == b  # one per row, no softmax
+    assert probs.loss_cost.backward_bytes_written == 4 * b * classes  # the probabilities' gradient
+
+    def step(a: object, key: str) -> int:
+        return sum(getattr(c, key) for _, c in a.step_layers(True))  # type: ignore[attr-defined]
+
+    for key in ("forward_flops", "backward_flops"):
+        assert step(probs, key) == step(logits, key) + b, key  # one softmax in both steps, not two
+    log_probs = replace(probs_graph, layers=(*probs_graph.layers[:-1],
+                                             replace(probs_graph.layers[-1], op_type="LogSoftmax")))
+    assert analyze(log_probs).loss.op_type == NLL_OP_TYPE  # type: ignore[union-attr]
+    relu_end = import_json({"input_shape": [64], "layers": [*head, {"op": "relu"}]}, batch_size=b)
+    assert analyze(relu_end).loss.op_type == LOSS_OP_TYPE  # type: ignore[union-attr]

@@ -49,6 +49,15 @@ def test_fp32_components_and_saved_tensors(opt: str, states: int) -> None:
     assert fp.total_bytes >= fp.weights_bytes + fp.optimizer_state_bytes + fp.activations_bytes
 
 
+def test_a_graph_ending_in_softmax_keeps_no_second_log_softmax() -> None:
+    """The loss after the graph's own softmax is NLL on its output (app.core.analysis.loss_layer): no fp32
+    log-probabilities of its own, as the time counts no second softmax."""
+    doc = {**DOC, "layers": [*DOC["layers"], {"op": "softmax"}]}
+    fp = footprint(_a(doc=doc), mode="training", optimizer="sgd")
+    # as above, the softmax saves its output (which is the model output): no loss log-softmax
+    assert fp.activations_bytes == 4 * (4 * 3 * 1024 + 4 * 16 * 1024 + 4 * 10)
+
+
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
 def test_autocast_keeps_fp32_state_and_saves_16_bit_copies(precision: str) -> None:
     fp32 = footprint(_a(), mode="training", optimizer="adam")
