@@ -66,6 +66,11 @@ def test_prediction_page_charts_and_csv(client: TestClient) -> None:
     assert float(rows[0]["total_ms"]) == api["layers"][0]["total_ms"]
     assert float(rows[-1]["total_ms"]) == api["iteration"]["loss_ms"] > 0
     assert math.isclose(sum(float(r["total_ms"] or 0) for r in rows), api["iteration"]["layers_ms"], rel_tol=1e-6)
+    # the loss row carries its cost as the layer rows do, so the FLOP columns sum to the answer's totals
+    assert rows[-1]["op_type"] == "SoftmaxCrossEntropyLoss" and rows[-1]["method"] == api["totals"]["loss"]["method"]
+    for key in ("forward_flops", "backward_flops"):
+        assert sum(int(r[key]) for r in rows) == api["totals"][key] > 0, key
+    assert int(rows[-1]["bytes_written"]) == api["totals"]["loss"]["bytes_written"] > 0
 
 
 def test_bad_parameters_are_shown_with_their_code(client: TestClient) -> None:

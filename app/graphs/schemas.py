@@ -25,7 +25,9 @@ class UnsupportedOpRead(Schema):
 
 
 class GraphSummary(Schema):
-    """Analytical totals at ``batch_size``; totals exclude the ops listed in ``unsupported``."""
+    """Analytical totals of the graph's own layers at ``batch_size``; totals exclude the ops listed in
+    ``unsupported``. A training step also runs a loss layer after the graph: a prediction's ``totals`` count it
+    and name it (``totals.loss``)."""
 
     batch_size: int
     dims: dict[str, int]
@@ -33,8 +35,8 @@ class GraphSummary(Schema):
     op_counts: dict[str, int]
     params: int
     forward_macs: int
-    forward_flops: int
-    backward_flops: int
+    forward_flops: int = Field(description="the graph's layers (no training loss layer)")
+    backward_flops: int = Field(description="the graph's layers (no training loss layer)")
     unsupported: list[UnsupportedOpRead]
     totals_exclude_unsupported: bool
     warnings: list[str]

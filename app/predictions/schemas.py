@@ -249,14 +249,33 @@ class MemoryPrediction(Schema):
     largest_batch_size_that_fits: int = Field(description="largest per-device batch whose predicted peak fits")
 
 
+class LossLayer(Schema):
+    """The loss layer a training step runs after the graph (not one of ``layers``): its analytical cost for the
+    whole batch, as a layer row gives it; its time is ``iteration.loss_ms``."""
+
+    name: str = Field(description="'loss/cross_entropy' after logits, 'loss/nll' after the graph's own softmax")
+    op_type: str
+    kind: str
+    method: str = Field(description="how its time was estimated: 'learned' or 'roofline'")
+    forward_flops: int
+    backward_flops: int
+    bytes_read: int = Field(description="forward + backward")
+    bytes_written: int = Field(description="forward + backward")
+
+
 class Totals(Schema):
+    """The answer's analytical totals. FLOPs cover what the timed step runs: the costed layers and, in training,
+    the loss layer after them (``loss``), as ``iteration.layers_ms`` includes ``iteration.loss_ms``."""
+
     layers: int
     layers_costed: int
     layers_unsupported: int
     params: int
     forward_macs: int
-    forward_flops: int
-    backward_flops: int
+    forward_flops: int = Field(description="costed layers (in training the loss layer's included)")
+    backward_flops: int = Field(description="costed layers and, in training, the loss layer; 0 in inference")
+    loss: LossLayer | None = Field(description="training: the loss layer counted in the FLOPs above; null in "
+                                               "inference or without a floating-point output")
     totals_exclude_unsupported: bool
 
 

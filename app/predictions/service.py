@@ -67,6 +67,7 @@ from app.predictions.schemas import (
     IterationPrediction,
     JobPrediction,
     LayerPrediction,
+    LossLayer,
     MemoryPrediction,
     PredictionCreate,
     PredictionRead,
@@ -284,6 +285,18 @@ def loss_ms(bound: graphs.BoundGraph, training: bool, est: Estimates) -> float:
     if not bound.has_loss_row(training):
         return 0.0
     return float(est.forward_ms[-1] + est.backward_ms[-1] + est.update_ms[-1])
+
+
+def _loss_row(bound: graphs.BoundGraph, training: bool, est: Estimates) -> LossLayer | None:
+    """The answer's :class:`LossLayer` (the analysis's loss layer and its cost, the method of the last row of
+    the training table), None when the step has no loss row."""
+    loss, cost = bound.analysis.loss, bound.analysis.loss_cost
+    if not bound.has_loss_row(training) or loss is None or cost is None:
+        return None
+    return LossLayer(name=loss.name, op_type=loss.op_type, kind=loss.kind.value, method=str(est.method[-1]),
+                     forward_flops=cost.forward_flops, backward_flops=cost.backward_flops,
+                     bytes_read=cost.forward_bytes_read + cost.backward_bytes_read,
+                     bytes_written=cost.forward_bytes_written + cost.backward_bytes_written)
 
 
 def loss_quality(bound: graphs.BoundGraph, training: bool, est: Estimates) -> str:
@@ -597,6 +610,7 @@ def estimate(
             f"{hw.memory_bytes / 2**30:.1f} GiB"
         )
     n_uns = analysis.unsupported_layer_count
+    loss_row = _loss_row(bound, training, estimates)
     return PredictionRead(
         graph_id=graph_id,
         graph_name=analysis.graph.name,
@@ -621,8 +635,9 @@ def estimate(
             layers_unsupported=n_uns,
             params=analysis.params,
             forward_macs=analysis.forward_macs,
-            forward_flops=analysis.forward_flops,
-            backward_flops=analysis.backward_flops if training else 0,
+            forward_flops=analysis.forward_flops + (loss_row.forward_flops if loss_row else 0),
+            backward_flops=(analysis.backward_flops + (loss_row.backward_flops if loss_row else 0)) if training else 0,
+            loss=loss_row,
             totals_exclude_unsupported=n_uns > 0,
         ),
         iteration=iteration,

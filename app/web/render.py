@@ -12,7 +12,6 @@ import math
 from html import escape
 from typing import Any
 
-from app.core.analysis import LOSS_OP_TYPE, LOSS_ROW_NAME
 from app.estimates.schemas import ComparisonRead, ComparisonRow
 from app.hardware.schemas import HardwareRead
 from app.predictions.schemas import LayerPrediction, PredictionRead
@@ -261,8 +260,9 @@ def comparison_csv(read: ComparisonRead) -> str:
 
 def layers_csv(prediction: PredictionRead) -> str:
     """Every layer of ``prediction`` as CSV (one header row; times in ms, null times empty), and in training the
-    loss after the graph as a last row (``iteration.loss_ms`` as its ``total_ms``, the other columns empty), so
-    that ``total_ms`` sums to ``iteration.layers_ms``."""
+    loss after the graph as a last row (``totals.loss``: its name, op type, method, FLOPs and bytes, and
+    ``iteration.loss_ms`` as its ``total_ms``; no per-pass times), so that ``total_ms`` sums to
+    ``iteration.layers_ms`` and the FLOP columns to ``totals``."""
     columns = ["name", "op_type", "kind", "method", "params", "forward_flops", "backward_flops", "bytes_read",
                "bytes_written", "operational_intensity_flops_per_byte", "bound", "forward_ms", "backward_ms",
                "update_ms", "total_ms", "total_ms_p10", "total_ms_p90"]
@@ -272,8 +272,8 @@ def layers_csv(prediction: PredictionRead) -> str:
     for layer in prediction.layers:
         row = layer.model_dump()
         writer.writerow(["" if row.get(c) is None else row.get(c) for c in columns])
-    if prediction.iteration.loss_ms > 0:
-        loss = {"name": LOSS_ROW_NAME, "op_type": LOSS_OP_TYPE, "total_ms": prediction.iteration.loss_ms}
+    if prediction.totals.loss is not None:
+        loss = {**prediction.totals.loss.model_dump(), "total_ms": prediction.iteration.loss_ms}
         writer.writerow([loss.get(c, "") for c in columns])
     return out.getvalue()
 

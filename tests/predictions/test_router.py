@@ -317,6 +317,26 @@ def test_training_adds_the_loss_layer_on_every_device_and_inference_does_not(cli
                             infer["iteration"]["layers_ms"], rel_tol=1e-9)
 
 
+def test_totals_count_the_loss_layer_the_time_counts_and_name_it(client: TestClient) -> None:
+    """In training the time includes the loss layer (loss_ms), so the FLOP totals do too, and name its share;
+    after the graph's own softmax the loss is NLL (no second softmax)."""
+    probs_lm = {**ATTENTION_LM, "layers": [*ATTENTION_LM["layers"], {"op": "softmax"}]}
+    for graph, name, op in ((ATTENTION_LM, "loss/cross_entropy", "SoftmaxCrossEntropyLoss"),
+                            (probs_lm, "loss/nll", "NegativeLogLikelihoodLoss")):
+        train = _predict(client, graph=graph, hardware_id="a100-sxm4-40gb", batch_size=8, detail="layers").json()
+        loss, totals = train["totals"]["loss"], train["totals"]
+        assert (loss["name"], loss["op_type"]) == (name, op)
+        assert loss["method"] in ("learned", "roofline") and loss["forward_flops"] > 0 and loss["bytes_read"] > 0
+        for key in ("forward_flops", "backward_flops"):
+            assert totals[key] == sum(row[key] for row in train["layers"]) + loss[key], key
+        infer = _predict(client, graph=graph, hardware_id="a100-sxm4-40gb", batch_size=8, mode="inference",
+                         detail="layers").json()
+        assert infer["totals"]["loss"] is None and infer["iteration"]["loss_ms"] == 0
+        assert infer["totals"]["forward_flops"] == sum(row["forward_flops"] for row in infer["layers"])
+        assert infer["totals"]["backward_flops"] == 0
+    assert loss["forward_flops"] == 8 * 16  # NLL: one per row, where cross-entropy adds 5 per logit
+
+
 def test_a_cpu_costs_the_attention_core_as_its_parts_and_says_so(client: TestClient) -> None:
     cpu = _predict(client, graph=ATTENTION_LM, hardware_id="local", batch_size=8, detail="layers").json()
     gpu = _predict(client, graph=ATTENTION_LM, hardware_id="a100-sxm4-40gb", batch_size=8, detail="layers").json()
