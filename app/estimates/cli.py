@@ -288,16 +288,18 @@ def _summary_row(hw: str, pred: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _print_rows(rows: Sequence[dict[str, Any]]) -> None:
+def _print_rows(rows: Sequence[dict[str, Any]], *, comparison: bool) -> None:
+    """The rows as a table; a ``comparison`` (``compare``) adds the ``pareto`` and ``error`` columns, which a
+    single prediction (``predict``: one device, no front, refusals exit 2) has no values for."""
     from app.cli import format_table
 
     headers = ("hardware_id", "devices", "iteration_ms", "epoch_s", "job_s", "cost_usd", "energy_kwh", "peak_gib",
-               "fits", "largest_batch", "pareto", "error")
+               "fits", "largest_batch") + (("pareto", "error") if comparison else ())
     table = [
         (r["hardware_id"], r.get("device_count"), r.get("iteration_ms"), r.get("epoch_s"), r.get("job_s"),
          r.get("cost_usd"), None if r.get("energy_j") is None else r["energy_j"] / 3.6e6,
          None if r.get("peak_memory_bytes") is None else r["peak_memory_bytes"] / 2**30, r.get("fits"),
-         r.get("largest_batch_size_that_fits"), r.get("pareto"), r.get("error"))
+         r.get("largest_batch_size_that_fits")) + ((r.get("pareto"), r.get("error")) if comparison else ())
         for r in rows
     ]
     print(format_table(table, headers))
@@ -363,7 +365,7 @@ def _predict(args: argparse.Namespace, backend: Backend) -> int:
     if args.json:
         print(json.dumps(pred, indent=2))
         return EXIT_OK
-    _print_rows([_summary_row(args.hardware, pred)])
+    _print_rows([_summary_row(args.hardware, pred)], comparison=False)
     for warning in pred["warnings"]:
         print(f"warning: {warning}")
     return EXIT_OK
@@ -383,7 +385,7 @@ def _compare(args: argparse.Namespace, backend: Backend) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
-        _print_rows(rows)
+        _print_rows(rows, comparison=True)
         print(f"predictor {answer['predictor_version']}; pareto: not dominated in job time, cost and energy")
     return EXIT_OK if answer["rows"] else EXIT_ERROR
 

@@ -77,6 +77,38 @@ def test_compare_lists_refusals_with_their_code(models: dict[str, Path], capsys:
     assert "--dataset-size and --epochs" in capsys.readouterr().err
 
 
+def _table(out: str) -> list[dict[str, str]]:
+    """The rows of a :func:`app.cli.format_table` table in ``out``, cut at the dash line's column widths."""
+    lines = out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("---"))
+    spans, pos = [], 0
+    for dashes in lines[at].split("  "):
+        spans.append((pos, pos + len(dashes)))
+        pos += len(dashes) + 2
+    cut = [[line[a:b].strip() for a, b in spans] for line in lines[at - 1:] if line and not line.startswith("---")]
+    rows = []
+    for line in cut[1:]:
+        if len(line) == len(cut[0]) and line[0] and " " not in line[0] and ":" not in line[0]:
+            rows.append(dict(zip(cut[0], line, strict=True)))
+    return rows
+
+
+def test_tables_have_no_column_they_leave_empty(models: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    """``predict`` (one device: no Pareto front, a refusal exits 2) has no pareto/error columns; every column
+    of its row is filled. ``compare`` fills pareto on every row it could predict."""
+    job = ["--batch-size", "64", "--dataset-size", "6400", "--epochs", "1"]
+    assert main(["predict", str(models["small"]), "--hardware", A100, *job]) == 0
+    (row,) = _table(capsys.readouterr().out)
+    assert "pareto" not in row and "error" not in row
+    assert row["hardware_id"] == A100 and all(row.values()), row
+    assert main(["compare", str(models["small"]), "--hardware", f"{A100},v100-sxm2-16gb,nope", *job]) == 0
+    rows = {r["hardware_id"]: r for r in _table(capsys.readouterr().out)}
+    assert set(rows) == {A100, "v100-sxm2-16gb", "nope"}
+    assert {rows[h]["pareto"] for h in (A100, "v100-sxm2-16gb")} <= {"True", "False"}
+    assert "True" in {rows[h]["pareto"] for h in (A100, "v100-sxm2-16gb")}
+    assert rows["nope"]["error"] == "hardware_not_found"
+
+
 def test_compare_against_a_server_is_one_comparisons_call(models: dict[str, Path], client: TestClient) -> None:
     backend = ci.ServerBackend("http://testserver")
     backend.client = client
