@@ -84,6 +84,31 @@ def test_bad_parameters_are_shown_with_their_code(client: TestClient) -> None:
     assert "<script>x" not in hostile.text
 
 
+@pytest.mark.parametrize(("field", "typed", "says"), [
+    ("batch_size", "abc", "valid integer"), ("batch_size", "0", "greater than or equal to 1"),
+    ("device_count", "2.5", "valid integer"), ("dataset_size", "-3", "greater than or equal to 1"),
+    ("epochs", "many", "valid number"), ("epochs", "0", "greater than 0"),
+])
+def test_a_bad_typed_number_is_the_pages_message_not_raw_json(client: TestClient, field: str, typed: str,
+                                                               says: str) -> None:
+    graph = client.post("/v1/graphs", json=SMALL_CNN).json()
+    page = client.get("/", params={"graph_id": graph["id"], "hardware_id": "p100", field: typed})
+    assert page.status_code == 422 and page.headers["content-type"].startswith("text/html")
+    assert 'data-code="validation_error"' in page.text and 'id="totals"' not in page.text
+    message = re.search(r'<p class="error" id="error"[^>]*>([^<]*)</p>', page.text)
+    assert message and f"validation_error: query.{field}: " in message.group(1) and says in message.group(1)
+    assert f'name="{field}" id="{field}" value="{typed}"' in page.text  # the form keeps what was typed
+
+
+def test_empty_number_fields_of_the_form_are_their_defaults(client: TestClient) -> None:
+    """The form submits an empty ``dataset_size``/``epochs`` as ``""``: not given, not an error."""
+    graph = client.post("/v1/graphs", json=SMALL_CNN).json()
+    page = client.get("/", params={"graph_id": graph["id"], "hardware_id": "p100", "batch_size": "",
+                                   "device_count": "", "dataset_size": "", "epochs": ""})
+    assert page.status_code == 200 and 'id="totals"' in page.text and 'id="comparison-hint"' in page.text
+    assert 'name="batch_size" id="batch_size" value="32"' in page.text
+
+
 def test_upload_from_the_page_redirects_to_the_graph(client: TestClient) -> None:
     response = client.post("/ui/graphs", files={"file": ("resnet50.onnx", light_model("resnet50"))},
                            follow_redirects=False)

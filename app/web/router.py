@@ -15,7 +15,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, RedirectResponse
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 
 from app.deps import PredictorDep, SessionDep, SettingsDep
 from app.errors import LayercastError, clean_validation_errors, validation_message
@@ -27,6 +27,7 @@ from app.hardware import service as hardware_service
 from app.observability import record_prediction
 from app.predictions import service as predictions
 from app.predictions.schemas import PredictionCreate, PredictionRead
+from app.schemas import Schema
 from app.web import render
 
 router = APIRouter(tags=["web"], include_in_schema=False)
@@ -70,20 +71,50 @@ def _problem(exc: Exception) -> tuple[int, str, str]:
 Int = Annotated[int, Query(ge=1, le=1_000_000)]
 
 
+class _PageNumbers(Schema):
+    """The page's typed number fields, with the bounds the CSV routes' query parameters have (``Int``)."""
+
+    batch_size: int = Field(32, ge=1, le=1_000_000)
+    device_count: int = Field(1, ge=1, le=1_000_000)
+    dataset_size: int | None = Field(None, ge=1)
+    epochs: float | None = Field(None, gt=0)
+
+
+def _page_numbers(typed: dict[str, str | None]) -> tuple[dict[str, Any], tuple[int, str, str] | None]:
+    """The form's number fields as typed (an empty field, which a form submits as ``""``, is not given: its
+    default) parsed by :class:`_PageNumbers`: ``(values, None)``, or ``(the typed text, problem)`` where a
+    value does not parse, the problem a 422 ``validation_error`` whose message names ``query.<field>`` as the
+    API's does, so that the page shows it next to the form still holding what was typed."""
+    given = {k: v for k, v in typed.items() if v not in (None, "")}
+    try:
+        return _PageNumbers.model_validate(given).model_dump(), None
+    except ValidationError as exc:
+        errors = clean_validation_errors([{**e, "loc": ("query", *e["loc"])} for e in exc.errors()])
+        return {**dict.fromkeys(typed), **given}, (422, "validation_error", validation_message("", errors))
+
+
 @router.get("/", response_class=HTMLResponse)
 def index(
     session: SessionDep, predictor: PredictorDep, graph_id: str | None = None, hardware_id: str | None = None,
-    batch_size: Int = 32, mode: str = "training", precision: str = "fp32", device_count: Int = 1,
-    dataset_size: Annotated[int | None, Query(ge=1)] = None, epochs: Annotated[float | None, Query(gt=0)] = None,
+    batch_size: str | None = None, mode: str = "training", precision: str = "fp32", device_count: str | None = None,
+    dataset_size: str | None = None, epochs: str | None = None,
 ) -> HTMLResponse:
-    """The page; with ``graph_id`` and ``hardware_id`` it also shows the prediction."""
-    query = _query(graph_id, hardware_id, batch_size, mode, precision, device_count, dataset_size, epochs)
+    """The page; with ``graph_id`` and ``hardware_id`` it also shows the prediction. The number fields come
+    as text and are parsed here (:func:`_page_numbers`), so that a bad one is the page's message, not the
+    API's JSON problem document."""
+    numbers, problem = _page_numbers({"batch_size": batch_size, "device_count": device_count,
+                                      "dataset_size": dataset_size, "epochs": epochs})
+    query = _query(graph_id, hardware_id, numbers["batch_size"], mode, precision, numbers["device_count"],
+                   numbers["dataset_size"], numbers["epochs"])
     rows, _count = graphs.list_graphs(session, limit=200)
     catalog = hardware_service.list_hardware(session).items
     query["hardware_id"] = query["hardware_id"] or (catalog[0].id if catalog else None)
     body = render.form([(r.id, f"{r.name} ({r.id[:8]})") for r in rows], catalog, query)
     status = 200
-    if query["graph_id"] and query["hardware_id"]:
+    if problem is not None:
+        status, code, message = problem
+        body += render.error(code, message)
+    elif query["graph_id"] and query["hardware_id"]:
         try:
             prediction = _predict(session, predictor, query)
         except (LayercastError, ValidationError) as exc:
