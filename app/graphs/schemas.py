@@ -72,7 +72,8 @@ class GraphRead(Schema):
     notices: list[str] = Field(
         default_factory=list,
         description="on a re-upload of stored content (200): what was done with this request's name, "
-        "batch_size and dims (the stored graph and its summary are left as they were)",
+        "batch_size and dims (the stored graph and its summary are left as they were); on a new upload with "
+        "dims (201): that they bound the summary only, later requests pass their own",
     )
 
 

@@ -340,9 +340,28 @@ def bound_graph(
 
     def load() -> Graph:
         row = get_graph(session, graph_id=graph_id)
-        return build_graph(row.content, row.source_format, batch_size=batch_size, dims=dims, name=row.name)
+        try:
+            return build_graph(row.content, row.source_format, batch_size=batch_size, dims=dims, name=row.name)
+        except UnboundDimension as exc:
+            raise _unbound_after_upload(exc, row) from None
 
     return _bind(key, graph_id, load, software_stack, hardware_kind)
+
+
+def _unbound_after_upload(exc: UnboundDimension, row: StoredGraph) -> UnboundDimension:
+    """``exc`` for a request on the stored ``row``, saying what the upload bound the missing dimension to when
+    it did: an upload's ``dims`` bind its stored summary only (the stored graph keeps its symbolic dimensions,
+    which every request binds itself; they are not remembered as defaults, so that an answer's shapes come
+    from its own request), which the caller must be told, not left to guess. Adds ``upload_value`` to the
+    detail; ``exc`` itself when the upload did not bind that dimension."""
+    name = exc.detail.get("dimension")
+    uploaded = (row.summary.get("dims") or {}).get(name) if isinstance(name, str) else None
+    if uploaded is None:
+        return exc
+    return UnboundDimension(
+        f"{exc.message} (the upload's dims bound '{name}' to {uploaded} for the stored summary only; a request "
+        f"binds its own, e.g. \"dims\": {{\"{name}\": {uploaded}}})",
+        detail={**exc.detail, "upload_value": uploaded})
 
 
 def bound_inline(
@@ -475,7 +494,10 @@ def create_graph(
         summary=summary,
         owner=owner,
     )
-    return CreateResult(repo.add(row), True)
+    notices = [] if not dims else [
+        f"dims={dict(dims)} bound this upload's summary only: the graph is stored with its symbolic dimensions, "
+        "so POST /v1/predictions and GET /v1/graphs/{id}/layers each pass their own dims"]
+    return CreateResult(repo.add(row), True, notices)
 
 
 def delete_graph(session: Session, *, graph_id: str, principal: Principal) -> None:

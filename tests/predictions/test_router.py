@@ -169,8 +169,16 @@ def test_unbound_symbolic_dimension_is_422_naming_it(client: TestClient) -> None
     ok = client.post("/v1/graphs", content=content, params={"dims": "seq=32"},
                      headers={"content-type": "application/octet-stream"})
     assert ok.status_code == 201, ok.text
+    # the upload's dims bind its summary only, and the upload says so
+    assert ok.json()["summary"]["dims"]["seq"] == 32
+    assert any("summary only" in n and "own dims" in n for n in ok.json()["notices"]), ok.json()["notices"]
     r = _predict(client, graph_id=ok.json()["id"], hardware_id="p100", batch_size=8)
-    assert r.status_code == 422 and r.json()["error"]["detail"]["dimension"] == "seq"
+    # a prediction that leaves seq unbound is refused, naming what the upload bound it to, never guessed
+    error = r.json()["error"]
+    assert r.status_code == 422 and error["code"] == "unbound_dimension" and error["detail"]["dimension"] == "seq"
+    assert error["detail"]["upload_value"] == 32 and 'e.g. "dims": {"seq": 32}' in error["message"]
+    layers = client.get(f"/v1/graphs/{ok.json()['id']}/layers", params={"batch_size": 8})
+    assert layers.status_code == 422 and layers.json()["error"]["detail"]["upload_value"] == 32
     r = _predict(client, graph_id=ok.json()["id"], hardware_id="p100", batch_size=8, dims={"seq": 64})
     assert r.status_code == 200
     assert r.json()["totals"]["forward_macs"] == 8 * 64 * 16 * 4
