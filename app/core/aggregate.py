@@ -29,6 +29,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from app.core.collectives import DDP_BUCKET_BYTES, Link, Topology, bucketed_allreduce
 from app.core.energy import J_PER_KWH
 
@@ -132,12 +134,16 @@ def layer_sums_of(
     """:class:`LayerSums` of layer columns (``[N]`` each: ms per pass, p10/p90 totals in ms, power in W or
     ``None`` when a layer has none), without a :class:`LayerTime` per layer: each column summed left to
     right as Python floats (``sum``), energy as Σ power × (forward + backward + update) / 1e3 J, so the
-    figures are those of summing the layers one by one, bit for bit."""
+    figures are those of summing the layers one by one, bit for bit (the per-layer energies are float64 numpy
+    element-wise, the same IEEE operations in the same order as Python floats; ``ValueError`` when the columns
+    differ in length)."""
     energy_j = forward_energy_j = None
     if power_w is not None:
-        energy_j = sum(p * ((f + b) + u) / 1e3 for p, f, b, u in zip(power_w, forward_ms, backward_ms, update_ms,
-                                                                    strict=True))  # fmt: skip
-        forward_energy_j = sum(p * f / 1e3 for p, f in zip(power_w, forward_ms, strict=True))
+        p, f, b, u = (np.asarray(c, dtype=np.float64) for c in (power_w, forward_ms, backward_ms, update_ms))
+        if not len(p) == len(f) == len(b) == len(u):
+            raise ValueError("power_w, forward_ms, backward_ms and update_ms differ in length")
+        energy_j = sum((p * ((f + b) + u) / 1e3).tolist())
+        forward_energy_j = sum((p * f / 1e3).tolist())
     return LayerSums(forward_ms=sum(forward_ms), backward_ms=sum(backward_ms), update_ms=sum(update_ms),
                      total_ms_p10=sum(total_ms_p10), total_ms_p90=sum(total_ms_p90), energy_j=energy_j,
                      forward_energy_j=forward_energy_j)  # fmt: skip

@@ -120,5 +120,7 @@ def json_bytes_depth(body: bytes) -> int:
 
     stripped = re.sub(rb'"[^"\\]*(?:\\.[^"\\]*)*"', b"", body)
     arr = np.frombuffer(stripped, dtype=np.uint8)
-    step = (np.isin(arr, (ord("["), ord("{"))).astype(np.int32) - np.isin(arr, (ord("]"), ord("}"))).astype(np.int32))
+    # two comparisons per bracket kind: np.isin costs ~50 us per call even on a 200-byte prediction body
+    step = (((arr == ord("[")) | (arr == ord("{"))).astype(np.int32)
+            - ((arr == ord("]")) | (arr == ord("}"))).astype(np.int32))
     return int(np.cumsum(step).max()) if step.size else 0

@@ -141,10 +141,10 @@ def get_spec(session: Session, *, hardware_id: str) -> HardwareSpec:
 
     Raises :class:`app.errors.HardwareNotFound` (404, detail ``{"hardware_id": ...}``).
     """
-    row = HardwareRepository(session).get(hardware_id)
-    if row is None:
+    spec = HardwareRepository(session).spec(hardware_id)
+    if spec is None:
         raise HardwareNotFound(f"unknown hardware id {hardware_id!r}", detail={"hardware_id": hardware_id})
-    return spec_from_dict(row.spec)
+    return spec_from_dict(spec)
 
 
 def get_hardware(session: Session, *, hardware_id: str) -> HardwareRead:

@@ -8,6 +8,7 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from app.auth import Principal, Scope
 from app.errors import HardwareExists, HardwareNotFound
 from app.hardware import service
 from app.hardware.catalog import load_catalog
@@ -89,6 +90,24 @@ def test_seed_never_overwrites_a_custom_row(db: Session) -> None:
     db.flush()
     service.seed_builtin(db, include_local=False)
     assert service.get_spec(db, hardware_id="t4").name == "My GPU"
+
+
+def test_get_spec_reads_the_row_as_it_is_now(db: Session) -> None:
+    """get_spec reads the spec column each time (no cache that another worker's update could leave stale): an
+    update, an edit not yet flushed (autoflush) and a delete are each seen by the next call."""
+    admin = Principal(None, frozenset({Scope.ADMIN}))
+    service.create_custom(db, data=HardwareCreate(**CUSTOM))
+    assert service.get_spec(db, hardware_id="my-gpu").memory_bandwidth_bytes_per_s == 1.5e12
+    faster = HardwareCreate(**{**CUSTOM, "memory_bandwidth_bytes_per_s": 2e12})
+    service.update_custom(db, hardware_id="my-gpu", data=faster, principal=admin)
+    assert service.get_spec(db, hardware_id="my-gpu").memory_bandwidth_bytes_per_s == 2e12
+    row = db.get(Hardware, "my-gpu")
+    assert row is not None
+    row.spec = {**row.spec, "name": "Renamed"}  # not flushed
+    assert service.get_spec(db, hardware_id="my-gpu").name == "Renamed"
+    service.delete_custom(db, hardware_id="my-gpu", principal=admin)
+    with pytest.raises(HardwareNotFound):
+        service.get_spec(db, hardware_id="my-gpu")
 
 
 def test_get_unknown_raises_not_found(db: Session) -> None:
