@@ -6,7 +6,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from app.core.costs import LayerCost, layer_cost
+from app.core.costs import VIEW_OPS, LayerCost, layer_cost
 from app.core.fusion import fuse_graph
 from app.core.ir import Graph, Layer, OpKind, Tensor, UnsupportedAttrs
 from app.core.vocab import SoftwareStack
@@ -97,10 +97,21 @@ def loss_input(outputs: Sequence[Tensor]) -> Tensor | None:
 
 def loss_on_probabilities(layers: Sequence[Layer], x: Tensor) -> bool:
     """Whether the loss input ``x`` is the output of a :data:`PROBABILITY_OPS` layer among ``layers`` (a graph
-    ending in ``Softmax``/``LogSoftmax``): the loss then runs no softmax of its own (:func:`loss_layer`), and
-    keeps no log-probabilities of its own in memory (:func:`app.core.memory.footprint`)."""
-    producer = next((la for la in reversed(layers) if any(t.name == x.name for t in la.outputs)), None)
-    return producer is not None and producer.op_type in PROBABILITY_OPS
+    ending in ``Softmax``/``LogSoftmax``), directly or through view layers (:data:`app.core.costs.VIEW_OPS`,
+    taken at their first input: a ``Flatten``/``Reshape``/``Identity`` after the softmax, as exports often end,
+    moves no value): the loss then runs no softmax of its own (:func:`loss_layer`), and keeps no
+    log-probabilities of its own in memory (:func:`app.core.memory.footprint`)."""
+    producers = {t.name: la for la in layers for t in la.outputs}
+    name, seen = x.name, set()
+    while name in producers and name not in seen:
+        seen.add(name)
+        producer = producers[name]
+        if producer.op_type in PROBABILITY_OPS:
+            return True
+        if producer.op_type not in VIEW_OPS or not producer.inputs:
+            return False
+        name = producer.inputs[0].name
+    return False
 
 
 def loss_layer(graph: Graph) -> Layer | None:

@@ -154,3 +154,19 @@ def test_a_graph_ending_in_softmax_gets_nll_not_a_second_softmax() -> None:
     assert analyze(log_probs).loss.op_type == NLL_OP_TYPE  # type: ignore[union-attr]
     relu_end = import_json({"input_shape": [64], "layers": [*head, {"op": "relu"}]}, batch_size=b)
     assert analyze(relu_end).loss.op_type == LOSS_OP_TYPE  # type: ignore[union-attr]
+
+
+def test_a_view_after_the_graphs_softmax_still_makes_the_loss_nll() -> None:
+    """An export that ends ``Softmax -> Flatten`` (a view: no value moves) has run the loss's softmax too; a
+    compute layer after it (here ``relu``) has not: the loss is cross-entropy again."""
+    from app.core.analysis import LOSS_OP_TYPE, NLL_OP_TYPE
+
+    head = [{"op": "linear", "out_features": 100}, {"op": "softmax"}]
+    b = 4
+    for tail, op in (([{"op": "flatten"}], NLL_OP_TYPE), ([{"op": "flatten"}, {"op": "flatten"}], NLL_OP_TYPE),
+                     ([{"op": "flatten"}, {"op": "relu"}], LOSS_OP_TYPE)):
+        g = import_json({"input_shape": [64], "layers": [*head, *tail]}, batch_size=b)
+        assert g.layers[-1].op_type in ("Flatten", "Relu")
+        a = analyze(g)
+        assert a.loss is not None and a.loss.op_type == op, tail
+        assert a.loss_cost is not None and a.loss_cost.forward_flops == (b if op == NLL_OP_TYPE else 5 * b * 100)
