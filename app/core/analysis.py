@@ -127,9 +127,12 @@ def loss_layer(graph: Graph) -> Layer | None:
       (log-)softmax followed by ``F.nll_loss`` on its output (exact for ``LogSoftmax``; for ``Softmax`` the
       usual training form, ``CrossEntropyLoss`` on the logits, whose ``log_softmax`` costs the same 5 FLOPs per
       element as the graph's softmax), so no second softmax is added: :data:`NLL_OP_TYPE`, an elementwise
-      layer with one loss per row (``rows = numel / classes`` FLOPs forward and backward) that reads the
-      log-probabilities (an upper bound: the kernel gathers one per row) and whose backward writes their
-      output-sized gradient (``nll_loss_backward`` zero-fills it and scatters one value per row).
+      layer with one loss per row (``rows = numel / classes`` FLOPs forward and backward) whose backward writes
+      the probabilities' output-sized gradient (``nll_loss_backward`` zero-fills it and scatters one value per
+      row). Its bytes follow the elementwise rules of :func:`app.core.costs.layer_cost`: the forward reads all
+      the log-probabilities and the backward reads them again as its saved input, an upper bound (the forward
+      kernel gathers one per row, the backward reads only the per-row gradient): about 3x the bytes PyTorch
+      moves, 2 of cross-entropy's 5 output-sized passes where the kernels make about 1.
 
     The profiler's whole training iterations (:mod:`app.profiler.e2e`) time ``forward`` with the loss and
     ``loss.backward()``, and an exported graph ends at the logits, so without this layer the layer sum misses
