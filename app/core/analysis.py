@@ -132,7 +132,8 @@ def loss_layer(graph: Graph) -> Layer | None:
       row). Its bytes follow the elementwise rules of :func:`app.core.costs.layer_cost`: the forward reads all
       the log-probabilities and the backward reads them again as its saved input, an upper bound (the forward
       kernel gathers one per row, the backward reads only the per-row gradient): about 3x the bytes PyTorch
-      moves, 2 of cross-entropy's 5 output-sized passes where the kernels make about 1.
+      moves: 3 output-sized passes over memory (cross-entropy's softmax family counts 5) where the kernels make
+      about 1.
 
     The profiler's whole training iterations (:mod:`app.profiler.e2e`) time ``forward`` with the loss and
     ``loss.backward()``, and an exported graph ends at the logits, so without this layer the layer sum misses
