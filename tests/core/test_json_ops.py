@@ -92,6 +92,20 @@ def test_a_required_geometry_field_has_no_silent_default(shape: list[int], spec:
     assert f"layer 1: '{field}' is required" == e.value.message
 
 
+@pytest.mark.parametrize(("spec", "field"), [
+    ({"op": "conv2d", "out_channels": 8, "kernel_size": 3, "stride": None}, "stride"),
+    ({"op": "conv2d", "out_channels": 8, "kernel_size": 3, "groups": None}, "groups"),
+])
+def test_an_explicit_null_of_an_optional_field_is_a_type_error_not_required(spec: dict[str, object],
+                                                                            field: str) -> None:
+    """``"stride": null`` is not a missing field (stride has PyTorch's default 1): the message must not call
+    it required, as it names the value that was given."""
+    with pytest.raises(InvalidGraph) as e:
+        import_json({"input_shape": [3, 32, 32], "layers": [spec]})
+    assert e.value.message.startswith(f"layer 0: '{field}' must be an integer ≥ 1")
+    assert e.value.message.endswith("got None") and "required" not in e.value.message
+
+
 def test_pool_stride_defaults_to_the_kernel_as_in_pytorch() -> None:
     for stride in ({}, {"stride": None}):
         g = import_json({"input_shape": [3, 32, 32], "layers": [{"op": "maxpool", "kernel_size": 4, **stride}]})
