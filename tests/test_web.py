@@ -88,6 +88,10 @@ def test_bad_parameters_are_shown_with_their_code(client: TestClient) -> None:
     ("batch_size", "abc", "valid integer"), ("batch_size", "0", "greater than or equal to 1"),
     ("device_count", "2.5", "valid integer"), ("dataset_size", "-3", "greater than or equal to 1"),
     ("epochs", "many", "valid number"), ("epochs", "0", "greater than 0"),
+    # the request model's bounds, named as the page's field (query.<field>) like every other bad number
+    ("epochs", "inf", "finite number"), ("epochs", "1e7", "less than or equal to 1000000"),
+    ("dataset_size", str(10**16), "less than or equal to 1000000000000000"),
+    ("device_count", "5000", "less than or equal to 4096"),
 ])
 def test_a_bad_typed_number_is_the_pages_message_not_raw_json(client: TestClient, field: str, typed: str,
                                                                says: str) -> None:

@@ -6,7 +6,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from app.core.costs import LayerCost, layer_cost
+from app.core.costs import VIEW_OPS, LayerCost, layer_cost
 from app.core.fusion import fuse_graph
 from app.core.ir import Graph, Layer, OpKind, Tensor, UnsupportedAttrs
 from app.core.vocab import SoftwareStack
@@ -97,10 +97,21 @@ def loss_input(outputs: Sequence[Tensor]) -> Tensor | None:
 
 def loss_on_probabilities(layers: Sequence[Layer], x: Tensor) -> bool:
     """Whether the loss input ``x`` is the output of a :data:`PROBABILITY_OPS` layer among ``layers`` (a graph
-    ending in ``Softmax``/``LogSoftmax``): the loss then runs no softmax of its own (:func:`loss_layer`), and
-    keeps no log-probabilities of its own in memory (:func:`app.core.memory.footprint`)."""
-    producer = next((la for la in reversed(layers) if any(t.name == x.name for t in la.outputs)), None)
-    return producer is not None and producer.op_type in PROBABILITY_OPS
+    ending in ``Softmax``/``LogSoftmax``), directly or through view layers (:data:`app.core.costs.VIEW_OPS`,
+    taken at their first input: a ``Flatten``/``Reshape``/``Identity`` after the softmax, as exports often end,
+    moves no value): the loss then runs no softmax of its own (:func:`loss_layer`), and keeps no
+    log-probabilities of its own in memory (:func:`app.core.memory.footprint`)."""
+    producers = {t.name: la for la in layers for t in la.outputs}
+    name, seen = x.name, set()
+    while name in producers and name not in seen:
+        seen.add(name)
+        producer = producers[name]
+        if producer.op_type in PROBABILITY_OPS:
+            return True
+        if producer.op_type not in VIEW_OPS or not producer.inputs:
+            return False
+        name = producer.inputs[0].name
+    return False
 
 
 def loss_layer(graph: Graph) -> Layer | None:
@@ -116,9 +127,13 @@ def loss_layer(graph: Graph) -> Layer | None:
       (log-)softmax followed by ``F.nll_loss`` on its output (exact for ``LogSoftmax``; for ``Softmax`` the
       usual training form, ``CrossEntropyLoss`` on the logits, whose ``log_softmax`` costs the same 5 FLOPs per
       element as the graph's softmax), so no second softmax is added: :data:`NLL_OP_TYPE`, an elementwise
-      layer with one loss per row (``rows = numel / classes`` FLOPs forward and backward) that reads the
-      log-probabilities (an upper bound: the kernel gathers one per row) and whose backward writes their
-      output-sized gradient (``nll_loss_backward`` zero-fills it and scatters one value per row).
+      layer with one loss per row (``rows = numel / classes`` FLOPs forward and backward) whose backward writes
+      the probabilities' output-sized gradient (``nll_loss_backward`` zero-fills it and scatters one value per
+      row). Its bytes follow the elementwise rules of :func:`app.core.costs.layer_cost`: the forward reads all
+      the log-probabilities and the backward reads them again as its saved input, an upper bound (the forward
+      kernel gathers one per row, the backward reads only the per-row gradient): about 3x the bytes PyTorch
+      moves: 3 output-sized passes over memory (cross-entropy's softmax family counts 5) where the kernels make
+      about 1.
 
     The profiler's whole training iterations (:mod:`app.profiler.e2e`) time ``forward`` with the loss and
     ``loss.backward()``, and an exported graph ends at the logits, so without this layer the layer sum misses

@@ -64,8 +64,10 @@ def _missing(i: int, key: str) -> InvalidGraph:
 
 
 def _int(spec: Mapping[str, Any], key: str, i: int, default: int | None = None, minimum: int = 1) -> int:
+    """``spec[key]`` as an integer ≥ ``minimum``; ``default`` when absent, or :func:`_missing` when ``default``
+    is None (a required field). An explicit null of an optional field is a type error, not "required"."""
     v = spec.get(key, default)
-    if v is None:
+    if v is None and default is None:
         raise _missing(i, key)
     if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
         raise _err(i, f"'{key}' must be an integer ≥ {minimum}, got {v!r}")
@@ -75,9 +77,10 @@ def _int(spec: Mapping[str, Any], key: str, i: int, default: int | None = None, 
 def _tuple(spec: Mapping[str, Any], key: str, n: int, i: int, default: int | None,
            minimum: int = 1) -> tuple[int, ...]:
     """``spec[key]`` as ``n`` integers ≥ ``minimum`` (one integer is repeated); ``default`` when absent, or
-    :func:`_missing` when ``default`` is None (a required field)."""
+    :func:`_missing` when ``default`` is None (a required field). An explicit null of an optional field
+    (``"stride": null`` of a conv, which PyTorch refuses too) is a type error, not "required"."""
     v = spec.get(key, default)
-    if v is None:
+    if v is None and default is None:
         raise _missing(i, key)
     if isinstance(v, int) and not isinstance(v, bool):
         v = [v] * n

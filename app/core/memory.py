@@ -32,8 +32,9 @@ a few attributes), each activation tensor identified by its name (views share th
 * **Loss**: cross-entropy on the graph's first output (classes on the last axis), as classifiers and
   language models train: ``log_softmax`` saves its fp32 output (autocast runs it in fp32), and its
   backward holds two fp32 gradients of the output's size at once. A graph that ends in its own
-  ``Softmax``/``LogSoftmax`` has run that softmax already (:func:`app.core.analysis.loss_layer`): its loss is
-  NLL on that output, which keeps nothing of its own beyond the output's gradient.
+  ``Softmax``/``LogSoftmax`` (or in views of its output) has run that softmax already
+  (:func:`app.core.analysis.loss_layer`): its loss is NLL on that output, which keeps nothing of
+  its own beyond the output's gradient.
 * **Peak**: the end-of-forward live set (model state + saved activations + the model's output) is followed
   by a reverse walk over the layers: at each layer's backward, live = model state + the saved tensors of
   layers not yet back-propagated + the gradients of the weights already reached (fp32) + the activation

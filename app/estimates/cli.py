@@ -290,7 +290,9 @@ def _summary_row(hw: str, pred: dict[str, Any]) -> dict[str, Any]:
 
 def _print_rows(rows: Sequence[dict[str, Any]], *, comparison: bool) -> None:
     """The rows as a table; a ``comparison`` (``compare``) adds the ``pareto`` and ``error`` columns, which a
-    single prediction (``predict``: one device, no front, refusals exit 2) has no values for."""
+    single prediction (``predict``: one device, no front, refusals exit 2) has no values for. A single
+    prediction also leaves out the columns its answer has no value for (``epoch_s``, ``job_s``, ``cost_usd``,
+    ``energy_kwh`` when no job was asked for with ``--dataset-size``/``--epochs``)."""
     from app.cli import format_table
 
     headers = ("hardware_id", "devices", "iteration_ms", "epoch_s", "job_s", "cost_usd", "energy_kwh", "peak_gib",
@@ -302,6 +304,9 @@ def _print_rows(rows: Sequence[dict[str, Any]], *, comparison: bool) -> None:
          r.get("largest_batch_size_that_fits")) + ((r.get("pareto"), r.get("error")) if comparison else ())
         for r in rows
     ]
+    if not comparison:
+        kept = [j for j in range(len(headers)) if any(row[j] is not None for row in table)]
+        headers, table = tuple(headers[j] for j in kept), [tuple(row[j] for j in kept) for row in table]
     print(format_table(table, headers))
 
 

@@ -141,8 +141,10 @@ async def create_graph(
     being hashed, never held whole as a request body; the file is read once, to parse it. External-data
     references in the model are never opened. Stored by the sha256 of the upload, without weight data;
     the same content twice returns the stored graph with 200 and ``notices`` saying what was done with
-    this request's ``name``, ``batch_size`` and ``dims``. The graph's ``owner`` is the API key of its first
-    upload (null: anonymous); only the owner or an admin may delete it.
+    this request's ``name``, ``batch_size`` and ``dims``; a new upload with ``dims`` returns 201 with a notice
+    that they bound its summary only (the graph keeps its symbolic dimensions: every prediction and layer table
+    passes its own, else 422 ``unbound_dimension`` with the upload's value). The graph's ``owner`` is the API
+    key of its first upload (null: anonymous); only the owner or an admin may delete it.
     """
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     limit = settings.max_upload_bytes

@@ -360,7 +360,8 @@ def _unbound_after_upload(exc: UnboundDimension, row: StoredGraph) -> UnboundDim
         return exc
     return UnboundDimension(
         f"{exc.message} (the upload's dims bound '{name}' to {uploaded} for the stored summary only; a request "
-        f"binds its own, e.g. \"dims\": {{\"{name}\": {uploaded}}})",
+        f"binds its own, e.g. \"dims\": {{\"{name}\": {uploaded}}} in a prediction's body, dims={name}={uploaded} "
+        "in a query)",
         detail={**exc.detail, "upload_value": uploaded})
 
 
@@ -494,8 +495,9 @@ def create_graph(
         summary=summary,
         owner=owner,
     )
+    bound = ",".join(f"{k}={v}" for k, v in (dims or {}).items())  # the query's own syntax, dims=seq=128,...
     notices = [] if not dims else [
-        f"dims={dict(dims)} bound this upload's summary only: the graph is stored with its symbolic dimensions, "
+        f"dims={bound} bound this upload's summary only: the graph is stored with its symbolic dimensions, "
         "so POST /v1/predictions and GET /v1/graphs/{id}/layers each pass their own dims"]
     return CreateResult(repo.add(row), True, notices)
 

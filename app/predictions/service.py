@@ -657,9 +657,9 @@ def estimate(
             "backward": BACKWARD_SEMANTICS,
             "loss": ("training: a cross-entropy loss on the graph's first floating-point output (log-softmax over "
                      "its last axis + NLL, forward and backward), costed as a softmax layer over that tensor and "
-                     "added to the layer sum as loss_ms; when the graph ends in its own Softmax/LogSoftmax, that "
-                     "layer is the loss's softmax and only NLL on its output is added (no second softmax); the "
-                     "memory counts the same loss"
+                     "added to the layer sum as loss_ms; when the graph ends in its own Softmax/LogSoftmax (or in "
+                     "views of its output), that layer is the loss's softmax and only NLL on its output is added "
+                     "(no second softmax); the memory counts the same loss"
                      + loss_quality(bound, training, estimates) if training else
                      "inference: no loss computed"),
             "epoch": "ceil(dataset_size / batch_size) iterations (last partial batch counted as full) + "

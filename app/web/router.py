@@ -72,12 +72,14 @@ Int = Annotated[int, Query(ge=1, le=1_000_000)]
 
 
 class _PageNumbers(Schema):
-    """The page's typed number fields, with the bounds the CSV routes' query parameters have (``Int``)."""
+    """The page's typed number fields, parsed from text, with the bounds of :class:`PredictionCreate`'s fields
+    (so that every out-of-range number is named ``query.<field>`` here, not ``<field>`` by the request model
+    after parsing; ``inf``/``nan`` epochs are refused as there)."""
 
     batch_size: int = Field(32, ge=1, le=1_000_000)
-    device_count: int = Field(1, ge=1, le=1_000_000)
-    dataset_size: int | None = Field(None, ge=1)
-    epochs: float | None = Field(None, gt=0)
+    device_count: int = Field(1, ge=1, le=4096)
+    dataset_size: int | None = Field(None, ge=1, le=10**15)
+    epochs: float | None = Field(None, gt=0, le=1e6, allow_inf_nan=False)
 
 
 def _page_numbers(typed: dict[str, str | None]) -> tuple[dict[str, Any], tuple[int, str, str] | None]:

@@ -92,6 +92,20 @@ def test_a_required_geometry_field_has_no_silent_default(shape: list[int], spec:
     assert f"layer 1: '{field}' is required" == e.value.message
 
 
+@pytest.mark.parametrize(("spec", "field"), [
+    ({"op": "conv2d", "out_channels": 8, "kernel_size": 3, "stride": None}, "stride"),
+    ({"op": "conv2d", "out_channels": 8, "kernel_size": 3, "groups": None}, "groups"),
+])
+def test_an_explicit_null_of_an_optional_field_is_a_type_error_not_required(spec: dict[str, object],
+                                                                            field: str) -> None:
+    """``"stride": null`` is not a missing field (stride has PyTorch's default 1): the message must not call
+    it required, as it names the value that was given."""
+    with pytest.raises(InvalidGraph) as e:
+        import_json({"input_shape": [3, 32, 32], "layers": [spec]})
+    assert e.value.message.startswith(f"layer 0: '{field}' must be an integer ≥ 1")
+    assert e.value.message.endswith("got None") and "required" not in e.value.message
+
+
 def test_pool_stride_defaults_to_the_kernel_as_in_pytorch() -> None:
     for stride in ({}, {"stride": None}):
         g = import_json({"input_shape": [3, 32, 32], "layers": [{"op": "maxpool", "kernel_size": 4, **stride}]})
@@ -154,3 +168,19 @@ def test_a_graph_ending_in_softmax_gets_nll_not_a_second_softmax() -> None:
     assert analyze(log_probs).loss.op_type == NLL_OP_TYPE  # type: ignore[union-attr]
     relu_end = import_json({"input_shape": [64], "layers": [*head, {"op": "relu"}]}, batch_size=b)
     assert analyze(relu_end).loss.op_type == LOSS_OP_TYPE  # type: ignore[union-attr]
+
+
+def test_a_view_after_the_graphs_softmax_still_makes_the_loss_nll() -> None:
+    """An export that ends ``Softmax -> Flatten`` (a view: no value moves) has run the loss's softmax too; a
+    compute layer after it (here ``relu``) has not: the loss is cross-entropy again."""
+    from app.core.analysis import LOSS_OP_TYPE, NLL_OP_TYPE
+
+    head = [{"op": "linear", "out_features": 100}, {"op": "softmax"}]
+    b = 4
+    for tail, op in (([{"op": "flatten"}], NLL_OP_TYPE), ([{"op": "flatten"}, {"op": "flatten"}], NLL_OP_TYPE),
+                     ([{"op": "flatten"}, {"op": "relu"}], LOSS_OP_TYPE)):
+        g = import_json({"input_shape": [64], "layers": [*head, *tail]}, batch_size=b)
+        assert g.layers[-1].op_type in ("Flatten", "Relu")
+        a = analyze(g)
+        assert a.loss is not None and a.loss.op_type == op, tail
+        assert a.loss_cost is not None and a.loss_cost.forward_flops == (b if op == NLL_OP_TYPE else 5 * b * 100)

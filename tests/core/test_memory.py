@@ -56,6 +56,11 @@ def test_a_graph_ending_in_softmax_keeps_no_second_log_softmax() -> None:
     fp = footprint(_a(doc=doc), mode="training", optimizer="sgd")
     # as above, the softmax saves its output (which is the model output): no loss log-softmax
     assert fp.activations_bytes == 4 * (4 * 3 * 1024 + 4 * 16 * 1024 + 4 * 10)
+    # a view after the softmax moves no value: the same loss, the same memory (and no log-softmax either)
+    viewed = footprint(_a(doc={**doc, "layers": [*doc["layers"], {"op": "flatten"}]}), mode="training",
+                       optimizer="sgd")
+    assert viewed.activations_bytes == fp.activations_bytes
+    assert viewed.backward_transient_bytes == fp.backward_transient_bytes
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])

@@ -101,6 +101,12 @@ def test_tables_have_no_column_they_leave_empty(models: dict[str, Path], capsys:
     (row,) = _table(capsys.readouterr().out)
     assert "pareto" not in row and "error" not in row
     assert row["hardware_id"] == A100 and all(row.values()), row
+    assert {"epoch_s", "job_s", "cost_usd", "energy_kwh"} <= set(row)
+    # without a job the job columns have no value: left out, not printed empty
+    assert main(["predict", str(models["small"]), "--hardware", A100, "--batch-size", "64"]) == 0
+    (row,) = _table(capsys.readouterr().out)
+    assert not {"epoch_s", "job_s", "cost_usd", "energy_kwh", "pareto", "error"} & set(row), row
+    assert {"iteration_ms", "peak_gib", "fits", "largest_batch"} <= set(row) and all(row.values()), row
     assert main(["compare", str(models["small"]), "--hardware", f"{A100},v100-sxm2-16gb,nope", *job]) == 0
     rows = {r["hardware_id"]: r for r in _table(capsys.readouterr().out)}
     assert set(rows) == {A100, "v100-sxm2-16gb", "nope"}

@@ -179,6 +179,7 @@ def test_unbound_symbolic_dimension_is_422_naming_it(client: TestClient) -> None
     assert error["detail"]["upload_value"] == 32 and 'e.g. "dims": {"seq": 32}' in error["message"]
     layers = client.get(f"/v1/graphs/{ok.json()['id']}/layers", params={"batch_size": 8})
     assert layers.status_code == 422 and layers.json()["error"]["detail"]["upload_value"] == 32
+    assert "dims=seq=32 in a query" in layers.json()["error"]["message"]  # the GET route's own syntax
     r = _predict(client, graph_id=ok.json()["id"], hardware_id="p100", batch_size=8, dims={"seq": 64})
     assert r.status_code == 200
     assert r.json()["totals"]["forward_macs"] == 8 * 64 * 16 * 4
