@@ -220,13 +220,18 @@ DEFAULTS: dict[str, Any] = {
     "member_features": MEMBER_FEATURES,  # GPU head: member k reads member_features[k % len]; None: all the same
     "logo_epochs": 20,  # epochs per leave-one-GPU-out fold
     "balance": "source",  # loss_weights: every source the same share ("source_family": families by sqrt(rows))
-    "prior_epochs": 5,  # GPU head: epochs fitting the prior's constants alone before the joint fit (train_model)
+    "prior_epochs": 5,  # GPU head: epochs fitting PRIOR_FIT_PARAMS alone before the joint fit (train_model)
 }
 
-#: Adam learning rate of the prior-only epochs of :func:`train_model` (``prior_epochs``): the prior has ~10 ln
-#: constants (efficiencies, overheads, cycles per unit of work), each O(1) from its start, so 10x the joint
-#: fit's rate moves them there within a few hundred steps.
+#: Adam learning rate of the prior-only epochs of :func:`train_model` (``prior_epochs``): ln constants, each
+#: O(1) from its start, so 10x the joint fit's rate moves them there within a few hundred steps.
 PRIOR_LR = 0.03
+#: The prior's constants those epochs fit (:class:`LayerTimeNet` parameter names): the latency kinds' cycles
+#: per unit of work and their memory efficiency, the constants that carry an op's hardware dependence from
+#: one GPU to another (Vidur's gather and element-wise ops are measured on two GPUs only). Fitting every
+#: constant (GEMM efficiency, per-stack overheads too) was as good on Vidur and NeuSight on the quick loop
+#: but moved held-out 1080 Ti (Justus, TF1) from 23 to 27-31 % (models/README.md, v6).
+PRIOR_FIT_PARAMS: tuple[str, ...] = ("ln_cycles", "ln_ineff_mem")
 
 #: CPU head: ~10k rows, so smaller batches and more epochs than the GPU head.
 CPU_HEAD: dict[str, Any] = {"epochs": 50, "batch_size": 256}
@@ -492,11 +497,12 @@ def train_model(
     targets ``y`` ``[N]`` (pinball loss, optional per-row ``weights``). ``init`` starts from a copy of an
     existing model (its normalisation and input mask kept: fine-tuning); ``active`` is the subset of
     ``feature_names`` the MLP reads and ``prior_as_time`` the p50 form (:class:`LayerTimeNet`). With
-    ``prior_epochs`` > 0 the prior's constants (every parameter outside the MLP) are first fitted alone, the
-    MLP's output held at 0, for that many epochs at Adam rate ``prior_lr``; then everything is fitted jointly
-    (``epochs``, one-cycle schedule). Without it the MLP's last-layer bias absorbs a wrong start (the gather's
-    8 cycles per element stayed at 7.7 over a 10-epoch fit, 4x the measured ~2, models/README.md v6), and
-    that correction then moves with the features the MLP reads instead of the prior's SM-cycle structure."""
+    ``prior_epochs`` > 0 (and a latency term) the prior's :data:`PRIOR_FIT_PARAMS` are first fitted alone, the
+    MLP's output held at 0 and every other parameter fixed, for that many epochs at Adam rate ``prior_lr``;
+    then everything is fitted jointly (``epochs``, one-cycle schedule; 0: none). Without it the MLP's
+    last-layer bias absorbs a wrong start (the gather's 8 cycles per element stayed at 7.7 over a 10-epoch
+    fit, 4x the measured ~2, models/README.md v6), and that correction then moves with the features the MLP
+    reads instead of the prior's SM-cycle structure."""
     torch.manual_seed(seed)
     if init is not None:
         model = LayerTimeNet(
@@ -519,9 +525,9 @@ def train_model(
     wt = None if weights is None else torch.tensor(weights, dtype=torch.float32)
     steps_per_epoch = max(1, math.ceil(len(y) / batch_size))
     gen = torch.Generator().manual_seed(seed)
-    if prior_epochs > 0:  # the physics constants first, so that the MLP corrects their residual, not their start
+    if prior_epochs > 0 and model.cycle_cols:  # the physics constants first: the MLP corrects their residual
         model.mlp_on = False
-        prior_params = [p for n, p in model.named_parameters() if not n.startswith("mlp.")]
+        prior_params = [p for n, p in model.named_parameters() if n in PRIOR_FIT_PARAMS]
         popt = torch.optim.Adam(prior_params, lr=prior_lr)
         for _ in range(prior_epochs):
             perm = torch.randperm(len(y), generator=gen)

@@ -225,30 +225,30 @@ def test_without_a_correction_the_p50_is_the_priors_time_not_the_floor_plus_it()
         assert (new(gemm)[:, 1] >= gemm[:, MODEL_FEATURES.index("log_floor_ms")]).all()
 
 
-def test_prior_epochs_fit_the_physics_constants_before_the_mlp() -> None:
-    """Rows at exactly 4x their floor (efficiency 0.25, floors far above the per-launch overhead): the
-    prior-only epochs move the efficiency from its start (0.5) to ~0.25 and leave the MLP untouched; zero
-    prior epochs leave the prior where the joint fit puts it (the MLP's bias absorbs part of it)."""
-    from app.training.train import LayerTimeNet
+def test_prior_epochs_fit_the_latency_constants_before_the_mlp() -> None:
+    """Gathers timed at exactly 2 cycles per element (the prior's own form, 1e8-1e9 elements on 100 SMs x
+    1 GHz over a 1 ms floor): the prior-only epochs move the gather's cycles from their start (8) to ~2 and
+    leave the MLP and the other constants (GEMM efficiency) untouched, so p50 is the measured time."""
+    from app.training.train import LATENCY_KINDS, PRIOR_FIT_PARAMS, LayerTimeNet
 
+    f = len(MODEL_FEATURES)
     rng = np.random.default_rng(0)
-    n, f = 2048, len(MODEL_FEATURES)
-    x = np.zeros((n, f), dtype=np.float32)
-    x[:, MODEL_FEATURES.index("is_gemm")] = 1.0
-    x[:, MODEL_FEATURES.index("log_floor_ms")] = rng.uniform(2.0, 6.0, n)  # 7-400 ms: overhead negligible
-    y = x[:, MODEL_FEATURES.index("log_floor_ms")].astype(np.float64) + math.log(4.0)
-    start = LayerTimeNet(np.zeros(f), np.ones(f), hidden=8, depth=1)
+    x = np.repeat(_prior_rows("is_embedding", 100, 1000, n=1), 2048, axis=0)
+    x[:, MODEL_FEATURES.index("log_out_elems")] = np.log(rng.uniform(1e8, 1e9, len(x)))
+    truth = LayerTimeNet(np.zeros(f), np.ones(f), hidden=8, depth=1)
+    with torch.no_grad():
+        truth.ln_cycles[0] = math.log(2.0)
+        y = truth.prior(torch.tensor(x)).numpy().astype(np.float64)  # ln(time / floor), floor 1 ms: ln ms
     warm = train_model(x, y, epochs=0, prior_epochs=20, seed=0, hidden=8, depth=1, batch_size=256, log=lambda s: None)
-    assert math.exp(-warm.ln_ineff.item()) == pytest.approx(0.25, rel=0.05)
-    assert math.exp(-start.ln_ineff.item()) == pytest.approx(0.5)
+    assert set(PRIOR_FIT_PARAMS) <= {n for n, _ in warm.named_parameters()}
+    assert math.exp(warm.ln_cycles[0].item()) == pytest.approx(2.0, rel=0.05)
+    assert LATENCY_KINDS["is_embedding"] == 8.0
     torch.manual_seed(0)
     fresh = LayerTimeNet(np.zeros(f), np.ones(f), hidden=8, depth=1)
-    for a, b in zip(warm.mlp.parameters(), fresh.mlp.parameters(), strict=True):
-        assert torch.equal(a, b)  # same seed, same init: the prior epochs did not touch the MLP
-    with torch.no_grad():
-        assert np.exp(predict(warm, x[:8])[:, 1] - x[:8, MODEL_FEATURES.index("log_floor_ms")]) == pytest.approx(
-            4.0, rel=0.05
-        )
+    for (name, a), b in zip(warm.named_parameters(), fresh.parameters(), strict=True):
+        if name not in PRIOR_FIT_PARAMS:
+            assert torch.equal(a, b), name  # same seed, same init: the MLP and the other constants did not move
+    assert np.exp(predict(warm, x[:8])[:, 1] - y[:8]) == pytest.approx(1.0, rel=0.05)
 
 
 def test_weights_saved_before_v6_load_with_the_floor_plus_prior_form(tmp_path) -> None:  # type: ignore[no-untyped-def]
