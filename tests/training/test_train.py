@@ -220,9 +220,30 @@ def test_without_a_correction_the_p50_is_the_priors_time_not_the_floor_plus_it()
     assert prior_ms == pytest.approx(LATENCY_KINDS["is_embedding"] * 10, rel=0.05)
     assert p_new == pytest.approx(prior_ms, rel=1e-5)
     assert p_old == pytest.approx(prior_ms + 1.0, rel=1e-5)
-    gemm = torch.tensor(_prior_rows("is_gemm", 100, 1000))  # close to the floor the form still never goes below it
-    with torch.no_grad():
-        assert (new(gemm)[:, 1] >= gemm[:, MODEL_FEATURES.index("log_floor_ms")]).all()
+    for kind in ("is_elementwise", "is_norm"):  # every latency kind, not the gather only
+        xk = torch.tensor(_prior_rows(kind, 100, 1000))
+        with torch.no_grad():
+            assert np.exp(new(xk)[:, 1].numpy()) == pytest.approx(np.exp(new.prior(xk).numpy()), rel=1e-5), kind
+            assert np.exp(old(xk)[:, 1].numpy()) == pytest.approx(np.exp(old.prior(xk).numpy()) + 1.0, rel=1e-5)
+
+
+def test_gemm_and_conv_rows_keep_the_floor_plus_prior_form() -> None:
+    """Only :data:`LATENCY_KINDS` rows get the prior-as-time form: a GEMM or conv row's p50 is still the
+    1 ms floor plus the prior's time (the new form there put ResNet-50 training out of its published band),
+    the same with ``prior_as_time`` on or off, and never below the floor."""
+    from app.training.train import LayerTimeNet
+
+    f = len(MODEL_FEATURES)
+    new = _zero_correction(LayerTimeNet(np.zeros(f), np.ones(f), hidden=8, depth=1))
+    old = _zero_correction(LayerTimeNet(np.zeros(f), np.ones(f), hidden=8, depth=1, prior_as_time=False))
+    for kind in ("is_gemm", "is_conv"):
+        x = torch.tensor(_prior_rows(kind, 100, 1000))
+        with torch.no_grad():
+            prior_ms = np.exp(new.prior(x).numpy())
+            p_new = np.exp(new(x)[:, 1].numpy())
+            assert p_new == pytest.approx(prior_ms + 1.0, rel=1e-5), kind
+            assert torch.allclose(new(x), old(x)), kind
+            assert (new(x)[:, 1] >= x[:, MODEL_FEATURES.index("log_floor_ms")]).all()
 
 
 def test_prior_epochs_fit_the_latency_constants_before_the_mlp() -> None:
