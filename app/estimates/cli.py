@@ -289,19 +289,19 @@ def _summary_row(hw: str, pred: dict[str, Any]) -> dict[str, Any]:
 
 
 def _print_rows(rows: Sequence[dict[str, Any]], *, comparison: bool) -> None:
-    """The rows as a table; a ``comparison`` (``compare``) adds the ``pareto`` and ``error`` columns, which a
-    single prediction (``predict``: one device, no front, refusals exit 2) has no values for. A single
-    prediction also leaves out the columns its answer has no value for (``epoch_s``, ``job_s``, ``cost_usd``,
-    ``energy_kwh`` when no job was asked for with ``--dataset-size``/``--epochs``)."""
+    """The rows as a table. A ``comparison`` (``compare``) prints every column; a single prediction
+    (``predict``) leaves out the columns its answer has no value for: ``pareto`` and ``error`` always (one
+    device, no front, refusals exit 2), ``epoch_s``, ``job_s``, ``cost_usd``, ``energy_kwh`` when no job was
+    asked for with ``--dataset-size``/``--epochs``."""
     from app.cli import format_table
 
-    headers = ("hardware_id", "devices", "iteration_ms", "epoch_s", "job_s", "cost_usd", "energy_kwh", "peak_gib",
-               "fits", "largest_batch") + (("pareto", "error") if comparison else ())
-    table = [
+    headers: tuple[str, ...] = ("hardware_id", "devices", "iteration_ms", "epoch_s", "job_s", "cost_usd",
+                                "energy_kwh", "peak_gib", "fits", "largest_batch", "pareto", "error")
+    table: list[tuple[Any, ...]] = [
         (r["hardware_id"], r.get("device_count"), r.get("iteration_ms"), r.get("epoch_s"), r.get("job_s"),
          r.get("cost_usd"), None if r.get("energy_j") is None else r["energy_j"] / 3.6e6,
          None if r.get("peak_memory_bytes") is None else r["peak_memory_bytes"] / 2**30, r.get("fits"),
-         r.get("largest_batch_size_that_fits")) + ((r.get("pareto"), r.get("error")) if comparison else ())
+         r.get("largest_batch_size_that_fits"), r.get("pareto"), r.get("error"))
         for r in rows
     ]
     if not comparison:
