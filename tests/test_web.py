@@ -35,7 +35,8 @@ SMALL_CNN = {
 def test_empty_page_has_the_form(client: TestClient) -> None:
     page = client.get("/")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
-    for field in ("graph_id", "hardware_id", "batch_size", "precision", "device_count", "dataset_size", "epochs"):
+    for field in ("graph_id", "hardware_id", "batch_size", "precision", "optimizer", "software_stack", "dims",
+                  "device_count", "dataset_size", "epochs"):
         assert f'name="{field}"' in page.text
     assert 'value="p100"' in page.text
     assert not re.search(r"(src|href)=\"https?://", page.text), "the page must not load anything from outside"
@@ -82,6 +83,56 @@ def test_bad_parameters_are_shown_with_their_code(client: TestClient) -> None:
     assert uneven.status_code == 422 and 'data-code="validation_error"' in uneven.text
     hostile = client.get("/", params={"graph_id": "<script>x</script>", "hardware_id": "p100"})
     assert "<script>x" not in hostile.text
+
+
+def _symbolic_seq_graph(client: TestClient) -> str:
+    """Upload a MatMul over ``(batch, seq, 16)`` (``seq`` bound on upload only) and return its id."""
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 16])
+    w = helper.make_tensor("w", TensorProto.FLOAT, [16, 4], [0.5] * 64)
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    model = helper.make_model(helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g", [x], [y], [w]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    up = client.post("/v1/graphs", content=model.SerializeToString(), params={"dims": "seq=8"},
+                     headers={"content-type": "application/octet-stream"})
+    assert up.status_code == 201, up.text
+    return str(up.json()["id"])
+
+
+def test_the_page_takes_dims_optimizer_and_stack_as_the_api_does(client: TestClient) -> None:
+    """A graph with a symbolic sequence length is costed on the page with ``dims``, and the optimizer and
+    software stack reach the prediction (the page's totals and CSV are the API's for the same fields)."""
+    graph_id = _symbolic_seq_graph(client)
+    base = {"graph_id": graph_id, "hardware_id": "p100", "batch_size": 4}
+    unbound = client.get("/", params=base)
+    assert unbound.status_code == 422 and 'data-code="unbound_dimension"' in unbound.text
+    fields = {"optimizer": "adam", "software_stack": "tf1-session"}
+    page = client.get("/", params={**base, **fields, "dims": "seq=64"})
+    assert page.status_code == 200, page.text
+    api = client.post("/v1/predictions", json={**base, **fields, "dims": {"seq": 64}}).json()
+    assert api["software_stack"] == "tf1-session" and api["optimizer"] == "adam"
+    assert f"{api['iteration']['time_ms']:.4g}" in page.text
+    assert 'value="seq=64"' in page.text and '<option value="adam" selected>' in page.text
+    href = re.search(r'id="csv" href="([^"]+)"', page.text)
+    assert href
+    rows = list(csv.DictReader(io.StringIO(client.get(href.group(1).replace("&amp;", "&")).text)))
+    assert float(rows[0]["total_ms"]) == api["layers"][0]["total_ms"]
+    default = client.post("/v1/predictions", json={**base, "dims": {"seq": 64}}).json()
+    assert default["iteration"]["time_ms"] != api["iteration"]["time_ms"]  # the fields changed the answer
+    bad = client.get("/", params={**base, "dims": "seq"})
+    assert bad.status_code == 422 and 'data-code="invalid_request"' in bad.text and "dims must look like" in bad.text
+
+
+def test_an_unknown_query_parameter_is_refused_not_ignored(client: TestClient) -> None:
+    graph = client.post("/v1/graphs", json=SMALL_CNN).json()
+    params = {"graph_id": graph["id"], "hardware_id": "p100", "batch_size": 4, "precison": "bf16"}
+    page = client.get("/", params=params)
+    assert page.status_code == 422 and 'data-code="invalid_request"' in page.text and "precison" in page.text
+    for path in ("/ui/layers.csv", "/ui/comparison.csv"):
+        r = client.get(path, params={**params, "dataset_size": 8, "epochs": 1})
+        assert r.status_code == 422, (path, r.text)
+        assert r.json()["error"]["code"] == "invalid_request" and r.json()["error"]["detail"]["unknown"] == ["precison"]
 
 
 @pytest.mark.parametrize(("field", "typed", "says"), [

@@ -10,11 +10,12 @@ import csv
 import io
 import math
 from html import escape
-from typing import Any
+from typing import Any, get_args
 
+from app.core.vocab import SoftwareStack
 from app.estimates.schemas import ComparisonRead, ComparisonRow
 from app.hardware.schemas import HardwareRead
-from app.predictions.schemas import LayerPrediction, PredictionRead
+from app.predictions.schemas import LayerPrediction, Optimizer, PredictionRead
 
 #: Layers shown in the bar chart (the slowest ones; the CSV has every layer).
 MAX_BARS = 40
@@ -45,6 +46,12 @@ def _select(name: str, options: list[tuple[str, str]], selected: str | None) -> 
     return f'<label>{escape(name)}<select name="{escape(name)}" id="{escape(name)}">{items}</select></label>'
 
 
+def _text(name: str, value: Any, *, placeholder: str) -> str:
+    shown = "" if value is None else escape(str(value))
+    return (f'<label>{escape(name)}<input type="text" name="{escape(name)}" id="{escape(name)}" value="{shown}" '
+            f'placeholder="{escape(placeholder)}"></label>')
+
+
 def _number(name: str, value: Any, *, step: str = "1") -> str:
     shown = "" if value is None else escape(str(value))
     return (f'<label>{escape(name)}<input type="number" min="1" step="{step}" name="{escape(name)}" '
@@ -63,6 +70,9 @@ def form(graphs: list[tuple[str, str]], hardware: list[HardwareRead], query: dic
         + _select("hardware_id", [(h.id, f"{h.id} ({h.name})") for h in hardware], query.get("hardware_id"))
         + _select("mode", [("training", "training"), ("inference", "inference")], query.get("mode"))
         + _select("precision", [(p, p) for p in precisions], query.get("precision"))
+        + _select("optimizer", [(o, o) for o in get_args(Optimizer)], query.get("optimizer"))
+        + _select("software_stack", [(s.value, s.value) for s in SoftwareStack], query.get("software_stack"))
+        + _text("dims", query.get("dims"), placeholder="seq=128")
         + _number("batch_size", query.get("batch_size"))
         + _number("device_count", query.get("device_count"))
         + _number("dataset_size", query.get("dataset_size"))

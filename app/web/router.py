@@ -10,7 +10,9 @@ page with its problem code (and the response carries the matching 4xx status).
 from __future__ import annotations
 
 from collections.abc import Callable
+from html import escape
 from typing import Annotated, Any
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -18,7 +20,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from pydantic import Field, ValidationError
 
 from app.deps import PredictorDep, SessionDep, SettingsDep
-from app.errors import LayercastError, clean_validation_errors, validation_message
+from app.errors import InvalidRequest, LayercastError, clean_validation_errors, validation_message
 from app.estimates import service as estimates
 from app.estimates.schemas import ComparisonCreate, ComparisonRead
 from app.graphs import router as graphs_router
@@ -33,18 +35,52 @@ from app.web import render
 router = APIRouter(tags=["web"], include_in_schema=False)
 
 
+#: The query parameters of the page and its CSV downloads: the fields of ``POST /v1/predictions`` that the page
+#: offers (``dims`` as ``name=value,...`` text, as ``GET /v1/graphs/{id}/layers`` takes it) plus the job's
+#: ``dataset_size`` and ``epochs``. Any other name (a typo such as ``precison``) is refused, never ignored.
+PAGE_PARAMETERS: frozenset[str] = frozenset({
+    "graph_id", "hardware_id", "batch_size", "mode", "precision", "optimizer", "software_stack", "dims",
+    "device_count", "dataset_size", "epochs"})
+
+
+def _refuse_unknown(request: Request, allowed: frozenset[str] = PAGE_PARAMETERS) -> None:
+    """Raises :class:`InvalidRequest` (422 ``invalid_request``, ``detail.unknown``) when the query string has
+    a parameter the page does not take."""
+    unknown = sorted(set(request.query_params) - allowed)
+    if unknown:
+        raise InvalidRequest(
+            f"unknown query parameter(s) {', '.join(repr(u) for u in unknown)}; the page takes "
+            f"{', '.join(sorted(allowed))}", detail={"unknown": unknown})
+
+
 def _query(
     graph_id: str | None, hardware_id: str | None, batch_size: int, mode: str, precision: str, device_count: int,
-    dataset_size: int | None, epochs: float | None,
+    dataset_size: int | None, epochs: float | None, *, optimizer: str = "sgd",
+    software_stack: str = "pytorch-eager", dims: str | None = None,
 ) -> dict[str, Any]:
+    """The page's request as the API's fields; ``dims`` stays the typed ``name=value,...`` text (parsed by
+    :func:`_api_fields`)."""
     return {"graph_id": graph_id or None, "hardware_id": hardware_id or None, "batch_size": batch_size, "mode": mode,
-            "precision": precision, "device_count": device_count, "dataset_size": dataset_size, "epochs": epochs}
+            "precision": precision, "optimizer": optimizer, "software_stack": software_stack, "dims": dims or None,
+            "device_count": device_count, "dataset_size": dataset_size, "epochs": epochs}
+
+
+def _api_fields(query: dict[str, Any]) -> dict[str, Any]:
+    """``query`` without its unset fields, ``dims`` parsed (raises :class:`LayercastError` 422 for bad text)."""
+    fields = {k: v for k, v in query.items() if v is not None}
+    if "dims" in fields:
+        fields["dims"] = graphs_router.parse_dims(fields["dims"])
+    return fields
+
+
+def _link_params(query: dict[str, Any]) -> str:
+    """``query``'s set fields as a URL query string (for the CSV links; HTML-escape it in an attribute)."""
+    return urlencode({k: v for k, v in query.items() if v is not None})
 
 
 def _predict(session: Any, predictor: Any, query: dict[str, Any]) -> PredictionRead:
     """Raises :class:`LayercastError` or ``ValidationError`` for a bad request."""
-    fields = {k: v for k, v in query.items() if v is not None}
-    prediction = predictions.predict(session, predictor, request=PredictionCreate.model_validate(fields))
+    prediction = predictions.predict(session, predictor, request=PredictionCreate.model_validate(_api_fields(query)))
     record_prediction(predictor_version=prediction.predictor_version, methods=prediction.methods)
     return prediction
 
@@ -52,9 +88,11 @@ def _predict(session: Any, predictor: Any, query: dict[str, Any]) -> PredictionR
 def _compare(session: Any, predictor: Any, query: dict[str, Any]) -> ComparisonRead:
     """The whole catalog's comparison of the page's job at its device count (``POST /v1/comparisons``).
     Raises :class:`LayercastError` or ``ValidationError`` (e.g. without ``dataset_size`` or ``epochs``)."""
+    fields = _api_fields(query)
     request = ComparisonCreate.model_validate({
         "graph_id": query["graph_id"], "batch_size": query["batch_size"], "dataset_size": query["dataset_size"],
         "epochs": query["epochs"], "mode": query["mode"], "precision": query["precision"],
+        "optimizer": query["optimizer"], "software_stack": query["software_stack"], "dims": fields.get("dims", {}),
         "device_counts": [query["device_count"]]})
     answer = estimates.compare(session, predictor, request=request)
     record_prediction(predictor_version=answer.predictor_version, methods={}, count=len(answer.rows))
@@ -97,17 +135,23 @@ def _page_numbers(typed: dict[str, str | None]) -> tuple[dict[str, Any], tuple[i
 
 @router.get("/", response_class=HTMLResponse)
 def index(
-    session: SessionDep, predictor: PredictorDep, graph_id: str | None = None, hardware_id: str | None = None,
-    batch_size: str | None = None, mode: str = "training", precision: str = "fp32", device_count: str | None = None,
-    dataset_size: str | None = None, epochs: str | None = None,
+    request: Request, session: SessionDep, predictor: PredictorDep, graph_id: str | None = None,
+    hardware_id: str | None = None, batch_size: str | None = None, mode: str = "training", precision: str = "fp32",
+    optimizer: str = "sgd", software_stack: str = "pytorch-eager", dims: str | None = None,
+    device_count: str | None = None, dataset_size: str | None = None, epochs: str | None = None,
 ) -> HTMLResponse:
     """The page; with ``graph_id`` and ``hardware_id`` it also shows the prediction. The number fields come
     as text and are parsed here (:func:`_page_numbers`), so that a bad one is the page's message, not the
-    API's JSON problem document."""
+    API's JSON problem document; an unknown query parameter is the page's 422 ``invalid_request``."""
     numbers, problem = _page_numbers({"batch_size": batch_size, "device_count": device_count,
                                       "dataset_size": dataset_size, "epochs": epochs})
     query = _query(graph_id, hardware_id, numbers["batch_size"], mode, precision, numbers["device_count"],
-                   numbers["dataset_size"], numbers["epochs"])
+                   numbers["dataset_size"], numbers["epochs"], optimizer=optimizer, software_stack=software_stack,
+                   dims=dims)
+    try:
+        _refuse_unknown(request)
+    except InvalidRequest as exc:
+        problem = problem or _problem(exc)
     rows, _count = graphs.list_graphs(session, limit=200)
     catalog = hardware_service.list_hardware(session).items
     query["hardware_id"] = query["hardware_id"] or (catalog[0].id if catalog else None)
@@ -124,7 +168,7 @@ def index(
             body += render.error(code, message)
         else:
             device = next(h for h in catalog if h.id == prediction.hardware_id)
-            params = "&".join(f"{k}={v}" for k, v in query.items() if v is not None)
+            params = escape(_link_params(query))
             body += (render.totals(prediction) + f'<p><a id="csv" href="/ui/layers.csv?{params}">layers as CSV</a></p>'
                      + render.layer_bars(prediction.layers)
                      + render.roofline(prediction.layers, device, prediction.precision.value,
@@ -159,23 +203,31 @@ def _csv(build: Callable[[], str], filename: str) -> Response:
 
 @router.get("/ui/layers.csv")
 def layers_csv(
-    session: SessionDep, predictor: PredictorDep, graph_id: str, hardware_id: str, batch_size: Int = 32,
-    mode: str = "training", precision: str = "fp32", device_count: Int = 1,
+    request: Request, session: SessionDep, predictor: PredictorDep, graph_id: str, hardware_id: str,
+    batch_size: Int = 32, mode: str = "training", precision: str = "fp32", optimizer: str = "sgd",
+    software_stack: str = "pytorch-eager", dims: str | None = None, device_count: Int = 1,
     dataset_size: Annotated[int | None, Query(ge=1)] = None, epochs: Annotated[float | None, Query(gt=0)] = None,
 ) -> Response:
-    """The per-layer table of the page's prediction as CSV (errors: the API's problem documents)."""
-    query = _query(graph_id, hardware_id, batch_size, mode, precision, device_count, dataset_size, epochs)
+    """The per-layer table of the page's prediction as CSV (errors: the API's problem documents; an unknown
+    query parameter is a 422 ``invalid_request``)."""
+    _refuse_unknown(request)
+    query = _query(graph_id, hardware_id, batch_size, mode, precision, device_count, dataset_size, epochs,
+                   optimizer=optimizer, software_stack=software_stack, dims=dims)
     return _csv(lambda: render.layers_csv(_predict(session, predictor, query)), "layers.csv")
 
 
 @router.get("/ui/comparison.csv")
 def comparison_csv(
-    session: SessionDep, predictor: PredictorDep, graph_id: str, dataset_size: Annotated[int, Query(ge=1)],
-    epochs: Annotated[float, Query(gt=0)], hardware_id: str | None = None, batch_size: Int = 32,
-    mode: str = "training", precision: str = "fp32", device_count: Int = 1,
+    request: Request, session: SessionDep, predictor: PredictorDep, graph_id: str,
+    dataset_size: Annotated[int, Query(ge=1)], epochs: Annotated[float, Query(gt=0)], hardware_id: str | None = None,
+    batch_size: Int = 32, mode: str = "training", precision: str = "fp32", optimizer: str = "sgd",
+    software_stack: str = "pytorch-eager", dims: str | None = None, device_count: Int = 1,
 ) -> Response:
-    """The page's hardware comparison as CSV, one row per device (errors: the API's problem documents)."""
-    query = _query(graph_id, hardware_id, batch_size, mode, precision, device_count, dataset_size, epochs)
+    """The page's hardware comparison as CSV, one row per device (errors: the API's problem documents; an
+    unknown query parameter is a 422 ``invalid_request``)."""
+    _refuse_unknown(request)
+    query = _query(graph_id, hardware_id, batch_size, mode, precision, device_count, dataset_size, epochs,
+                   optimizer=optimizer, software_stack=software_stack, dims=dims)
     return _csv(lambda: render.comparison_csv(_compare(session, predictor, query)), "comparison.csv")
 
 
