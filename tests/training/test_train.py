@@ -194,3 +194,97 @@ def test_weights_without_the_latency_term_load_and_keep_their_prior(tmp_path) ->
     again = load_weights(path, feature_names=MODEL_FEATURES, hidden=8, depth=1).gpu_head.members[0]
     with torch.no_grad():
         assert again.cycle_cols and torch.allclose(again(x), new(x))
+
+
+def _zero_correction(m):  # type: ignore[no-untyped-def]
+    """The MLP's last layer at 0: its correction (and the quantile offsets' inputs) vanish."""
+    with torch.no_grad():
+        m.mlp[-1].weight.zero_()
+        m.mlp[-1].bias.zero_()
+    return m
+
+
+def test_without_a_correction_the_p50_is_the_priors_time_not_the_floor_plus_it() -> None:
+    """v6: p50 = ln(prior time) when the MLP says 0 (a gather at 8 cycles per element over 1e9 elements on
+    100 SMs x 1 GHz is 80 ms over a 1 ms floor: 80 ms, not 81 ms). The CPU head's form (``prior_as_time``
+    False, weights before v6) is the floor plus it."""
+    from app.training.train import LATENCY_KINDS, LayerTimeNet
+
+    f = len(MODEL_FEATURES)
+    x = torch.tensor(_prior_rows("is_embedding", 100, 1000))
+    new = _zero_correction(LayerTimeNet(np.zeros(f), np.ones(f), hidden=8, depth=1))
+    old = _zero_correction(LayerTimeNet(np.zeros(f), np.ones(f), hidden=8, depth=1, prior_as_time=False))
+    with torch.no_grad():
+        prior_ms = np.exp(new.prior(x).numpy())  # floor 1 ms, so the prior's ratio is its time in ms
+        p_new, p_old = (np.exp(m(x)[:, 1].numpy()) for m in (new, old))
+    assert prior_ms == pytest.approx(LATENCY_KINDS["is_embedding"] * 10, rel=0.05)
+    assert p_new == pytest.approx(prior_ms, rel=1e-5)
+    assert p_old == pytest.approx(prior_ms + 1.0, rel=1e-5)
+    for kind in ("is_elementwise", "is_norm"):  # every latency kind, not the gather only
+        xk = torch.tensor(_prior_rows(kind, 100, 1000))
+        with torch.no_grad():
+            assert np.exp(new(xk)[:, 1].numpy()) == pytest.approx(np.exp(new.prior(xk).numpy()), rel=1e-5), kind
+            assert np.exp(old(xk)[:, 1].numpy()) == pytest.approx(np.exp(old.prior(xk).numpy()) + 1.0, rel=1e-5)
+
+
+def test_gemm_and_conv_rows_keep_the_floor_plus_prior_form() -> None:
+    """Only :data:`LATENCY_KINDS` rows get the prior-as-time form: a GEMM or conv row's p50 is still the
+    1 ms floor plus the prior's time (the new form there put ResNet-50 training out of its published band),
+    the same with ``prior_as_time`` on or off, and never below the floor."""
+    from app.training.train import LayerTimeNet
+
+    f = len(MODEL_FEATURES)
+    new = _zero_correction(LayerTimeNet(np.zeros(f), np.ones(f), hidden=8, depth=1))
+    old = _zero_correction(LayerTimeNet(np.zeros(f), np.ones(f), hidden=8, depth=1, prior_as_time=False))
+    for kind in ("is_gemm", "is_conv"):
+        x = torch.tensor(_prior_rows(kind, 100, 1000))
+        with torch.no_grad():
+            prior_ms = np.exp(new.prior(x).numpy())
+            p_new = np.exp(new(x)[:, 1].numpy())
+            assert p_new == pytest.approx(prior_ms + 1.0, rel=1e-5), kind
+            assert torch.allclose(new(x), old(x)), kind
+            assert (new(x)[:, 1] >= x[:, MODEL_FEATURES.index("log_floor_ms")]).all()
+
+
+def test_prior_epochs_fit_the_latency_constants_before_the_mlp() -> None:
+    """Gathers timed at exactly 2 cycles per element (the prior's own form, 1e8-1e9 elements on 100 SMs x
+    1 GHz over a 1 ms floor): the prior-only epochs move the gather's cycles from their start (8) to ~2 and
+    leave the MLP and the other constants (GEMM efficiency) untouched, so p50 is the measured time."""
+    from app.training.train import LATENCY_KINDS, PRIOR_FIT_PARAMS, LayerTimeNet
+
+    f = len(MODEL_FEATURES)
+    rng = np.random.default_rng(0)
+    x = np.repeat(_prior_rows("is_embedding", 100, 1000, n=1), 2048, axis=0)
+    x[:, MODEL_FEATURES.index("log_out_elems")] = np.log(rng.uniform(1e8, 1e9, len(x)))
+    truth = LayerTimeNet(np.zeros(f), np.ones(f), hidden=8, depth=1)
+    with torch.no_grad():
+        truth.ln_cycles[0] = math.log(2.0)
+        y = truth.prior(torch.tensor(x)).numpy().astype(np.float64)  # ln(time / floor), floor 1 ms: ln ms
+    warm = train_model(x, y, epochs=0, prior_epochs=20, seed=0, hidden=8, depth=1, batch_size=256, log=lambda s: None)
+    assert set(PRIOR_FIT_PARAMS) <= {n for n, _ in warm.named_parameters()}
+    assert math.exp(warm.ln_cycles[0].item()) == pytest.approx(2.0, rel=0.05)
+    assert LATENCY_KINDS["is_embedding"] == 8.0
+    torch.manual_seed(0)
+    fresh = LayerTimeNet(np.zeros(f), np.ones(f), hidden=8, depth=1)
+    for (name, a), b in zip(warm.named_parameters(), fresh.parameters(), strict=True):
+        if name not in PRIOR_FIT_PARAMS:
+            assert torch.equal(a, b), name  # same seed, same init: the MLP and the other constants did not move
+    assert np.exp(predict(warm, x[:8])[:, 1] - y[:8]) == pytest.approx(1.0, rel=0.05)
+
+
+def test_weights_saved_before_v6_load_with_the_floor_plus_prior_form(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """An ``.npz`` without the ``prior_as_time`` buffer (layer-time-mlp-5 and older) keeps its function."""
+    from app.training.train import Ensemble, KindHeads, LayerTimeNet, load_weights, save_weights
+
+    f = len(MODEL_FEATURES)
+    old = LayerTimeNet(np.zeros(f), np.ones(f), hidden=8, depth=1, prior_as_time=False)
+    path = tmp_path / "w.npz"
+    save_weights(KindHeads(Ensemble([old]), None), path)
+    with np.load(path) as z:
+        arrays = {k: z[k] for k in z.files if not k.endswith("prior_as_time")}
+    assert len(arrays) < len(np.load(path).files)
+    np.savez(path, **arrays)  # type: ignore[arg-type]
+    loaded = load_weights(path, feature_names=MODEL_FEATURES, hidden=8, depth=1).gpu_head.members[0]
+    x = torch.tensor(_prior_rows("is_embedding", 100, 1000))
+    with torch.no_grad():
+        assert float(loaded.prior_as_time) == 0.0 and torch.allclose(loaded(x), old(x))
