@@ -97,7 +97,7 @@ VARIANTS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     "device_blind": (DEVICE_BLIND_FEATURES, {**_ONE, "balance": "source"}),
     "per_sm_cycle": (PER_SM_CYCLE_FEATURES, {**_ONE, "balance": "source"}),
     "per_sm_cycle_keep_sms": ((*PER_SM_CYCLE_FEATURES, "hw_log_compute_units"), {**_ONE, "balance": "source"}),
-    # the shipped recipe (layer-time-mlp-4 to -6; -6 adds DEFAULTS["prior_epochs"]): one member per feature set
+    # the shipped recipe (layer-time-mlp-4 and -5): one member per feature set, averaged in ln ms (train.Ensemble)
     "mixed_ensemble": (MODEL_FEATURES, {"balance": "source", "member_features": MEMBER_FEATURES}),
 }
 

@@ -165,10 +165,8 @@ def logo_block(
     and each fold's interval factor comes from the other kept folds."""
     from app.training.train import DEFAULTS, conformal_factor, is_cpu_rows, leave_one_gpu_out
 
-    # an artifact whose recipe names no member_features (v3 and older) had every member read every feature, one
-    # without prior_epochs (v5 and older) fitted its prior jointly with the MLP from the start
-    recipe = {**DEFAULTS, "member_features": None, "prior_epochs": 0, **meta.get("model", {}).get("recipe", {}),
-              **(recipe_override or {})}  # fmt: skip
+    # an artifact whose recipe names no member_features (v3 and older) had every member read every feature
+    recipe = {**DEFAULTS, "member_features": None, **meta.get("model", {}).get("recipe", {}), **(recipe_override or {})}
     recipe["feature_names"] = tuple(meta["feature_names"])
     folds = leave_one_gpu_out(tr, va, te, recipe=recipe, seed=seed, groups=groups, log=log)
     gtr = tr.subset(~is_cpu_rows(tr))

@@ -19,10 +19,7 @@
    learned per-launch overhead per software stack (PyTorch eager, TF1 session, kernel time), pass and
    hardware kind (added, or for kernel time overlapped: :data:`KERNEL_TIME_OVERHEAD_P`), plus, for gathers,
    element-wise ops and norms (:data:`LATENCY_KINDS`), a term in work (elements or FLOPs) per SM cycle. So no
-   prediction, and no p10, is ever below the physics floor. GPU head (v6): on :data:`TIME_FORM_KINDS` rows
-   (the embedding gather) the prior is the time itself when the MLP's correction is 0 (``softplus(prior +
-   ln(1 - e^-prior) + MLP)``: the correction scales the time above the floor, not the prior on top of the
-   floor), and that kind's cycles constant is fitted alone for ``prior_epochs`` epochs before the joint fit.
+   prediction, and no p10, is ever below the physics floor.
 4. **leave-one-GPU-out** (:func:`leave_one_gpu_out`): one fold per GPU chip (catalog ``architecture``: all
    A100 variants are one fold), the recipe retrained without any of its rows; the held-out chip's
    validation rows give the conformal factor of the GPU interval (:func:`conformal_factor`): the shipped
@@ -220,29 +217,7 @@ DEFAULTS: dict[str, Any] = {
     "member_features": MEMBER_FEATURES,  # GPU head: member k reads member_features[k % len]; None: all the same
     "logo_epochs": 20,  # epochs per leave-one-GPU-out fold
     "balance": "source",  # loss_weights: every source the same share ("source_family": families by sqrt(rows))
-    "prior_epochs": 5,  # GPU head: epochs fitting TIME_FORM_KINDS' cycles alone before the joint fit (train_model)
 }
-
-#: Latency kinds whose p50 is the prior's time (``floor + (prior time - floor) x e^MLP``, :class:`LayerTimeNet`
-#: with ``prior_as_time``) and whose cycles constant the prior-only epochs of :func:`train_model` fit: the
-#: embedding gather only. Its index work and DRAM traffic overlap (:data:`LATENCY_OVERLAP_P` 4), so its prior
-#: already is its whole time and v5's ``floor + prior x e^MLP`` counted the floor twice (Vidur embedding 38 %
-#: leave-one-GPU-out in v5). The form on element-wise ops and norms too moved held-out M60 (Justus, TF1) from
-#: 16.7 to 20.6 % (models/README.md, v6), so they keep v5's form.
-TIME_FORM_KINDS: tuple[str, ...] = ("is_embedding",)
-
-#: Adam learning rate of the prior-only epochs of :func:`train_model` (``prior_epochs``): ln constants, each
-#: O(1) from its start, so 10x the joint fit's rate moves them there within a few hundred steps.
-PRIOR_LR = 0.03
-#: The prior's constant those epochs fit (a :class:`LayerTimeNet` parameter name), only its
-#: :data:`TIME_FORM_KINDS` entries: the cycles per unit of work and SM, which carry the gather's hardware
-#: dependence from one GPU to another (Vidur's ops are measured on two GPUs only). Not the memory efficiency
-#: (``ln_ineff_mem``), shared with element-wise ops and norms: with the MLP at 0 their v5 form is ``floor +
-#: prior time``, so fitting it there asks the prior for the time minus one floor (an add at 90 % of the
-#: bandwidth: floor / efficiency = 0.11 floor, efficiency 9), not a physical efficiency; nor their cycles,
-#: for the same reason. Fitting every constant (GEMM efficiency, per-stack overheads too) moved held-out
-#: 1080 Ti (Justus) from 23 to 27-31 % on the quick loop (models/README.md, v6).
-PRIOR_FIT_PARAMS: tuple[str, ...] = ("ln_cycles",)
 
 #: CPU head: ~10k rows, so smaller batches and more epochs than the GPU head.
 CPU_HEAD: dict[str, Any] = {"epochs": 50, "batch_size": 256}
@@ -252,17 +227,8 @@ class LayerTimeNet(nn.Module):
     """Efficiency-over-floor quantile MLP; input features ``[N, F]`` (``feature_names`` columns), output ln ms
     ``[N, 3]`` at p10/p50/p90, every column ``>= log_floor_ms`` (the physics floor).
 
-    Rows of :data:`TIME_FORM_KINDS` (the embedding gather; ``time_form_cols``) with
-    ``prior_as_time`` (the GPU head from v6): ``p50 = log_floor_ms + softplus(prior + ln(1 - e^-prior) +
-    mlp_1)``, ``prior = logaddexp(ln(1/eff), ln overhead_ms − log_floor_ms)``: without a correction
-    (``mlp_1 = 0``) p50 is the prior's time itself, ``floor + (prior time - floor) x e^mlp_1`` with one, so the
-    correction scales the time above the floor and no prediction is below it. Every other row, and every row
-    with ``prior_as_time`` False (the CPU head, weights saved before v6): ``p50 = log_floor_ms + softplus(prior
-    + mlp_1)``, i.e. ``floor + prior time x e^mlp_1``: for the gather the floor counted twice, which its
-    correction can only undo per GPU; for GEMM / conv rows the new form put ResNet-50 training 3-14 % faster
-    and A100 fp16 out of the published band, for element-wise ops and norms held-out M60 (Justus) 4 points
-    worse (models/README.md, v6). The prior's time
-    is the floor at a learned efficiency plus a learned per-launch overhead, whose log has one
+    ``p50 = log_floor_ms + softplus(prior + mlp_1)``, ``prior = logaddexp(ln(1/eff), ln overhead_ms − log_floor_ms)``:
+    the time is the floor at a learned efficiency plus a learned per-launch overhead, whose log has one
     offset per non-default software stack column present (``stack_tf1_session``, ``stack_kernel_time``),
     for a training step (``is_train``) and for CPUs (``is_cpu``). With ``latency_prior`` (the default; off
     for weights saved without it) rows of :data:`LATENCY_KINDS` add ``cycles_kind x work / (SMs x clock)``
@@ -283,7 +249,6 @@ class LayerTimeNet(nn.Module):
     std: torch.Tensor
     q_scale: torch.Tensor
     input_mask: torch.Tensor
-    prior_as_time: torch.Tensor
     overlap_p: torch.Tensor
 
     def __init__(
@@ -297,7 +262,6 @@ class LayerTimeNet(nn.Module):
         active: Sequence[str] | None = None,
         latency_prior: bool = True,
         latency_kinds: Sequence[str] | None = None,
-        prior_as_time: bool = True,
     ) -> None:
         super().__init__()
         names = list(feature_names)
@@ -313,7 +277,6 @@ class LayerTimeNet(nn.Module):
         self.register_buffer("q_scale", torch.ones(2, 2, dtype=torch.float32))
         keep = set(names if active is None else active)
         self.register_buffer("input_mask", torch.tensor([float(n in keep) for n in names], dtype=torch.float32))
-        self.register_buffer("prior_as_time", torch.tensor(float(prior_as_time)))
         self.floor_i = names.index("log_floor_ms")
         self.train_i = names.index("is_train")
         self.cpu_i = names.index("is_cpu") if "is_cpu" in names else -1
@@ -328,10 +291,6 @@ class LayerTimeNet(nn.Module):
         self.latency_kinds = tuple(covered) if have else ()
         self.latency_cols = [names.index(c) for c in ("hw_log_compute_units", "hw_log_clock_mhz")] if have else []
         self.cycle_cols = [names.index(k) for k in self.latency_kinds]
-        #: one-hot columns of the rows whose p50 is the prior's time (``prior_as_time``): TIME_FORM_KINDS
-        self.time_form_cols = [names.index(k) for k in TIME_FORM_KINDS if k in names]
-        #: 1 on the ln_cycles entries the prior-only epochs fit (TIME_FORM_KINDS), 0 elsewhere
-        self.prior_fit_mask = torch.tensor([float(k in TIME_FORM_KINDS) for k in self.latency_kinds])
         self.work_cols = [names.index(LATENCY_WORK[k]) for k in self.latency_kinds]
         layers: list[nn.Module] = []
         width = len(names)
@@ -359,8 +318,6 @@ class LayerTimeNet(nn.Module):
         self.cpu_ln_ovh_train = nn.Parameter(torch.tensor(0.0))
         #: mean training loss of each epoch of :func:`train_model` (the loss curve; not saved with the weights)
         self.loss_history: list[float] = []
-        #: False while :func:`train_model` fits the prior alone (``prior_epochs``): the MLP's output is 0
-        self.mlp_on = True
 
     def _is_cpu(self, x: torch.Tensor) -> torch.Tensor:
         return x[:, self.cpu_i] if self.cpu_i >= 0 else torch.zeros_like(x[:, 0])
@@ -406,14 +363,9 @@ class LayerTimeNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         z = (x - self.mean) / self.std * self.input_mask
-        out = self.mlp(z) if self.mlp_on else torch.zeros(x.shape[0], 3, dtype=x.dtype)
+        out = self.mlp(z)
         floor = x[:, self.floor_i]
-        pr = self.prior(x)
-        # prior as the time itself on TIME_FORM_KINDS rows: softplus(pr + ln(1 - e^-pr)) = pr, so with no MLP
-        # correction p50 = the prior; other rows (GEMM, conv, add, norm, ...) keep floor + prior x e^MLP (v6)
-        as_time = self.prior_as_time * x[:, self.time_form_cols].sum(dim=1) if self.time_form_cols else 0.0
-        pr = pr + as_time * torch.log(1.0 - torch.exp(-torch.clamp(pr, min=1e-3)))
-        p50 = floor + nn.functional.softplus(pr + out[:, 1])
+        p50 = floor + nn.functional.softplus(self.prior(x) + out[:, 1])
         cpu = self._is_cpu(x)
         s_lo = self.q_scale[0, 0] + cpu * (self.q_scale[1, 0] - self.q_scale[0, 0])
         s_hi = self.q_scale[0, 1] + cpu * (self.q_scale[1, 1] - self.q_scale[0, 1])
@@ -509,22 +461,12 @@ def train_model(
     weight_decay: float = 1e-5,
     init: LayerTimeNet | None = None,
     active: Sequence[str] | None = None,
-    prior_as_time: bool = True,
-    prior_epochs: int = 0,
-    prior_lr: float = PRIOR_LR,
     log: Callable[[str], None] = print,
 ) -> LayerTimeNet:
     """Train a :class:`LayerTimeNet` on features ``x`` ``[N, F]`` (``feature_names`` columns) and ln ms
     targets ``y`` ``[N]`` (pinball loss, optional per-row ``weights``). ``init`` starts from a copy of an
     existing model (its normalisation and input mask kept: fine-tuning); ``active`` is the subset of
-    ``feature_names`` the MLP reads and ``prior_as_time`` the p50 form (:class:`LayerTimeNet`). With
-    ``prior_epochs`` > 0 (and a :data:`TIME_FORM_KINDS` latency term) the prior's :data:`PRIOR_FIT_PARAMS`
-    entries of those kinds are first fitted alone, the MLP's output held at 0 and every other parameter (the
-    other kinds' cycles too) fixed, for that many epochs at Adam rate ``prior_lr``;
-    then everything is fitted jointly (``epochs``, one-cycle schedule; 0: none). Without it the MLP's
-    last-layer bias absorbs a wrong start (the gather's 8 cycles per element stayed at 7.7 over a 10-epoch
-    fit, 4x the measured ~2, models/README.md v6), and that correction then moves with the features the MLP
-    reads instead of the prior's SM-cycle structure."""
+    ``feature_names`` the MLP reads (:class:`LayerTimeNet`)."""
     torch.manual_seed(seed)
     if init is not None:
         model = LayerTimeNet(
@@ -540,32 +482,14 @@ def train_model(
         mean = x64.mean(axis=0)
         std = x64.std(axis=0)
         std = np.where(std > 1e-3, std, 1.0)
-        model = LayerTimeNet(mean, std, feature_names=feature_names, hidden=hidden, depth=depth, active=active,
-                             prior_as_time=prior_as_time)  # fmt: skip
+        model = LayerTimeNet(mean, std, feature_names=feature_names, hidden=hidden, depth=depth, active=active)
     xt = torch.tensor(x, dtype=torch.float32)
     yt = torch.tensor(y, dtype=torch.float32)
     wt = None if weights is None else torch.tensor(weights, dtype=torch.float32)
-    steps_per_epoch = max(1, math.ceil(len(y) / batch_size))
-    gen = torch.Generator().manual_seed(seed)
-    if prior_epochs > 0 and bool(model.prior_fit_mask.any()):  # the gather's constant first: the MLP corrects
-        model.mlp_on = False  # its residual
-        prior_params = [p for n, p in model.named_parameters() if n in PRIOR_FIT_PARAMS]
-        # other kinds' entries get no gradient, so Adam leaves them where they are (its update is 0 for them)
-        hooks = [p.register_hook(lambda g: g * model.prior_fit_mask) for p in prior_params]
-        popt = torch.optim.Adam(prior_params, lr=prior_lr)
-        for _ in range(prior_epochs):
-            perm = torch.randperm(len(y), generator=gen)
-            for i in range(steps_per_epoch):
-                idx = perm[i * batch_size : (i + 1) * batch_size]
-                loss = pinball(model(xt[idx]), yt[idx], None if wt is None else wt[idx])
-                popt.zero_grad(set_to_none=True)
-                loss.backward()
-                popt.step()
-        for h in hooks:
-            h.remove()
-        model.mlp_on = True
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=max(1, epochs * steps_per_epoch))
+    steps_per_epoch = max(1, math.ceil(len(y) / batch_size))
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=epochs * steps_per_epoch)
+    gen = torch.Generator().manual_seed(seed)
     model.train()
     epochs_bar = bar(range(epochs), desc=f"train (seed {seed})", unit="epoch", leave=False)
     for epoch in epochs_bar:
@@ -805,7 +729,6 @@ def fit_recipe(
             feature_names=names, weights=loss_weights(t, str(r.get("balance", "source"))), epochs=int(r["epochs"]),
             hidden=int(r["hidden"]), depth=int(r["depth"]), batch_size=int(r["batch_size"]), lr=float(r["lr"]),
             weight_decay=float(r["weight_decay"]), member_features=None if cpu else r.get("member_features"),
-            prior_as_time=not cpu, prior_epochs=0 if cpu else int(r.get("prior_epochs", 0)),
         )  # fmt: skip
         if len(v):
             scales[kind] = calibrate(heads[kind], model_inputs(v, names), np.log(v.time_ms), is_cpu_rows(v))[kind]
@@ -952,7 +875,6 @@ def load_weights(path: Path, *, feature_names: Sequence[str], hidden: int, depth
                              depth=depth, latency_prior="ln_cycles" in sd,
                              latency_kinds=tuple(LATENCY_KINDS)[: len(sd["ln_cycles"])] if "ln_cycles" in sd else None)  # fmt: skip  # noqa: E501
             sd.setdefault("input_mask", m.input_mask)  # artifacts before the input mask: every feature read
-            sd.setdefault("prior_as_time", torch.tensor(0.0))  # artifacts up to v5: the floor plus the prior
             m.load_state_dict(sd)
             m.eval()
             members.append(m)
