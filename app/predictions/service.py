@@ -416,7 +416,11 @@ def memo_footprint(bound: graphs.BoundGraph, mem_opts: dict[str, Any], *, batch_
     """:func:`app.core.memory.footprint` of ``bound``'s analysis with ``mem_opts`` (at ``batch_size``, default
     the binding's), memoised on the cache entry (a pure function of the analysis, the options and the
     device's :func:`~app.core.memory.device_key`); the walk over the layers (its layout) is done once per
-    precision and device kind (:func:`_memo_layout`), not per batch or GPU generation."""
+    precision and device kind (:func:`_memo_layout`), not per batch or GPU generation. The binding's own batch
+    is kept under ``None`` (the same footprint: scale 1.0 either way), so the largest-batch search, which
+    starts there, finds the answer's footprint instead of computing it again."""
+    if batch_size == bound.analysis.graph.batch_size:
+        batch_size = None
     return bound.memo(_memo_key("footprint", mem_opts, batch_size), lambda: footprint(
         bound.analysis, batch_size=batch_size, layout=_memo_layout(bound, mem_opts), **mem_opts))
 
