@@ -201,6 +201,10 @@ class LearnedPredictor:
             x = np.ascontiguousarray(features, dtype=np.float32)
         else:
             raise ValueError(f"features must have {len(FEATURE_NAMES)} or {len(self.feature_names)} columns")
+        return self._run_selected(x)
+
+    def _run_selected(self, x: np.ndarray) -> np.ndarray:
+        """:meth:`run_features` of ``x`` ``[N, len(feature_names)]`` float32 (C order), the artifact's columns."""
         if x.shape[0] == 0:
             return np.zeros((0, 3), dtype=np.float32)
         if self.distinct_rows:
@@ -254,14 +258,13 @@ class LearnedPredictor:
         return tuple(notes)
 
     def _range_notes(
-        self, hw_kind: str, rows: _Rows, idx: np.ndarray, feats: np.ndarray
+        self, hw_kind: str, rows: _Rows, idx: np.ndarray, x: np.ndarray
     ) -> tuple[np.ndarray, list[str | None]]:
-        """Per row ``idx`` (features ``feats`` ``[len(idx), len(FEATURE_NAMES)]``): the note on features outside
+        """Per row ``idx`` (model inputs ``x`` ``[len(idx), len(feature_names)]``): the note on features outside
         the widened training range of its (hardware kind, op kind), or on missing training rows of that op
         kind; ``None`` inside the range. As ``(codes [len(idx)], texts)``: row ``j``'s note is
         ``texts[codes[j]]`` (``texts[0]`` is ``None``; one text per op kind without training rows and per
         distinct set of features out of range). Every row is compared with its kind's range at once."""
-        x = select_features(feats, self.feature_names)
         lo, hi, has = self._kind_ranges(hw_kind, rows)
         codes = np.zeros(len(idx), dtype=np.intp)
         texts: list[str | None] = [None]
@@ -353,7 +356,7 @@ class LearnedPredictor:
                          learned_step=learned_step, forward_floor_ms=floors.forward[idx],
                          backward_floor_ms=floors.backward[idx] if training else np.zeros(len(idx)),
                          step_floor_ms=step_floor, kernel_ms=KERNEL_FLOOR_MS_BY_STACK[s.software_stack],
-                         raw=raw_all, features=features_from_raw(raw_all))
+                         raw=raw_all, selected=select_features(features_from_raw(raw_all), self.feature_names))
 
     def estimate_tables(self, items: Sequence[tuple[LayerTable, np.ndarray, Setting]]) -> list[Estimates]:
         """Estimates of rows ``idx`` of each ``(table, idx, setting)`` (stages: plan and featurise, run,
@@ -362,11 +365,11 @@ class LearnedPredictor:
         preps = [self._prepare(t, idx, s) for t, idx, s in items]
         if not preps:
             return []
-        feats = np.concatenate([p.features for p in preps]) if len(preps) > 1 else preps[0].features
-        out = self.run_features(feats)
+        x = np.concatenate([p.selected for p in preps]) if len(preps) > 1 else preps[0].selected
+        out = self._run_selected(x)
         results, start = [], 0
         for p in preps:
-            stop = start + len(p.features)
+            stop = start + len(p.selected)
             results.append(self._assemble(p, out[start:stop]))
             start = stop
         return results
@@ -397,8 +400,8 @@ class LearnedPredictor:
         prec_note = ([f"precision {str(s.precision)!r} was not measured"]
                      if str(s.precision) not in scope.get("measured_precision", scope.get("precision", ("fp32",)))
                      else [])
-        f_code, f_text = self._range_notes(hw.kind, rows, idx, p.features[0::2] if p.learned_step else p.features)
-        t_code, t_text = (self._range_notes(hw.kind, rows, idx, p.features[1::2]) if p.learned_step
+        f_code, f_text = self._range_notes(hw.kind, rows, idx, p.selected[0::2] if p.learned_step else p.selected)
+        t_code, t_text = (self._range_notes(hw.kind, rows, idx, p.selected[1::2]) if p.learned_step
                           else (f_code, f_text))  # fmt: skip
         columns = (f_code, t_code, (p.table.params[idx] != 0).astype(np.intp) if opt_note is not None
                    else np.zeros(len(idx), dtype=np.intp), rows.layer_note_index[idx], p.transfer.astype(np.intp),
@@ -471,14 +474,14 @@ class LearnedPredictor:
                                 dtype=np.float64)[p.rows.kind_index[idx]]
             upd = self._update(p)
 
-            def backward(forward_ms: np.ndarray) -> np.ndarray:
-                return np.asarray(backward_from_forward_ms(
-                    forward_ms=forward_ms, floor_forward_ms=p.forward_floor_ms, floor_backward_ms=p.backward_floor_ms,
-                    kernels=p.rows.backward_kernels[idx], kernel_ms=k, excess=excess))
-
-            fwd, bwd = f50, backward(f50)
+            # the three quantiles at once (element-wise: the same figures as one call per quantile)
+            bwd_q = np.asarray(backward_from_forward_ms(
+                forward_ms=fwd_q, floor_forward_ms=p.forward_floor_ms[:, None],
+                floor_backward_ms=p.backward_floor_ms[:, None], kernels=p.rows.backward_kernels[idx][:, None],
+                kernel_ms=k, excess=excess[:, None]))
+            fwd, bwd = f50, bwd_q[:, 1]
             # the interval is the forward's (conformal, leave-one-GPU-out) carried through the same ratio
-            p10, p90 = f10 + backward(f10) + upd, f90 + backward(f90) + upd
+            p10, p90 = f10 + bwd_q[:, 0] + upd, f90 + bwd_q[:, 2] + upd
         total = fwd + bwd + upd
         return Estimates(forward_ms=fwd, backward_ms=bwd, update_ms=upd, total_ms_p10=np.minimum(p10, total),
                          total_ms_p90=np.maximum(p90, total), method=["learned"] * n, out_of_distribution=ood,
@@ -678,7 +681,8 @@ class _Prepared:
     training data (``seen``), which rows are predicted at :data:`REFERENCE_PRECISION` and carried over
     (``transfer``), whether a learned train-step row times the step (``learned_step``) or the backward comes
     from the forward, the floors (ms, at the setting's precision) of the forward, backward and train step, the
-    stack's fixed cost per kernel (ms), and the raw and feature rows (forward, train step interleaved)."""
+    stack's fixed cost per kernel (ms), and the raw rows and their model inputs (the artifact's feature columns,
+    float32, C order; forward, train step interleaved)."""
 
     table: LayerTable
     idx: np.ndarray
@@ -692,7 +696,7 @@ class _Prepared:
     step_floor_ms: np.ndarray
     kernel_ms: float
     raw: np.ndarray
-    features: np.ndarray
+    selected: np.ndarray
 
 
 def _cpu_identity(hw: HardwareSpec) -> tuple[str, int, int | None]:

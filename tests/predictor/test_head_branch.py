@@ -44,8 +44,8 @@ def _features(predictor: CompositePredictor, kind: str) -> np.ndarray:
     table = LayerTable([p[0] for p in pairs], [p[1] for p in pairs], reference=devices[0])
     learned = predictor.learned
     rows = predictor._route(table, kind)[0]
-    feats = [learned._prepare(table, rows, Setting(h, "training", "adam", Precision.FP32)).features for h in devices]
-    return onnx_model.select_features(np.concatenate(feats), learned.feature_names)
+    return np.concatenate([learned._prepare(table, rows, Setting(h, "training", "adam", Precision.FP32)).selected
+                           for h in devices])
 
 
 def test_shipped_model_has_a_gpu_branch(predictor: CompositePredictor) -> None:
