@@ -218,6 +218,15 @@ def device_key(hardware: HardwareSpec | None) -> tuple[DeviceRuntime, bool]:
     return runtime_for(hardware), hardware is not None and hardware.kind == "gpu"
 
 
+def footprint_key(hardware: HardwareSpec | None) -> tuple[int, int, int, int, int, bool]:
+    """:func:`device_key` by value: the runtime's numbers (context, workspace, allocator blocks) without the text
+    saying where they come from, and whether the device is a GPU. Footprints read nothing else of the device, so
+    devices with equal keys have equal footprints even when their runtimes are documented apart (a ROCm device
+    and a CUDA one with the same constants): a memo of footprints keyed by it serves both."""
+    r, gpu = device_key(hardware)
+    return r.context_bytes, r.workspace_bytes, r.block_bytes, r.large_block_bytes, r.large_from_bytes, gpu
+
+
 # ------------------------------------------------------------------------------------------ tensor model
 @dataclass(slots=True)
 class _Plan:
