@@ -218,6 +218,15 @@ def device_key(hardware: HardwareSpec | None) -> tuple[DeviceRuntime, bool]:
     return runtime_for(hardware), hardware is not None and hardware.kind == "gpu"
 
 
+def footprint_key(hardware: HardwareSpec | None) -> tuple[int, int, int, int, int, bool]:
+    """:func:`device_key` by value: the runtime's numbers (context, workspace, allocator blocks) without the text
+    saying where they come from, and whether the device is a GPU. Footprints read nothing else of the device, so
+    devices with equal keys have equal footprints even when their runtimes are documented apart (a ROCm device
+    and a CUDA one with the same constants): a memo of footprints keyed by it serves both."""
+    r, gpu = device_key(hardware)
+    return r.context_bytes, r.workspace_bytes, r.block_bytes, r.large_block_bytes, r.large_from_bytes, gpu
+
+
 # ------------------------------------------------------------------------------------------ tensor model
 @dataclass(slots=True)
 class _Plan:
@@ -735,41 +744,52 @@ class _Walk:
     copy_keys: np.ndarray  # intp: autocast's 16-bit weight copies among the saved
     out_keys: np.ndarray  # intp: the model output's keys (their gradient is the first in flight)
     loss_numel: int | None  # elements of the first float output (the loss's log_softmax), None without one
-    events: tuple[tuple[np.ndarray, np.ndarray], ...]  # (layer, key) pairs: gradient in flight, done, released
     weight_numel: np.ndarray  # int64 [W]: elements of each weight
     weight_last_use: np.ndarray  # intp [W]: the layer whose backward reaches its gradient
     gpu: bool
+
+    event_layer: np.ndarray  # intp [A+D+R]: the events' layers, offset by n per kind (add, done, released)
+    event_key: np.ndarray  # intp [A+D+R]: their keys
+    per_runtime: dict[DeviceRuntime, tuple[int, int, np.ndarray]]  # see _weight_terms
+
+    def _weight_terms(self, runtime: DeviceRuntime) -> tuple[int, int, np.ndarray]:
+        """What the weights hold on a device of ``runtime`` whatever the batch: all gradients' bytes, the largest
+        one's, and the gradients alive at each step of the reverse walk ``[n]`` (kept per runtime)."""
+        found = self.per_runtime.get(runtime)
+        if found is None:
+            param = _rounded(self.weight_numel * 4, runtime)
+            grads_at = np.zeros(len(self.extra_fixed), dtype=np.int64)
+            np.add.at(grads_at, self.weight_last_use, param)
+            found = self.per_runtime.setdefault(
+                runtime, (int(param.sum()), int(param.max()) if len(param) else 0, np.cumsum(grads_at[::-1])))
+        return found
 
     def footprint(self, scale: float, *, runtime: DeviceRuntime, states: int, precision: str) -> MemoryFootprint:
         """The training :class:`MemoryFootprint` at ``scale`` (batch / the graph's batch) on a device of
         ``runtime`` with ``states`` optimizer states per parameter."""
         n = len(self.extra_fixed)
-        b = _rounded(np.trunc(self.amount * np.where(self.fixed, 1.0, scale)).astype(np.int64) * self.per, runtime)
+        b = _rounded(np.trunc(np.where(self.fixed, self.amount, self.amount * scale)).astype(np.int64) * self.per,
+                     runtime)
         extra = self.extra_fixed.copy()
         np.add.at(extra, self.extra_layer, self.extra_coef * b[self.extra_size])
         transient = np.zeros(n, dtype=np.int64)
         np.add.at(transient, self.transient_layer, b[self.transient_size])
         transient = np.where(self.has_transient, np.minimum(transient, 1024 * MIB), 0)
-        param = _rounded(self.weight_numel * 4, runtime)
-        grads_at = np.zeros(n, dtype=np.int64)
-        np.add.at(grads_at, self.weight_last_use, param)
+        grads, largest, grads_alive = self._weight_terms(runtime)
         loss = runtime.rounded(int(4 * self.loss_numel * scale)) if self.loss_numel is not None else 0
         act = int(b[self.act_keys].sum()) + int(extra.sum()) + loss
         copies = int(b[self.copy_keys].sum())
         end_of_forward = act + copies
-        per_layer = []
-        for layer, key in self.events:
-            v = np.zeros(n, dtype=np.int64)
-            np.add.at(v, layer, b[key])
-            per_layer.append(v[::-1])  # reverse order: backward walks from the last layer
-        add, done, released = per_layer
-        freed = released + extra[::-1]
-        gone = np.cumsum(freed) - freed  # freed by the layers after
-        in_flight = int(b[self.out_keys].sum()) + np.cumsum(add) - (np.cumsum(done) - done)
-        live = (end_of_forward - loss) - gone + np.cumsum(grads_at[::-1]) + in_flight + transient[::-1]
+        # the three kinds of events as one [3, n] array, each row in reverse order (backward walks from the end)
+        per_layer = np.zeros(3 * n, dtype=np.int64)
+        np.add.at(per_layer, self.event_layer, b[self.event_key])
+        add, done, released = per_layer.reshape(3, n)[:, ::-1]
+        summed = np.cumsum(np.stack((add, done, released + extra[::-1])), axis=1)
+        cum_add, cum_done, cum_freed = summed
+        gone = cum_freed - (released + extra[::-1])  # freed by the layers after
+        in_flight = int(b[self.out_keys].sum()) + cum_add - (cum_done - done)
+        live = (end_of_forward - loss) - gone + grads_alive + in_flight + transient[::-1]
         peak = max(end_of_forward + 2 * loss, int(live.max()) if n else 0)
-        grads = int(param.sum())
-        largest = int(param.max()) if len(param) else 0
         step_tmp = (grads if states >= 2 else 0) if self.gpu else (2 * largest if states else 0)
         peak = max(peak, grads + step_tmp)
         return MemoryFootprint(
@@ -861,7 +881,8 @@ def _compile_walk(layout: Layout, layers: Sequence[Layer], outputs: Sequence[Ten
         has_transient=np.asarray([t is not None for t in layout.transient], dtype=bool).reshape(n),
         act_keys=idx(act_keys), copy_keys=idx(copies), out_keys=idx(out_keys),
         loss_numel=first_out.numel if first_out is not None else None,
-        events=(pairs(add), pairs(done), pairs(released)),
+        event_layer=np.concatenate([pairs(ev)[0] + j * n for j, ev in enumerate((add, done, released))]),
+        event_key=np.concatenate([pairs(ev)[1] for ev in (add, done, released)]), per_runtime={},
         weight_numel=np.asarray([w.numel for w in weights.values()], dtype=np.int64),
         weight_last_use=np.asarray([last_use[name] for name in weights], dtype=np.intp), gpu=layout.gpu,
     )  # fmt: skip

@@ -48,6 +48,7 @@ from app.core.memory import (
     device_key,
     fits,
     footprint,
+    footprint_key,
     largest_batch_that_fits,
     memory_layout,
 )
@@ -394,8 +395,9 @@ def _totals_read(
 
 def _memo_key(what: str, mem_opts: dict[str, Any], *extra: Any) -> tuple[Any, ...]:
     """Memo key of a memory result: the options, the device by what footprints depend on
-    (:func:`app.core.memory.device_key`: devices of one generation share their footprints)."""
-    return (what, device_key(mem_opts["hardware"]), *extra,
+    (:func:`app.core.memory.footprint_key`: devices whose runtimes have the same numbers share their footprints,
+    every generation of a vendor and across vendors)."""
+    return (what, footprint_key(mem_opts["hardware"]), *extra,
             *(v for k, v in sorted(mem_opts.items()) if k != "hardware"))
 
 
@@ -415,8 +417,12 @@ def memo_footprint(bound: graphs.BoundGraph, mem_opts: dict[str, Any], *, batch_
                    ) -> MemoryFootprint:
     """:func:`app.core.memory.footprint` of ``bound``'s analysis with ``mem_opts`` (at ``batch_size``, default
     the binding's), memoised on the cache entry (a pure function of the analysis, the options and the
-    device's :func:`~app.core.memory.device_key`); the walk over the layers (its layout) is done once per
-    precision and device kind (:func:`_memo_layout`), not per batch or GPU generation."""
+    device's :func:`~app.core.memory.footprint_key`); the walk over the layers (its layout) is done once per
+    precision and device kind (:func:`_memo_layout`), not per batch or GPU generation. The binding's own batch
+    is kept under ``None`` (the same footprint: scale 1.0 either way), so the largest-batch search, which
+    starts there, finds the answer's footprint instead of computing it again."""
+    if batch_size == bound.analysis.graph.batch_size:
+        batch_size = None
     return bound.memo(_memo_key("footprint", mem_opts, batch_size), lambda: footprint(
         bound.analysis, batch_size=batch_size, layout=_memo_layout(bound, mem_opts), **mem_opts))
 

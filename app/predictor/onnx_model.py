@@ -131,6 +131,9 @@ class LearnedPredictor:
         opts.inter_op_num_threads = 1
         self._session = ort.InferenceSession(str(onnx_path), opts, providers=["CPUExecutionProvider"])
         self._input = self._session.get_inputs()[0].name
+        # the exported model runs its GPU and its CPU head on every row and picks one per row: a batch of GPU
+        # rows alone goes through the GPU head only (half the nodes), when that gives the same bytes here
+        self._branch = _head_branch(onnx_path, opts, self._session, len(names), np.random.default_rng(0))
         # one thread only: with more, MLAS splits a run's rows among the threads by its length, which moves the
         # remainder rows of each share (measured: 2 threads, 20,001 rows, last-bit differences the small runs
         # of the load-time check do not show)
@@ -198,6 +201,10 @@ class LearnedPredictor:
             x = np.ascontiguousarray(features, dtype=np.float32)
         else:
             raise ValueError(f"features must have {len(FEATURE_NAMES)} or {len(self.feature_names)} columns")
+        return self._run_selected(x)
+
+    def _run_selected(self, x: np.ndarray) -> np.ndarray:
+        """:meth:`run_features` of ``x`` ``[N, len(feature_names)]`` float32 (C order), the artifact's columns."""
         if x.shape[0] == 0:
             return np.zeros((0, 3), dtype=np.float32)
         if self.distinct_rows:
@@ -205,7 +212,11 @@ class LearnedPredictor:
         return self._run(x)
 
     def _run(self, x: np.ndarray) -> np.ndarray:
-        """One ``session.run`` over ``x`` ``[M, len(feature_names)]`` float32 (C order): ``[M, 3]``."""
+        """One ``session.run`` over ``x`` ``[M, len(feature_names)]`` float32 (C order): ``[M, 3]``; through the
+        model's else-branch alone (:func:`_head_branch`) when no row of ``x`` takes the other."""
+        b = self._branch
+        if b is not None and not (x[:, b.column] > b.threshold).any():
+            return b.session.run(None, {self._input: x})[0]  # type: ignore[no-any-return]
         return self._session.run(None, {self._input: x})[0]  # type: ignore[no-any-return]
 
     def _rows(self, table: LayerTable) -> _Rows:
@@ -247,14 +258,13 @@ class LearnedPredictor:
         return tuple(notes)
 
     def _range_notes(
-        self, hw_kind: str, rows: _Rows, idx: np.ndarray, feats: np.ndarray
+        self, hw_kind: str, rows: _Rows, idx: np.ndarray, x: np.ndarray
     ) -> tuple[np.ndarray, list[str | None]]:
-        """Per row ``idx`` (features ``feats`` ``[len(idx), len(FEATURE_NAMES)]``): the note on features outside
+        """Per row ``idx`` (model inputs ``x`` ``[len(idx), len(feature_names)]``): the note on features outside
         the widened training range of its (hardware kind, op kind), or on missing training rows of that op
         kind; ``None`` inside the range. As ``(codes [len(idx)], texts)``: row ``j``'s note is
         ``texts[codes[j]]`` (``texts[0]`` is ``None``; one text per op kind without training rows and per
         distinct set of features out of range). Every row is compared with its kind's range at once."""
-        x = select_features(feats, self.feature_names)
         lo, hi, has = self._kind_ranges(hw_kind, rows)
         codes = np.zeros(len(idx), dtype=np.intp)
         texts: list[str | None] = [None]
@@ -346,7 +356,7 @@ class LearnedPredictor:
                          learned_step=learned_step, forward_floor_ms=floors.forward[idx],
                          backward_floor_ms=floors.backward[idx] if training else np.zeros(len(idx)),
                          step_floor_ms=step_floor, kernel_ms=KERNEL_FLOOR_MS_BY_STACK[s.software_stack],
-                         raw=raw_all, features=features_from_raw(raw_all))
+                         raw=raw_all, selected=select_features(features_from_raw(raw_all), self.feature_names))
 
     def estimate_tables(self, items: Sequence[tuple[LayerTable, np.ndarray, Setting]]) -> list[Estimates]:
         """Estimates of rows ``idx`` of each ``(table, idx, setting)`` (stages: plan and featurise, run,
@@ -355,11 +365,11 @@ class LearnedPredictor:
         preps = [self._prepare(t, idx, s) for t, idx, s in items]
         if not preps:
             return []
-        feats = np.concatenate([p.features for p in preps]) if len(preps) > 1 else preps[0].features
-        out = self.run_features(feats)
+        x = np.concatenate([p.selected for p in preps]) if len(preps) > 1 else preps[0].selected
+        out = self._run_selected(x)
         results, start = [], 0
         for p in preps:
-            stop = start + len(p.features)
+            stop = start + len(p.selected)
             results.append(self._assemble(p, out[start:stop]))
             start = stop
         return results
@@ -390,8 +400,8 @@ class LearnedPredictor:
         prec_note = ([f"precision {str(s.precision)!r} was not measured"]
                      if str(s.precision) not in scope.get("measured_precision", scope.get("precision", ("fp32",)))
                      else [])
-        f_code, f_text = self._range_notes(hw.kind, rows, idx, p.features[0::2] if p.learned_step else p.features)
-        t_code, t_text = (self._range_notes(hw.kind, rows, idx, p.features[1::2]) if p.learned_step
+        f_code, f_text = self._range_notes(hw.kind, rows, idx, p.selected[0::2] if p.learned_step else p.selected)
+        t_code, t_text = (self._range_notes(hw.kind, rows, idx, p.selected[1::2]) if p.learned_step
                           else (f_code, f_text))  # fmt: skip
         columns = (f_code, t_code, (p.table.params[idx] != 0).astype(np.intp) if opt_note is not None
                    else np.zeros(len(idx), dtype=np.intp), rows.layer_note_index[idx], p.transfer.astype(np.intp),
@@ -464,14 +474,14 @@ class LearnedPredictor:
                                 dtype=np.float64)[p.rows.kind_index[idx]]
             upd = self._update(p)
 
-            def backward(forward_ms: np.ndarray) -> np.ndarray:
-                return np.asarray(backward_from_forward_ms(
-                    forward_ms=forward_ms, floor_forward_ms=p.forward_floor_ms, floor_backward_ms=p.backward_floor_ms,
-                    kernels=p.rows.backward_kernels[idx], kernel_ms=k, excess=excess))
-
-            fwd, bwd = f50, backward(f50)
+            # the three quantiles at once (element-wise: the same figures as one call per quantile)
+            bwd_q = np.asarray(backward_from_forward_ms(
+                forward_ms=fwd_q, floor_forward_ms=p.forward_floor_ms[:, None],
+                floor_backward_ms=p.backward_floor_ms[:, None], kernels=p.rows.backward_kernels[idx][:, None],
+                kernel_ms=k, excess=excess[:, None]))
+            fwd, bwd = f50, bwd_q[:, 1]
             # the interval is the forward's (conformal, leave-one-GPU-out) carried through the same ratio
-            p10, p90 = f10 + backward(f10) + upd, f90 + backward(f90) + upd
+            p10, p90 = f10 + bwd_q[:, 0] + upd, f90 + bwd_q[:, 2] + upd
         total = fwd + bwd + upd
         return Estimates(forward_ms=fwd, backward_ms=bwd, update_ms=upd, total_ms_p10=np.minimum(p10, total),
                          total_ms_p90=np.maximum(p90, total), method=["learned"] * n, out_of_distribution=ood,
@@ -557,6 +567,79 @@ def _distinct_run_reproduces(run: Callable[[np.ndarray], np.ndarray], width: int
     return True
 
 
+@dataclass(frozen=True, slots=True)
+class _Branch:
+    """The else-branch of a model whose output is ``Where(features[:, column] > threshold, then, else)``, as a
+    session of its own (see :func:`_head_branch`)."""
+
+    session: ort.InferenceSession
+    column: int
+    threshold: float
+
+
+def _head_branch(onnx_path: Path, opts: ort.SessionOptions, full: ort.InferenceSession, width: int,
+                 rng: np.random.Generator) -> _Branch | None:
+    """The GPU head of an exported model as a session of its own: :mod:`app.training.train` exports one graph
+    that runs the GPU head and the CPU head on every row and ends in ``Where(is_cpu > 0.5, cpu, gpu)``; a run
+    whose rows all take the else-branch needs only the nodes that branch reads (on ``layer-time-mlp-5`` 342 of
+    659; 0.09 ms instead of 0.16 ms for one row, 0.17 instead of 0.31 for 44). ``None`` when the output is not
+    such a ``Where`` on one input column against a constant, or when the pruned session's outputs differ from
+    ``full``'s by a single bit on random else-branch rows (runs of 1-67 and 257 rows; what is served must not
+    change)."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(onnx_path))
+    g = model.graph
+    made = {o: n for n in g.node for o in n.output}
+    consts = {n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in g.node
+              if n.op_type == "Constant" and len(n.attribute) == 1 and n.attribute[0].name == "value"}
+    consts.update({t.name: numpy_helper.to_array(t) for t in g.initializer})
+    if len(g.input) != 1 or len(g.output) != 1:
+        return None
+    where = made.get(g.output[0].name)
+    greater = made.get(where.input[0]) if where is not None and where.op_type == "Where" else None
+    sliced = made.get(greater.input[0]) if greater is not None and greater.op_type == "Greater" else None
+    if (where is None or greater is None or sliced is None or sliced.op_type != "Slice"
+            or sliced.input[0] != g.input[0].name or len(sliced.input) < 4):
+        return None
+    args = [consts.get(a) for a in sliced.input[1:5]] + [None] * (5 - len(sliced.input))
+    threshold = consts.get(greater.input[1])
+    if any(a is None for a in args[:3]) or threshold is None or threshold.size != 1:
+        return None
+    start, end, axes, steps = (np.asarray(a).reshape(-1).tolist() if a is not None else [1] for a in args[:4])
+    if axes not in ([1], [-1]) or steps != [1] or len(start) != 1 or end != [start[0] + 1] or not 0 <= start[0] < width:
+        return None
+    # the nodes and initializers the else-branch reads, in graph order
+    need, todo = set(), [where.input[2]]
+    while todo:
+        name = todo.pop()
+        if name not in need:
+            need.add(name)
+            if name in made:
+                todo.extend(i for i in made[name].input if i)
+    pruned = onnx.ModelProto()
+    pruned.CopyFrom(model)
+    pg = pruned.graph
+    del pg.node[:], pg.initializer[:], pg.value_info[:], pg.output[:]
+    pg.node.extend(n for n in g.node if any(o in need for o in n.output))
+    pg.initializer.extend(t for t in g.initializer if t.name in need)
+    out = pg.output.add()
+    out.CopyFrom(g.output[0])
+    out.name = where.input[2]
+    branch = _Branch(ort.InferenceSession(pruned.SerializeToString(), opts, providers=["CPUExecutionProvider"]),
+                     int(start[0]), float(threshold.reshape(-1)[0]))
+    name = full.get_inputs()[0].name
+    for m in (1, 2, 3, 4, 5, 8, 13, 31, 40, 44, 66, 67, 257):
+        x = (3 * rng.standard_normal((m, width))).astype(np.float32)
+        x[:, branch.column] = np.minimum(x[:, branch.column], branch.threshold)
+        if (full.run(None, {name: x})[0].tobytes() != branch.session.run(None, {name: x})[0].tobytes()):
+            _log.warning("model %s: its else-branch alone answers other bytes than the whole graph; every row runs "
+                         "the whole graph (same answers, slower)", onnx_path.name)
+            return None
+    return branch
+
+
 def _distinct_rows(bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Groups of equal rows of the boolean matrix ``bits`` ``[M, F]``: ``(first, group)``, the index of one row
     of each group ``[G]`` and each row's group ``[M]``. The rows are packed into 64-bit words and sorted
@@ -598,7 +681,8 @@ class _Prepared:
     training data (``seen``), which rows are predicted at :data:`REFERENCE_PRECISION` and carried over
     (``transfer``), whether a learned train-step row times the step (``learned_step``) or the backward comes
     from the forward, the floors (ms, at the setting's precision) of the forward, backward and train step, the
-    stack's fixed cost per kernel (ms), and the raw and feature rows (forward, train step interleaved)."""
+    stack's fixed cost per kernel (ms), and the raw rows and their model inputs (the artifact's feature columns,
+    float32, C order; forward, train step interleaved)."""
 
     table: LayerTable
     idx: np.ndarray
@@ -612,7 +696,7 @@ class _Prepared:
     step_floor_ms: np.ndarray
     kernel_ms: float
     raw: np.ndarray
-    features: np.ndarray
+    selected: np.ndarray
 
 
 def _cpu_identity(hw: HardwareSpec) -> tuple[str, int, int | None]:

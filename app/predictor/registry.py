@@ -68,13 +68,14 @@ class CompositePredictor:
         assert isinstance(found, tuple)
         return found
 
-    def _fallback(self, table: LayerTable, rows: np.ndarray, reasons: dict[int, str],
-                  s: Setting) -> list[LayerTimeEstimate]:
+    def _fallback(self, table: LayerTable, rows: np.ndarray, reasons: dict[int, str], s: Setting) -> Estimates:
         """Roofline-fallback estimates of ``rows`` (a ``fallback: <reason>`` note first), remembered per table
         for the last :data:`FALLBACK_SETTINGS` settings (the fallback is deterministic for one version). Rows
-        equal in all the fallback reads (:meth:`_fallback_groups`) are estimated once and share the answer."""
+        equal in all the fallback reads (:meth:`_fallback_groups`) are estimated once and share the answer: the
+        distinct rows' :class:`Estimates` taken row by row (the figures :meth:`Estimates.from_list` of every
+        row's estimate has, without a Python object per row). Shared between calls: never mutated."""
         if not len(rows):
-            return []
+            return Estimates.from_list([])
         memo = table.memo(("fallback", self.version), OrderedDict)
         assert isinstance(memo, OrderedDict)
         key = (repr(s.hardware), s.mode, s.optimizer, s.precision, s.software_stack, rows.tobytes())
@@ -87,9 +88,10 @@ class CompositePredictor:
                                       optimizer=s.optimizer, precision=s.precision, software_stack=s.software_stack)
                        for i in distinct]
             estimates = self.fallback.estimate(queries, at_precision=[at[i] for i in distinct])
-            by_row = {i: dataclasses.replace(e, notes=(f"fallback: {reasons[i]}", *e.notes))
-                      for i, e in zip(distinct, estimates, strict=True)}
-            found = [by_row[g] for g in group.tolist()]
+            each = dataclasses.replace(Estimates.from_list(estimates), notes=[
+                (f"fallback: {reasons[i]}", *e.notes) for i, e in zip(distinct, estimates, strict=True)])
+            pos = {i: j for j, i in enumerate(distinct)}
+            found = each.take(np.asarray([pos[g] for g in group.tolist()], dtype=np.intp).reshape(len(rows)))
             memo[key] = found
             while len(memo) > FALLBACK_SETTINGS:
                 memo.popitem(last=False)
@@ -131,7 +133,7 @@ class CompositePredictor:
                 items, learned_items, fallback_parts, learned, strict=True):
             pos = np.full(len(table), -1, dtype=np.intp)
             pos[idx] = np.arange(len(idx))
-            merged = scatter(len(idx), [(pos[lrn], lrn_est), (pos[fb], Estimates.from_list(fb_est))])
+            merged = scatter(len(idx), [(pos[lrn], lrn_est), (pos[fb], fb_est)])
             out.append(clamp_to_floors(table, idx, s, merged))
         return out
 

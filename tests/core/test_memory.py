@@ -15,6 +15,7 @@ from app.core.memory import (
     device_key,
     fits,
     footprint,
+    footprint_key,
     largest_batch_that_fits,
     memory_layout,
     runtime_for,
@@ -181,6 +182,23 @@ def test_a_kept_layout_sizes_every_batch_as_the_walk_does(precision: str, arch: 
     with pytest.raises(ValueError, match="another precision or device kind"):
         footprint(a, mode="training", optimizer="adam", precision=precision,
                   hardware=None if hw is not None else _gpu("CDNA 3"), layout=layout)
+
+
+def test_runtimes_with_the_same_numbers_share_a_footprint_key() -> None:
+    """A ROCm device and a CUDA one whose runtime constants are equal (documented apart) share the memo key of
+    their footprints, and their footprints are indeed equal; other numbers or another kind never share one."""
+    ampere, cdna = _gpu("Ampere (GA100)"), _gpu("CDNA 3")
+    assert device_key(ampere) != device_key(cdna)  # the runtimes differ in their sources
+    assert footprint_key(ampere) == footprint_key(cdna)
+    assert footprint_key(ampere) != footprint_key(_gpu("Hopper (GH100)"))
+    assert footprint_key(ampere) != footprint_key(_gpu("Ada Lovelace (AD102)"))
+    assert footprint_key(None) != footprint_key(_gpu("Volta (GV100)"))
+    for precision in ("fp32", "bf16"):
+        for mode in ("training", "inference"):
+            a = _a(batch=8)
+            same = [footprint(a, mode=mode, optimizer="adam", precision=precision, hardware=hw, batch_size=b)
+                    for hw in (ampere, cdna) for b in (None, 3)]
+            assert same[:2] == same[2:]
 
 
 def test_devices_of_one_generation_share_a_device_key() -> None:

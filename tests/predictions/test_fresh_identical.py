@@ -1,10 +1,11 @@
 """Fresh-device predictions (issue 12): the fast paths answer byte for byte what the plain paths answer.
 
-Three shortcuts serve a prediction on a device x precision no memo holds: onnxruntime runs each distinct
-feature row once (:func:`app.predictor.onnx_model._run_distinct`), the roofline fallback estimates each
+Four shortcuts serve a prediction on a device x precision no memo holds: onnxruntime runs each distinct
+feature row once (:func:`app.predictor.onnx_model._run_distinct`) through the model's GPU head alone when every
+row is a GPU row (:func:`app.predictor.onnx_model._head_branch`), the roofline fallback estimates each
 distinct row once (:meth:`app.predictor.registry.CompositePredictor._fallback_groups`), and a training
 footprint replays its layout's walk in numpy (:class:`app.core.memory._Walk`). The reference here switches
-all three off (every feature row run, every fallback row estimated, the set-by-set walk
+all four off (every feature row run through the whole graph, every fallback row estimated, the set-by-set walk
 :func:`app.core.memory._walk_sets`) and compares the JSON of whole responses, summary and per-layer, on a
 ResNet-50 (the onnx wheel's light model), a transformer-like JSON graph and BERT-base, over devices of
 several vendors and generations, three precisions and both modes.
@@ -21,7 +22,6 @@ import pytest
 from app.config import REPO_ROOT
 from app.core import memory
 from app.core.analysis import GraphAnalysis, analyze
-from app.core.features import select_features
 from app.core.hardware import HardwareSpec
 from app.core.ir import Layer, Tensor
 from app.core.precision import Precision, PrecisionNotSupported, check_precision
@@ -84,6 +84,7 @@ def plain(monkeypatch: pytest.MonkeyPatch, predictor: CompositePredictor) -> Cal
     def off() -> Iterator[None]:
         with monkeypatch.context() as m:
             m.setattr(predictor.learned, "distinct_rows", False)
+            m.setattr(predictor.learned, "_branch", None)
             m.setattr(CompositePredictor, "_fallback_groups",
                       lambda self, table, reasons, s: np.arange(len(table), dtype=np.intp))
             m.setattr(memory, "_compile_walk", _SetWalk)
@@ -137,7 +138,7 @@ def test_distinct_rows_are_run_once_and_answer_what_every_row_answers(predictor:
         table = bound.table(catalog[hw_id])
         rows, _ = predictor._route(table, "gpu")
         s = Setting(catalog[hw_id], "training", "adam", Precision.FP16)
-        feats.append(select_features(learned._prepare(table, rows, s).features, learned.feature_names))
+        feats.append(learned._prepare(table, rows, s).selected)
     x = np.concatenate(feats)
     counted: list[int] = []
 
