@@ -25,7 +25,9 @@ from __future__ import annotations
 import hashlib
 import json
 import multiprocessing
+import os
 import threading
+import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -176,6 +178,18 @@ def _prepare_in_worker(path: str, name: str, batch_size: int, dims: dict[str, in
         return "error", (type(exc), exc.message, exc.detail)
 
 
+def _exit_with_parent(parent: int) -> None:
+    """Worker-process initializer: end the process when the server that started it is gone (killed without its
+    shutdown: the pool's queue is never closed, since the worker holds both ends of it, so nothing else would)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="layercast-parent-watch", daemon=True).start()
+
+
 def _warm() -> None:
     """Worker-process warm-up: import what :func:`prepare_graph` needs for ONNX (onnx: ~0.5 s)."""
     import app.core.onnx_import  # noqa: F401
@@ -210,7 +224,8 @@ class ImportWorkers:
                     return self._pool.submit(fn, *args)
                 except BrokenProcessPool:  # it died during an earlier call, which was answered then
                     self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+            self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=_exit_with_parent, initargs=(os.getpid(),))
             return self._pool.submit(fn, *args)
 
     def start(self) -> None:

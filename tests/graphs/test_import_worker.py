@@ -163,3 +163,31 @@ def test_the_worker_starts_with_the_app_when_configured(settings: Any) -> None:
     assert workers._pool is None  # stopped with the app
     with TestClient(create_app(settings)) as client:  # the suite's default (conftest): on the first large upload
         assert client.app.state.import_workers._pool is None  # type: ignore[attr-defined]
+
+
+def test_the_worker_ends_when_its_server_is_killed() -> None:
+    """A server killed without its shutdown (SIGKILL, os._exit) does not leave its worker running."""
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    code = ("import os; from app.graphs.importer import ImportWorkers, _warm; w = ImportWorkers(); "
+            "w._submit(_warm).result(); print(*w._pool._processes, flush=True); os._exit(0)")
+    server = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                              cwd=Path(__file__).resolve().parents[2])
+    assert server.stdout is not None
+    (pid,) = map(int, server.stdout.readline().split())  # the worker keeps the pipe open: not read to its end
+    assert server.wait(timeout=60) == 0
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                break
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.1)
+    else:
+        psutil.Process(pid).kill()
+        pytest.fail("the import worker outlived its server by 10 s")
