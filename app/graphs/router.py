@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request, Response, status
+from fastapi import APIRouter, BackgroundTasks, Query, Request, Response, status
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
@@ -127,6 +127,7 @@ async def create_graph(
     response: Response,
     session: SessionDep,
     settings: SettingsDep,
+    background: BackgroundTasks,
     batch_size: BatchQuery = 1,
     dims: DimsQuery = None,
     name: Annotated[Name | None, Query()] = None,
@@ -211,8 +212,10 @@ async def create_graph(
             content_path=spool.path,
             workers=workers,
         )
-    finally:
+    except BaseException:
         await spool.close()
+        raise
+    background.add_task(spool.close)  # after the response: unlinking a 438 MB spool takes 35 ms
     if not result.created:
         response.status_code = status.HTTP_200_OK
     return _read(result.row, notices=result.notices)

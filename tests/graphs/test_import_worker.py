@@ -19,6 +19,7 @@ from app.core.limits import Limits
 from app.errors import GraphTooLarge, ImportWorkerFailed
 from app.graphs import service
 from app.graphs.importer import WORKER_MIN_BYTES, ImportWorkers, prepare_graph
+from app.graphs.spool import Spool
 from tests.graphs.test_storage import _gpt_like, _post
 
 
@@ -191,3 +192,35 @@ def test_the_worker_ends_when_its_server_is_killed() -> None:
     else:
         psutil.Process(pid).kill()
         pytest.fail("the import worker outlived its server by 10 s")
+
+
+def test_the_spool_file_is_removed_after_success_and_error(
+    client: TestClient, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tempfile
+
+    spools = tmp_path / "spools"
+    spools.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(spools))
+    created: list[str] = []
+    real = tempfile.NamedTemporaryFile
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        f = real(*args, **kwargs)
+        created.append(f.name)
+        return f
+
+    monkeypatch.setattr(tempfile, "NamedTemporaryFile", spy)
+    closed: list[bool] = []
+    real_close = Spool.close
+
+    async def close(self: Spool) -> None:
+        await real_close(self)
+        closed.append(self.path is not None and not Path(self.path).exists())
+
+    monkeypatch.setattr(Spool, "close", close)
+    assert _post(client, _large_model(), dims="seq=4").status_code == 201  # removed after the response
+    assert _post(client, b"\x0f" * (WORKER_MIN_BYTES + 1)).status_code == 422  # removed before the error
+    assert closed == [True, True]  # closed by the request (the success's after its response), not left to the GC
+    assert len(created) == 2 and all(Path(c).parent == spools for c in created)
+    assert list(spools.iterdir()) == []
