@@ -104,7 +104,9 @@ def _read(row: StoredGraph, *, notices: list[str] | None = None) -> GraphRead:
     "",
     response_model=GraphRead,
     status_code=status.HTTP_201_CREATED,
-    responses={200: {"model": GraphRead, "description": "already stored (same content hash)"}, **_ERRORS},
+    responses={200: {"model": GraphRead, "description": "already stored (same content hash)"}, **_ERRORS,
+               503: {"model": ErrorResponse, "description": "import_worker_failed: the process importing a large "
+                     "upload died (nothing stored; send it again); database_unavailable"}},
     openapi_extra={
         "requestBody": {
             "content": {

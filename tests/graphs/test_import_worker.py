@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from collections.abc import Iterator
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -143,8 +144,14 @@ def test_a_worker_that_dies_is_a_503_and_the_next_import_gets_a_new_one(tmp_path
         assert workers.prepare(str(path), name="", batch_size=1, dims={"seq": 4}, limits=Limits()).summary
     finally:
         workers.close()
-    # through the API: the app's worker died between two uploads; the next upload is imported by a new one
+    # through the API: the worker dies during the upload's import (queued behind a 2 s task, then the exit)
     app_workers: ImportWorkers = client.app.state.import_workers  # type: ignore[attr-defined]
+    app_workers._submit(time.sleep, 2)
+    app_workers._submit(os._exit, 3)
+    r = _post(client, path.read_bytes(), dims="seq=4")
+    assert r.status_code == 503 and r.json()["error"]["code"] == "import_worker_failed", r.text
+    assert client.get("/v1/graphs").json()["count"] == 0
+    # the app's worker died between two uploads; the next upload is imported by a new one
     died = app_workers._submit(os._exit, 3)
     with pytest.raises(BrokenProcessPool):
         died.result()
@@ -170,7 +177,6 @@ def test_the_worker_ends_when_its_server_is_killed() -> None:
     """A server killed without its shutdown (SIGKILL, os._exit) does not leave its worker running."""
     import subprocess
     import sys
-    import time
 
     import psutil
 
