@@ -2,22 +2,25 @@
 runs it for large ONNX uploads, so that their parse never stalls the serving process.
 
 :func:`prepare_graph` parses, strips the weights, imports, analyses and summarises; it touches no database and
-imports no ORM (this module depends on :mod:`app.core` and :mod:`app.errors` only), so the worker process holds
-~45 MB besides the model it parses. Why a process: parsing a protocol-buffers model holds the GIL for stretches
-that grow with the model: on the 438 MB BERT export one ``MergeFromString`` of the 94 MB word-embedding record
-held it 41 ms, onnx's C++ shape inference 43 ms, freeing the parsed message 33 ms (1 ms ticker thread beside
-each stage). In a worker thread of the server every other request (``GET /healthz`` included) waited that
-long: p99 58-72 ms during the upload (benchmarks/upload.py). :class:`ImportWorkers` runs :func:`prepare_graph`
-in a separate process that reads the spooled upload from its path and sends back only a
-:class:`PreparedGraph` (the stripped model, 0.7 MB for BERT, and the summary), so the server's own work per
-upload is receiving, hashing and one insert, and its longest GIL hold no longer depends on the model's size.
+imports no ORM (this module depends on :mod:`app.core` and :mod:`app.errors` only). Why a process: parsing a
+protocol-buffers model holds the GIL for stretches that grow with the model: on the 438 MB BERT export one
+``MergeFromString`` of the 94 MB word-embedding record held it 41 ms, onnx's C++ shape inference 43 ms, freeing
+the parsed message 33 ms (1 ms ticker thread beside each stage). In a worker thread of the server every other
+request (``GET /healthz`` included) waited that long: p99 58-72 ms during the upload (benchmarks/upload.py).
+:class:`ImportWorkers` runs :func:`prepare_graph` in a separate process that reads the spooled upload from its
+path and sends back only a :class:`PreparedGraph` (the stripped model, 0.7 MB for BERT, and the summary), so the
+server's own work per upload is receiving, hashing and one insert, and its longest GIL hold no longer depends on
+the model's size.
 
 Uploads up to :data:`WORKER_MIN_BYTES` (the in-memory spool size) are imported in the server's worker thread:
-their parse is short (bounded by that size), and the process hop would cost more than it saves. One process
-(``spawn`` context: a fresh interpreter, nothing inherited from the server's threads), started when the first
-large upload begins to arrive (:meth:`ImportWorkers.start`: its ~0.6 s of imports overlap the transfer) and kept
-for the next, so concurrent large uploads are
-imported one at a time and hold one parsed model in memory at a time.
+their parse is short (bounded by that size), and the process hop would cost more than it saves. One process per
+server process (``spawn`` context: a fresh interpreter, nothing inherited from the server's threads; like every
+spawned process it imports the server's ``__main__``, which the ``layercast`` script and ``python -m app.cli``
+guard), started with the app (``Settings.import_worker_at_start``; ~90 MB resident in a ``layercast serve``
+process, 50 of them its own imports) or else when the first large upload begins to arrive
+(:meth:`ImportWorkers.start`: its ~0.6 s of imports overlap the transfer), and kept: concurrent large uploads
+are imported one at a time and hold one parsed model in memory at a time. It ends with the server, also when
+the server is killed without its shutdown (:func:`_exit_with_parent`).
 """
 
 from __future__ import annotations
