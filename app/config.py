@@ -56,6 +56,9 @@ class Settings(BaseSettings):
     defaults are explained). ``db_pool_size``: database connections, one per worker thread (anyio's
     default thread limiter runs 40 sync routes at once). ``analysis_cache_bytes``: byte budget of the
     per-process cache of analysed graph bindings (:class:`app.graphs.service.AnalysisCache`; 0 disables it).
+    ``import_worker_at_start``: start the process that imports ONNX uploads over 8 MiB
+    (:mod:`app.graphs.importer`) with the app, so that the first large upload does not wait for its ~0.6 s
+    start and its ~50 MB are a fixed cost of the server, not of an upload; false = on the first large upload.
 
     Access control (:mod:`app.auth`): ``open_scopes``, the scopes of requests without an API key
     (comma-separated; ``admin`` is refused); unset = ``read,graphs`` when ``host`` is a loopback address
@@ -92,6 +95,7 @@ class Settings(BaseSettings):
     import_timeout_s: float = DEFAULT_LIMITS.import_timeout_s
     db_pool_size: int = 40
     analysis_cache_bytes: int = Field(default=512 * 2**20, ge=0)
+    import_worker_at_start: bool = True
     open_scopes: str | None = None
     rate_limit: str = "100/second"
     allowed_hosts: str | None = None

@@ -131,6 +131,14 @@ class GraphTooLarge(LimitExceeded):
     code = "graph_too_large"
 
 
+class ImportWorkerFailed(LayercastError):
+    """The worker process importing a large upload ended before answering (killed, out of memory):
+    nothing was stored, and the upload may be sent again (:mod:`app.graphs.importer`)."""
+
+    status_code = 503
+    code = "import_worker_failed"
+
+
 class UnsupportedOpset(LayercastError):
     """The ONNX model imports a default-domain opset newer than the installed onnx knows."""
 

@@ -530,9 +530,11 @@ def _make_lifespan(settings: Settings, run_migrations: bool) -> Callable[[FastAP
         app.state.predictors = None
         app.state.rate_limiter = RateLimiter(settings.rate_limit)
         app.state.write_lock = asyncio.Lock() if engine.dialect.name == "sqlite" else None
+        from app.graphs.importer import ImportWorkers
         from app.graphs.service import analysis_cache
 
         analysis_cache.budget_bytes = settings.analysis_cache_bytes
+        app.state.import_workers = ImportWorkers()  # ONNX uploads over 8 MiB are imported there
         try:
             if settings.seed_catalog:
                 _seed_catalog(app)
@@ -545,6 +547,8 @@ def _make_lifespan(settings: Settings, run_migrations: bool) -> Callable[[FastAP
             except PredictorUnavailable as exc:
                 logger.critical("%s", exc)
                 raise
+            if settings.import_worker_at_start:
+                app.state.import_workers.start()  # not waited for: it starts (imports onnx) while the app serves
             logger.info(
                 "layercast %s ready (database %s, predictor %s, polled every %s s)",
                 service_version(), engine.url.render_as_string(hide_password=True),
@@ -552,6 +556,7 @@ def _make_lifespan(settings: Settings, run_migrations: bool) -> Callable[[FastAP
             )
             yield
         finally:
+            app.state.import_workers.close()
             engine.dispose()
 
     return lifespan

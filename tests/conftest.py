@@ -10,8 +10,9 @@ reachable server the PostgreSQL cases are skipped, except under ``CI=true`` wher
 Access control: the suite runs with every scope but ``admin`` open to requests without a key, the
 TestClient's ``testserver`` host allowed and no rate limit (``LAYERCAST_OPEN_SCOPES``,
 ``LAYERCAST_ALLOWED_HOSTS``, ``LAYERCAST_RATE_LIMIT`` set below unless the environment sets them), so
-tests of other features need no key; the access-control tests (``tests/security/test_auth.py``) build
-their apps with the shipped defaults passed explicitly.
+tests of other features need no key (and ``LAYERCAST_IMPORT_WORKER_AT_START=false``: an app spawns its ONNX
+import process on its first large upload, not at every start); the access-control tests
+(``tests/security/test_auth.py``) build their apps with the shipped defaults passed explicitly.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ TEST_ENV = {
     "LAYERCAST_OPEN_SCOPES": "read,graphs,measurements,hardware",
     "LAYERCAST_ALLOWED_HOSTS": "testserver,test,localhost,127.0.0.1",
     "LAYERCAST_RATE_LIMIT": "",
+    "LAYERCAST_IMPORT_WORKER_AT_START": "false",
 }
 for _name, _value in TEST_ENV.items():
     os.environ.setdefault(_name, _value)

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
-import tempfile
-from typing import IO, Annotated, Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request, Response, status
+from fastapi import APIRouter, BackgroundTasks, Query, Request, Response, status
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
@@ -25,13 +23,12 @@ from app.errors import (
 from app.graphs import service
 from app.graphs.models import StoredGraph
 from app.graphs.schemas import GraphLayers, GraphList, GraphRead, GraphSummary, JsonGraphCreate, LayerCostRead
+from app.graphs.spool import Spool
 from app.schemas import INT32_MAX, ErrorResponse, Name, OffsetQuery, check_name, clean_name
 
 router = APIRouter(prefix="/v1/graphs", tags=["graphs"])
 
-_SPOOL_IN_MEMORY_BYTES = 8 * 2**20  # an upload larger than this is spooled to disk
 _CHUNK_BYTES = 2**20
-
 _ERRORS: dict[int | str, dict[str, Any]] = {
     403: {"model": ErrorResponse, "description": "not_owner: the graph belongs to another key"},
     404: {"model": ErrorResponse, "description": "graph_not_found"},
@@ -107,7 +104,9 @@ def _read(row: StoredGraph, *, notices: list[str] | None = None) -> GraphRead:
     "",
     response_model=GraphRead,
     status_code=status.HTTP_201_CREATED,
-    responses={200: {"model": GraphRead, "description": "already stored (same content hash)"}, **_ERRORS},
+    responses={200: {"model": GraphRead, "description": "already stored (same content hash)"}, **_ERRORS,
+               503: {"model": ErrorResponse, "description": "import_worker_failed: the process importing a large "
+                     "upload died (nothing stored; send it again); database_unavailable"}},
     openapi_extra={
         "requestBody": {
             "content": {
@@ -130,6 +129,7 @@ async def create_graph(
     response: Response,
     session: SessionDep,
     settings: SettingsDep,
+    background: BackgroundTasks,
     batch_size: BatchQuery = 1,
     dims: DimsQuery = None,
     name: Annotated[Name | None, Query()] = None,
@@ -152,21 +152,21 @@ async def create_graph(
     if declared and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"upload larger than {limit} bytes", detail={"max_upload_bytes": limit})
     binding = parse_dims(dims)
-    with tempfile.SpooledTemporaryFile(max_size=_SPOOL_IN_MEMORY_BYTES) as spool:
-        digest = hashlib.sha256()
-        size = 0
-        source: IO[bytes]
+    workers = getattr(request.app.state, "import_workers", None)
+    if workers is not None and ctype != "application/json" and declared and declared.isdigit() \
+            and workers.wants(int(declared)):
+        await run_in_threadpool(workers.start)  # its start-up overlaps the transfer
+    spool = Spool()
+    try:
         if ctype == "multipart/form-data":
             form = await request.form()
             upload = form.get("file")
             if upload is None or isinstance(upload, str):
                 raise InvalidRequest("multipart upload needs a file field named 'file'")
-            # Starlette already spooled the part to a temporary file: hash it in chunks, read it once later.
+            # Starlette spooled the part to an unnamed temporary file: copied to ours while hashed, so that a
+            # large one has a path the import worker process can open
             while chunk := await upload.read(_CHUNK_BYTES):
-                digest.update(chunk)
-                size += len(chunk)
-            await upload.seek(0)
-            source = upload.file
+                await spool.add(chunk)
             form_name = form.get("name")
             if isinstance(form_name, str) and form_name:
                 try:
@@ -177,23 +177,14 @@ async def create_graph(
             fmt = "onnx"
         elif ctype == "application/json":
             parsed = await run_in_threadpool(_parse_json_graph, await request.body())
-            content = await run_in_threadpool(service.canonical_json, parsed.model_dump())
-            digest.update(content)
-            size = len(content)
-            spool.write(content)
-            spool.seek(0)
-            source = spool
+            await spool.add(await run_in_threadpool(service.canonical_json, parsed.model_dump()))
             name = name or parsed.name
             fmt = "json"
         elif ctype in ("application/octet-stream", "application/onnx", ""):
             async for chunk in request.stream():
-                digest.update(chunk)
-                size += len(chunk)
-                if size > limit:
+                await spool.add(chunk)
+                if spool.size > limit:
                     raise PayloadTooLarge(f"upload larger than {limit} bytes", detail={"max_upload_bytes": limit})
-                spool.write(chunk)
-            spool.seek(0)
-            source = spool
             fmt = "onnx"
         else:
             raise InvalidRequest(
@@ -201,12 +192,15 @@ async def create_graph(
                 "or application/json",
                 detail={"content_type": ctype},
             )
-        if size > limit:
+        if spool.size > limit:
             raise PayloadTooLarge(f"upload larger than {limit} bytes", detail={"max_upload_bytes": limit})
-        if not size:
+        if not spool.size:
             raise InvalidGraph("empty upload")
-        # CPU (parse, import, analyse) and database work off the event loop; the import's own
-        # deadline (app.core.limits, import_timeout_s) bounds how long the worker thread runs.
+        source = await spool.finish()
+        # looked up by the hash first (a stored upload is never parsed again); CPU (parse, import, analyse) off
+        # the event loop, in the import worker process for an upload spooled to disk (app.graphs.importer), and
+        # the database work in a worker thread; the import's own deadline (app.core.limits, import_timeout_s)
+        # bounds how long the import runs.
         result = await run_in_threadpool(
             service.create_graph,
             session,
@@ -215,9 +209,15 @@ async def create_graph(
             name=name or "",
             batch_size=batch_size,
             dims=binding,
-            upload_sha256=digest.hexdigest(),
+            upload_sha256=spool.digest.hexdigest(),
             owner=get_principal(request).key_id,
+            content_path=spool.path,
+            workers=workers,
         )
+    except BaseException:
+        await spool.close()
+        raise
+    background.add_task(spool.close)  # after the response: unlinking a 438 MB spool takes 35 ms
     if not result.created:
         response.status_code = status.HTTP_200_OK
     return _read(result.row, notices=result.notices)

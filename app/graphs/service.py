@@ -29,8 +29,7 @@ predictor never gets another's answers.
 
 from __future__ import annotations
 
-import hashlib
-import json
+import os
 import threading
 import weakref
 from collections import OrderedDict
@@ -45,68 +44,26 @@ from app.auth import Principal, check_owner
 from app.core.analysis import GraphAnalysis, analyze
 from app.core.hardware import HardwareSpec
 from app.core.ir import Graph
-from app.core.json_import import import_json
+from app.core.limits import current_limits
 from app.core.vocab import SoftwareStack
 from app.errors import (
     GraphNotFound,
     InvalidGraph,
-    InvalidRequest,
     LayercastError,
     UnboundDimension,
     UnknownDimension,
     UnsupportedOpset,
 )
+from app.graphs.importer import (  # noqa: F401 (build_graph, canonical_json, summarize: this module's API too)
+    ImportWorkers,
+    build_graph,
+    canonical_json,
+    content_id,
+    prepare_graph,
+    summarize,
+)
 from app.graphs.models import StoredGraph
 from app.graphs.repository import GraphRepository
-
-
-def canonical_json(doc: Mapping[str, Any]) -> bytes:
-    """Canonical UTF-8 encoding of a JSON graph (sorted keys, no whitespace): equal graphs hash equal."""
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def content_id(content: bytes) -> str:
-    """Graph id: hex sha256 of the stored content."""
-    return hashlib.sha256(content).hexdigest()
-
-
-def build_graph(
-    content: bytes, source_format: str, *, batch_size: int, dims: Mapping[str, int] | None = None, name: str = ""
-) -> Graph:
-    """Import stored content (``onnx`` bytes or canonical ``json``) into the IR at ``batch_size``.
-
-    Raises :class:`InvalidGraph`, :class:`UnboundDimension`, :class:`UnknownDimension` (422) when
-    ``dims`` names a dimension the graph does not have (a typo would otherwise be ignored silently), or
-    :class:`InvalidRequest` for a non-positive batch size.
-    """
-    if batch_size <= 0:
-        raise InvalidRequest(f"batch_size must be positive, got {batch_size}", detail={"batch_size": batch_size})
-    dims = dict(dims or {})
-    graph = _import(content, source_format, batch_size, dims, name)
-    unknown = sorted(set(dims) - set(graph.dims))
-    if unknown:
-        known = sorted(graph.dims)
-        raise UnknownDimension(
-            f"dims names dimension(s) the graph does not have: {', '.join(map(repr, unknown))}; "
-            f"its symbolic dimensions are: {', '.join(map(repr, known)) or 'none'}",
-            detail={"unknown_dims": unknown, "graph_dims": known},
-        )
-    return graph
-
-
-def _import(content: bytes, source_format: str, batch_size: int, dims: dict[str, int], name: str) -> Graph:
-    if source_format == "onnx":
-        from app.core.onnx_import import import_onnx  # onnx costs ~0.5 s to import: not at start-up (issue 12)
-
-        return import_onnx(content, batch_size=batch_size, dims=dims, name=name or None)
-    if source_format == "json":
-        try:
-            doc = json.loads(content)
-        except ValueError as exc:
-            raise InvalidGraph(f"stored JSON graph does not parse: {exc}") from exc
-        return import_json(doc, batch_size=batch_size)
-    raise InvalidGraph(f"unknown source format {source_format!r}")
-
 
 #: Default byte budget of the process-wide analysis cache (the app sets ``Settings.analysis_cache_bytes``).
 DEFAULT_CACHE_BYTES = 512 * 2**20
@@ -378,24 +335,6 @@ def bound_inline(
                  hardware_kind)
 
 
-def summarize(analysis: GraphAnalysis) -> dict[str, Any]:
-    """JSON-ready summary (the ``GraphSummary`` schema) of an analysis."""
-    g = analysis.graph
-    return {
-        "batch_size": g.batch_size,
-        "dims": dict(g.dims),
-        "layer_count": analysis.layer_count,
-        "op_counts": analysis.op_counts,
-        "params": analysis.params,
-        "forward_macs": analysis.forward_macs,
-        "forward_flops": analysis.forward_flops,
-        "backward_flops": analysis.backward_flops,
-        "unsupported": [{"op_type": u.op_type, "count": u.count, "reason": u.reason} for u in analysis.unsupported],
-        "totals_exclude_unsupported": bool(analysis.unsupported),
-        "warnings": list(g.warnings),
-    }
-
-
 @dataclass
 class CreateResult:
     """Outcome of :func:`create_graph`: the row, whether it is new, and what the request's ``name``,
@@ -436,19 +375,22 @@ def create_graph(
     dims: Mapping[str, int] | None = None,
     upload_sha256: str | None = None,
     owner: str | None = None,
+    content_path: str | None = None,
+    workers: ImportWorkers | None = None,
 ) -> CreateResult:
     """Validate, analyse and store a graph by content hash, without its weight data.
 
     ``content``: the ONNX upload (bytes, or a binary file positioned at its start, e.g. the spooled
     temporary file of a streamed upload, never read whole into memory) or the canonical JSON layer
     list; ``upload_sha256``: hex sha256 of those bytes when the caller hashed them while streaming
-    (required with a file; computed here for bytes). An ONNX model is parsed in bounded slices
-    (:func:`app.core.onnx_wire.read_model`), its external-data references dropped unread and its
-    weight data stripped (:func:`app.core.onnx_weights.strip_weights`); the stripped model is imported
-    at ``batch_size`` / ``dims`` for the summary and stored. The graph is fully imported before anything is written, so
-    one that fails (:class:`InvalidGraph`, :class:`UnboundDimension`, :class:`UnknownDimension`)
-    leaves the database untouched. An identical upload returns the stored row with ``created=False``,
-    changes nothing, and says in ``notices`` what it did with a different ``name``/``batch_size``/``dims``.
+    (required with a file; computed here for bytes). The id is looked up before anything is parsed: an
+    identical upload returns the stored row with ``created=False``, changes nothing, and says in ``notices``
+    what it did with a different ``name``/``batch_size``/``dims``. Otherwise :func:`prepare_graph` parses,
+    strips and imports it: in the import worker process (``workers``, :mod:`app.graphs.importer`) when the
+    file is also on disk at ``content_path`` and large enough for :meth:`ImportWorkers.wants`, else here.
+    The graph is fully imported before anything is written, so one that fails (:class:`InvalidGraph`,
+    :class:`UnboundDimension`, :class:`UnknownDimension`) leaves the database untouched; a worker process that
+    dies raises :class:`app.errors.ImportWorkerFailed` (503), nothing stored either.
     ``owner``: the API key id recorded on a new row (:mod:`app.auth`; None: anonymous).
     """
     if isinstance(content, bytes):
@@ -461,38 +403,23 @@ def create_graph(
     existing = repo.get(gid)
     if existing is not None:
         return CreateResult(existing, False, _reupload_notices(existing, name=name, batch_size=batch_size, dims=dims))
-    stripped_bytes = 0
-    if source_format == "onnx":
-        from app.core.onnx_import import parse_model  # imported on first use, as in _import
-        from app.core.onnx_weights import strip_weights
-
-        if isinstance(content, bytes):
-            size = len(content)
-            model = parse_model(content)
-        else:
-            start = content.tell()
-            model = parse_model(content)  # read in bounded slices, never whole next to the parsed model
-            size = content.tell() - start
-        report = strip_weights(model)
-        stored = model.SerializeToString()
-        del model
-        stripped_bytes = report.stripped_bytes + report.external_bytes
+    if (workers is not None and content_path is not None and source_format == "onnx"
+            and workers.wants(os.path.getsize(content_path))):
+        prepared = workers.prepare(content_path, name=name, batch_size=batch_size, dims=dims or {},
+                                   limits=current_limits())
     else:
-        stored = content if isinstance(content, bytes) else content.read()
-        size = len(stored)
-    graph = build_graph(stored, source_format, batch_size=batch_size, dims=dims, name=name)
-    summary = summarize(analyze(graph))
+        prepared = prepare_graph(content, source_format, name=name, batch_size=batch_size, dims=dims)
     row = StoredGraph(
         id=gid,
-        name=(name or graph.name)[:200],
+        name=(name or prepared.graph_name)[:200],
         source_format=source_format,
-        size_bytes=size,
-        stored_bytes=len(stored),
+        size_bytes=prepared.size,
+        stored_bytes=len(prepared.stored),
         weights_stored=False,
-        stripped_weight_bytes=stripped_bytes,
-        structure_sha256=content_id(stored),
-        content=stored,
-        summary=summary,
+        stripped_weight_bytes=prepared.stripped_bytes,
+        structure_sha256=content_id(prepared.stored),
+        content=prepared.stored,
+        summary=prepared.summary,
         owner=owner,
     )
     bound = ",".join(f"{k}={v}" for k, v in (dims or {}).items())  # the query's own syntax, dims=seq=128,...

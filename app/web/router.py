@@ -14,7 +14,7 @@ from html import escape
 from typing import Annotated, Any
 from urllib.parse import urlencode
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, BackgroundTasks, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, RedirectResponse
 from pydantic import Field, ValidationError
@@ -232,10 +232,10 @@ def comparison_csv(
 
 
 @router.post("/ui/graphs", response_class=HTMLResponse)
-async def upload(request: Request, session: SessionDep, settings: SettingsDep) -> Response:
+async def upload(request: Request, session: SessionDep, settings: SettingsDep, background: BackgroundTasks) -> Response:
     """Upload from the page (multipart ``file``) through ``POST /v1/graphs``, then show the graph (303)."""
     try:
-        graph = await graphs_router.create_graph(request, Response(), session, settings)
+        graph = await graphs_router.create_graph(request, Response(), session, settings, background)
     except LayercastError as exc:
         return HTMLResponse(render.page(render.error(exc.code, exc.message)), status_code=exc.status_code)
-    return RedirectResponse(f"/?graph_id={graph.id}", status_code=303)
+    return RedirectResponse(f"/?graph_id={graph.id}", status_code=303, background=background)
