@@ -11,7 +11,9 @@ Pareto front: :func:`app.estimates.service.mark_pareto`), so it needs ``--datase
 
 Exit codes: 0 success (gate: within every limit), 1 gate breach, 2 bad arguments or a prediction the
 service refused (unknown hardware, unsupported precision, unreadable model: the problem document's code
-is printed).
+is printed), 4 gate: the candidate has layers that cannot be costed (unsupported ops, left out of every
+total, so a limit would be checked against an undercount; ``--allow-unsupported`` gates the costed layers
+only).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from pydantic import ValidationError
 from app.core.precision import Precision
 from app.errors import LayercastError
 
-EXIT_OK, EXIT_BREACH, EXIT_ERROR = 0, 1, 2
+EXIT_OK, EXIT_BREACH, EXIT_ERROR, EXIT_UNSUPPORTED = 0, 1, 2, 4
 
 
 class PredictionFailed(Exception):
@@ -339,7 +341,8 @@ def add_parsers(sub: Any) -> None:
                                              "(needs --dataset-size and --epochs)")
     common(compare, hardware_help="comma-separated hardware ids, e.g. v100-sxm2-16gb,a100-sxm4-40gb")
 
-    gate = sub.add_parser("gate", help="fail (exit 1) when a model's predicted cost breaches a limit")
+    gate = sub.add_parser("gate", help="fail (exit 1) when a model's predicted cost breaches a limit "
+                                       "(exit 4 when it has layers that cannot be costed)")
     common(gate, hardware_help="hardware id the limit applies to")
     limits = gate.add_argument_group("limits (at least one)")
     limits.add_argument("--baseline", type=Path, default=None, help="ONNX file of the previous model")
@@ -349,6 +352,9 @@ def add_parsers(sub: Any) -> None:
     limits.add_argument("--max-usd", type=float, default=None,
                         help="largest allowed job cost (USD; needs --dataset-size and --epochs)")
     gate.add_argument("--top", type=int, default=10, help="layers to list (default 10)")
+    gate.add_argument("--allow-unsupported", action="store_true",
+                      help="pass a candidate with layers that cannot be costed (default: exit 4 naming them; "
+                           "their time is left out of every total)")
 
 
 def _params(args: argparse.Namespace) -> JobParams:
@@ -412,12 +418,15 @@ def _gate(args: argparse.Namespace, backend: Backend) -> int:
     params = _params(args)
     candidate = backend.predict(args.model, args.hardware, params)
     metric, value = headline(candidate)
+    uncosted = uncosted_line(candidate)
+    warnings = [str(w) for w in candidate["warnings"]]
     breaches: list[str] = []
     checks: list[dict[str, Any]] = []
     deltas: list[LayerDelta] = []
     if args.baseline is not None:
         baseline = backend.predict(args.baseline, args.hardware, params)
         _, base_value = headline(baseline)
+        warnings += [f"baseline: {w}" for w in baseline["warnings"]]
         growth = value / base_value - 1 if base_value > 0 else float("inf")
         ok = growth <= args.max_increase
         checks.append({"check": "max_increase", "metric": metric, "baseline": base_value, "candidate": value,
@@ -444,24 +453,44 @@ def _gate(args: argparse.Namespace, backend: Backend) -> int:
     if not deltas:  # no baseline: the layers that cost most are what to look at
         deltas = layer_deltas({"layers": []}, candidate)
     top = deltas[: args.top]
+    refused = uncosted is not None and not args.allow_unsupported
     if args.json:
         print(json.dumps({
-            "ok": not breaches, "breaches": breaches, "checks": checks,
+            "ok": not breaches and not refused, "breaches": breaches, "checks": checks,
+            "unsupported": candidate["unsupported"], "allow_unsupported": args.allow_unsupported,
+            "warnings": warnings,
             "layers": [{"name": d.name, "op_type": d.op_type, "baseline_ms": d.baseline_ms,
                         "candidate_ms": d.candidate_ms, "delta_ms": d.delta_ms} for d in top],
         }, indent=2))
     else:
         for line in breaches:
             print(f"BREACH: {line}")
-        if not breaches:
+        if uncosted is not None:
+            print(f"UNSUPPORTED: {uncosted}" + (" (allowed by --allow-unsupported)" if args.allow_unsupported
+                                                 else "; pass --allow-unsupported to gate the costed layers only"))
+        if not breaches and not refused:
             print(f"ok: {metric} = {value:.4g} within every limit")
+        for warning in warnings:
+            print(f"warning: {warning}")
         print(f"top {len(top)} layers by {'growth' if args.baseline else 'time'} (ms per iteration):")
         from app.cli import format_table
 
         print(format_table([(d.name, d.op_type, _fmt_s(d.baseline_ms), _fmt_s(d.candidate_ms),
                              f"{d.delta_ms:+.4g}") for d in top],
                            ("layer", "op_type", "baseline_ms", "candidate_ms", "delta_ms")))
-    return EXIT_BREACH if breaches else EXIT_OK
+    return EXIT_BREACH if breaches else EXIT_UNSUPPORTED if refused else EXIT_OK
+
+
+def uncosted_line(pred: dict[str, Any]) -> str | None:
+    """One line naming a prediction's layers that cannot be costed (``unsupported``: op type, count, the
+    first layer names), or None when every layer has a time. Their time is in no total."""
+    groups = pred.get("unsupported") or []
+    if not groups:
+        return None
+    n = sum(int(g["count"]) for g in groups)
+    ops = ", ".join(f"{g['op_type']} x{g['count']} ({', '.join(g['layers'][:3])}"
+                    f"{', ...' if len(g['layers']) > 3 else ''})" for g in groups)
+    return f"{n} layer(s) cannot be costed and are left out of every total: {ops}"
 
 
 COMMANDS = {"predict": _predict, "compare": _compare, "gate": _gate}
