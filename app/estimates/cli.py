@@ -11,9 +11,11 @@ Pareto front: :func:`app.estimates.service.mark_pareto`), so it needs ``--datase
 
 Exit codes: 0 success (gate: within every limit), 1 gate breach, 2 bad arguments or a prediction the
 service refused (unknown hardware, unsupported precision, unreadable model: the problem document's code
-is printed), 4 gate: the candidate has layers that cannot be costed (unsupported ops, left out of every
-total, so a limit would be checked against an undercount; ``--allow-unsupported`` gates the costed layers
-only).
+is printed), 3 ``--server`` unreachable or not a URL (connection refused, unknown host, no ``http://``,
+a timeout, an answer that is not the service's JSON: one line, never a traceback, and never 1 so a CI job
+cannot read an outage as a breach), 4 gate: the candidate has layers that cannot be costed (unsupported
+ops, left out of every total, so a limit would be checked against an undercount; ``--allow-unsupported``
+gates the costed layers only).
 """
 
 from __future__ import annotations
@@ -32,7 +34,19 @@ from pydantic import ValidationError
 from app.core.precision import Precision
 from app.errors import LayercastError
 
-EXIT_OK, EXIT_BREACH, EXIT_ERROR, EXIT_UNSUPPORTED = 0, 1, 2, 4
+EXIT_OK, EXIT_BREACH, EXIT_ERROR, EXIT_UNREACHABLE, EXIT_UNSUPPORTED = 0, 1, 2, 3, 4
+
+EXIT_CODES_HELP = """exit codes:
+  0  ok (gate: within every limit)
+  1  gate: a limit breached
+  2  bad arguments, or a prediction the service refused (its error code is printed)
+  3  --server unreachable or not a valid URL (nothing was predicted)
+  4  gate: the candidate has layers that cannot be costed (see --allow-unsupported)"""
+
+
+class ServerUnreachable(Exception):
+    """``--server`` could not be asked: a transport error (refused, unknown host, timeout), a URL httpx
+    cannot use, or an answer that is not the service's JSON."""
 
 
 class PredictionFailed(Exception):
@@ -162,16 +176,35 @@ class ServerBackend:
     def __init__(self, url: str, *, timeout_s: float = 120.0) -> None:
         import httpx
 
-        self.client = httpx.Client(base_url=url.rstrip("/"), timeout=timeout_s)
+        self.url = url
+        try:
+            self.client = httpx.Client(base_url=url.rstrip("/"), timeout=timeout_s)
+        except httpx.InvalidURL as exc:
+            raise ServerUnreachable(f"--server {url!r} is not a valid URL: {exc}") from exc
         self._ids: dict[Path, str] = {}
 
-    @staticmethod
-    def _check(response: Any) -> dict[str, Any]:
-        body = response.json() if response.headers.get("content-type", "").startswith("application/json") else {}
+    def _post(self, path: str, **kwargs: Any) -> Any:
+        """``client.post`` with httpx's transport and URL errors as :class:`ServerUnreachable`."""
+        import httpx
+
+        try:
+            return self.client.post(path, **kwargs)
+        except (httpx.RequestError, httpx.InvalidURL) as exc:
+            raise ServerUnreachable(f"cannot reach --server {self.url!r} ({type(exc).__name__}: {exc})") from exc
+
+    def _check(self, response: Any) -> dict[str, Any]:
+        is_json = response.headers.get("content-type", "").startswith("application/json")
+        try:
+            body = response.json() if is_json else {}
+        except ValueError:
+            is_json = False
         if response.status_code >= 400:
-            err = body.get("error", {}) if isinstance(body, dict) else {}
+            err = body.get("error", {}) if is_json and isinstance(body, dict) else {}
             raise PredictionFailed(str(err.get("code", f"http_{response.status_code}")),
                                    str(err.get("message", response.text[:200])))
+        if not is_json or not isinstance(body, dict):
+            raise ServerUnreachable(f"--server {self.url!r} answered {response.status_code} without the service's "
+                                    "JSON: is it a layercast server?")
         return dict(body)
 
     def graph_id(self, model: Path) -> str:
@@ -179,13 +212,13 @@ class ServerBackend:
         if model not in self._ids:
             with model.open("rb") as fh:
                 files = {"file": (model.name, fh, "application/octet-stream")}
-                self._ids[model] = str(self._check(self.client.post("/v1/graphs", files=files))["id"])
+                self._ids[model] = str(self._check(self._post("/v1/graphs", files=files))["id"])
         return self._ids[model]
 
     def predict(self, model: Path, hardware_id: str, params: JobParams) -> dict[str, Any]:
         """Raises :class:`PredictionFailed` with the server's error code on a 4xx/5xx answer."""
         body = {"graph_id": self.graph_id(model), "hardware_id": hardware_id, **params.body()}
-        return self._check(self.client.post("/v1/predictions", json=body))
+        return self._check(self._post("/v1/predictions", json=body))
 
     def compare(self, model: Path, hardware_ids: Sequence[str], params: JobParams) -> dict[str, Any]:
         """One ``POST /v1/comparisons`` for every device; raises :class:`PredictionFailed` on a 4xx/5xx."""
@@ -196,7 +229,7 @@ class ServerBackend:
         price = body.pop("price_usd_per_hour", None)
         if price is not None:
             body["price_usd_per_hour"] = dict.fromkeys(hardware_ids, price)
-        return self._check(self.client.post("/v1/comparisons", json=body))
+        return self._check(self._post("/v1/comparisons", json=body))
 
 
 # ---------------------------------------------------------------------------------------------- metrics
@@ -334,15 +367,20 @@ def add_parsers(sub: Any) -> None:
         p.add_argument("--server", default=None, help="service URL (default: predict offline, in process)")
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
-    predict = sub.add_parser("predict", help="predict a model's iteration, epoch and job time on one device")
+    def parser(name: str, help_: str) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = sub.add_parser(name, help=help_, epilog=EXIT_CODES_HELP,
+                                                    formatter_class=argparse.RawDescriptionHelpFormatter)
+        return p
+
+    predict = parser("predict", "predict a model's iteration, epoch and job time on one device")
     common(predict, hardware_help="hardware id (see `layercast hardware list`)")
 
-    compare = sub.add_parser("compare", help="one job on several devices: time, cost, energy, Pareto front "
-                                             "(needs --dataset-size and --epochs)")
+    compare = parser("compare", "one job on several devices: time, cost, energy, Pareto front "
+                                "(needs --dataset-size and --epochs)")
     common(compare, hardware_help="comma-separated hardware ids, e.g. v100-sxm2-16gb,a100-sxm4-40gb")
 
-    gate = sub.add_parser("gate", help="fail (exit 1) when a model's predicted cost breaches a limit "
-                                       "(exit 4 when it has layers that cannot be costed)")
+    gate = parser("gate", "fail (exit 1) when a model's predicted cost breaches a limit "
+                          "(exit 4 when it has layers that cannot be costed)")
     common(gate, hardware_help="hardware id the limit applies to")
     limits = gate.add_argument_group("limits (at least one)")
     limits.add_argument("--baseline", type=Path, default=None, help="ONNX file of the previous model")
@@ -510,3 +548,6 @@ def run(args: argparse.Namespace) -> int:
     except PredictionFailed as exc:
         print(f"layercast {args.command}: {exc.code}: {exc.message}", file=sys.stderr)
         return EXIT_ERROR
+    except ServerUnreachable as exc:
+        print(f"layercast {args.command}: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE

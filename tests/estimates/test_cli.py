@@ -276,3 +276,38 @@ def test_gate_fails_a_candidate_with_layers_it_cannot_cost(models: dict[str, Pat
     assert "UNSUPPORTED:" in capsys.readouterr().out
     # a fully costed candidate still passes without the flag
     assert main(["gate", str(models["small"]), *common, "--max-epoch-s", "100"]) == ci.EXIT_OK
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:9", "localhost:8000", "ftp://example.invalid"])
+@pytest.mark.parametrize("command", ["predict", "gate", "compare"])
+def test_an_unreachable_server_is_one_line_and_exit_3(models: dict[str, Path], url: str, command: str,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    # port 9 (discard) refuses on loopback; the others are URLs httpx cannot send to
+    argv = [command, str(models["small"]), "--hardware", A100, "--batch-size", "8", "--dataset-size", "100",
+            "--epochs", "1", "--server", url]
+    if command == "gate":
+        argv += ["--max-epoch-s", "100"]
+    assert main(argv) == ci.EXIT_UNREACHABLE != ci.EXIT_BREACH
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"layercast {command}: cannot reach --server {url!r}"), lines
+
+
+def test_a_server_that_is_not_layercast_is_exit_3(models: dict[str, Path],
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    import httpx
+
+    backend = ci.ServerBackend("http://elsewhere")
+    backend.client = httpx.Client(base_url="http://elsewhere", transport=httpx.MockTransport(
+        lambda request: httpx.Response(200, text="<html>hello</html>", headers={"content-type": "text/html"})))
+    with pytest.raises(ci.ServerUnreachable, match="not a layercast server|without the service's JSON"):
+        backend.predict(models["small"], A100, ci.JobParams(batch_size=8))
+
+
+def test_help_documents_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    for command in ("predict", "compare", "gate"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        out = capsys.readouterr().out
+        assert "exit codes:" in out and "3  --server unreachable" in out and "1  gate: a limit breached" in out
