@@ -195,7 +195,9 @@ class ComparisonCreate(Schema):
     precision: Precision = Precision.FP32
     software_stack: SoftwareStack = SoftwareStack.PYTORCH_EAGER
     dims: dict[Name, PositiveInt32] = Field(default_factory=dict)
-    hardware_ids: list[Identifier] | None = Field(default=None, max_length=256)
+    hardware_ids: list[Identifier] | None = Field(
+        default=None, min_length=1, max_length=256,
+        description="devices to compare; omitted = every stored device (an empty list is a 422, not 'all')")
     device_counts: list[_DeviceCount] = Field(default_factory=lambda: [1], min_length=1, max_length=16)
     devices_per_node: _DeviceCount | None = Field(
         default=None, description="devices per node: a count above it spreads evenly over "
