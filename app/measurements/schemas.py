@@ -84,8 +84,7 @@ class MeasurementBatchRead(Schema):
 class RowError(Schema):
     """One bad row of a batch (``detail.errors`` of 422 ``invalid_measurements``): its 0-based ``index``
     in ``measurements``, a machine-readable ``code`` (``hardware_not_found``, ``reserved_source``,
-    ``implausible_measurement``), the
-    ``field`` at fault and a message."""
+    ``implausible_measurement``, ``invalid_layer_config``), the ``field`` at fault and a message."""
 
     index: int
     code: str
