@@ -59,6 +59,14 @@ class UnknownDimension(LayercastError):
     code = "unknown_dimension"
 
 
+class BatchAxisInDims(LayercastError):
+    """``dims`` names a graph's batch axis, which ``batch_size`` binds (naming it in both would leave the
+    answer's ``batch_size`` and the costed batch disagreeing)."""
+
+    status_code = 422
+    code = "dims_names_batch_axis"
+
+
 class InvalidRequest(LayercastError):
     status_code = 422
     code = "invalid_request"

@@ -62,7 +62,7 @@ from app.core.limits import Deadline, Limits, current_limits
 from app.core.onnx_weights import drop_external_data, has_inline_data
 from app.core.onnx_wire import WireError, read_model
 from app.core.shape_prop import MAX_VALUE_NUMEL, propagate_shapes
-from app.errors import GraphTooLarge, InvalidGraph, LimitExceeded, UnboundDimension, UnsupportedOpset
+from app.errors import BatchAxisInDims, GraphTooLarge, InvalidGraph, LimitExceeded, UnboundDimension, UnsupportedOpset
 
 # op_type → cost family. Anything absent is OpKind.UNSUPPORTED (listed, never counted as zero).
 OP_KINDS: dict[str, OpKind] = {
@@ -448,6 +448,37 @@ def _tied_weight_inputs(
     return tied, warnings
 
 
+def _batch_axis_names(roles: _InputRoles) -> dict[str, str]:
+    """Symbolic batch-axis name → the first data input carrying it (unnamed axes as ``input[axis]``, the
+    name :func:`_bind_inputs` binds them under)."""
+    names: dict[str, str] = {}
+    for vi in roles.data:
+        axis = roles.batch_axis.get(vi.name, 0)
+        shape = vi.type.tensor_type.shape.dim
+        if len(shape) > axis and not shape[axis].HasField("dim_value"):
+            names.setdefault(shape[axis].dim_param or f"{vi.name}[{axis}]", vi.name)
+    return names
+
+
+def _refuse_batch_axis_in_dims(roles: _InputRoles, *, batch_size: int, dims: Mapping[str, int]) -> None:
+    """Raise :class:`BatchAxisInDims` when ``dims`` names a symbolic batch axis of a data input.
+
+    ``batch_size`` binds that axis: before this check a ``dims`` value won silently, so an answer echoed
+    ``batch_size=32`` while its times and memory were those of the ``dims`` batch (even an equal value is
+    refused, so a request means one thing whatever its numbers).
+    """
+    inputs = _batch_axis_names(roles)
+    named = sorted(set(dims) & set(inputs))
+    if named:
+        raise BatchAxisInDims(
+            f"dims names the batch axis {', '.join(map(repr, named))} (of input "
+            f"{', '.join(repr(inputs[n]) for n in named)}), which batch_size binds (batch_size={batch_size} "
+            f"here): drop it from dims and set batch_size to the batch you mean",
+            detail={"dimensions": named, "inputs": [inputs[n] for n in named], "batch_size": batch_size,
+                    "dims": {n: dims[n] for n in named}},
+        )
+
+
 def _bind_inputs(
     model: onnx.ModelProto,
     roles: _InputRoles,
@@ -457,12 +488,13 @@ def _bind_inputs(
 ) -> tuple[dict[str, int], int | None, list[str]]:
     """Replace symbolic dims of graph inputs with values, in place.
 
-    The batch axis of each data input (``roles.batch_axis``) takes ``batch_size`` unless ``dims`` names it;
-    every other symbolic dim of a data input or a parameter comes from ``dims`` (or from the same name
+    The batch axis of each data input (``roles.batch_axis``) takes ``batch_size``; ``dims`` naming it is
+    :class:`BatchAxisInDims` (see :func:`_refuse_batch_axis_in_dims`); every other symbolic dim of a data
+    input or a parameter comes from ``dims`` (or from the same name
     already bound on a data input). A data input exported with a fixed batch size other than
     ``batch_size`` (rank ≥ 2) is rebound. Returns the binding used, the export's fixed batch size if one had
     to be overridden (else None) and warnings. Raises :class:`UnboundDimension` naming the first symbolic
-    dimension with no value, or a non-positive value.
+    dimension with no value, or a non-positive value, and :class:`BatchAxisInDims`.
     A fixed batch axis is rebound only when every data input agrees on its value (inputs of (2,1,4,8)
     and (3,8,5) have no common batch); otherwise a warning says the fixed shapes were kept.
     """
@@ -478,6 +510,7 @@ def _bind_inputs(
         if len(dims_vi) >= 2 and len(dims_vi) > axis and dims_vi[axis].HasField("dim_value"):
             leading.add(int(dims_vi[axis].dim_value))
     rebind_fixed = len(leading) <= 1
+    _refuse_batch_axis_in_dims(roles, batch_size=batch_size, dims=dims)
     if not rebind_fixed:
         warnings.append(
             f"data inputs have different fixed leading dimensions {sorted(leading)}: no common batch axis, "
@@ -789,9 +822,11 @@ def import_onnx(
 ) -> Graph:
     """Import an ONNX model as a :class:`Graph` at ``batch_size``.
 
-    ``dims`` binds symbolic dimensions other than the batch axis (e.g. ``{"sequence": 128}``).
+    ``dims`` binds symbolic dimensions other than the batch axis (e.g. ``{"sequence": 128}``); naming the
+    batch axis there is :class:`BatchAxisInDims` (``batch_size`` binds it).
     Raises :class:`InvalidGraph` for bytes that are not ONNX or a graph whose shapes cannot be inferred,
-    :class:`UnboundDimension` for a symbolic dimension without a value, ``ValueError`` for a
+    :class:`UnboundDimension` for a symbolic dimension without a value, :class:`BatchAxisInDims` when
+    ``dims`` names the batch axis, ``ValueError`` for a
     non-positive ``batch_size``.
     """
     if batch_size <= 0:

@@ -11,7 +11,11 @@ Pareto front: :func:`app.estimates.service.mark_pareto`), so it needs ``--datase
 
 Exit codes: 0 success (gate: within every limit), 1 gate breach, 2 bad arguments or a prediction the
 service refused (unknown hardware, unsupported precision, unreadable model: the problem document's code
-is printed).
+is printed), 3 ``--server`` unreachable or not a URL (connection refused, unknown host, no ``http://``,
+a timeout, an answer that is not the service's JSON: one line, never a traceback, and never 1 so a CI job
+cannot read an outage as a breach), 4 gate: the candidate has layers that cannot be costed (unsupported
+ops, left out of every total, so a limit would be checked against an undercount; ``--allow-unsupported``
+gates the costed layers only).
 """
 
 from __future__ import annotations
@@ -30,7 +34,19 @@ from pydantic import ValidationError
 from app.core.precision import Precision
 from app.errors import LayercastError
 
-EXIT_OK, EXIT_BREACH, EXIT_ERROR = 0, 1, 2
+EXIT_OK, EXIT_BREACH, EXIT_ERROR, EXIT_UNREACHABLE, EXIT_UNSUPPORTED = 0, 1, 2, 3, 4
+
+EXIT_CODES_HELP = """exit codes:
+  0  ok (gate: within every limit)
+  1  gate: a limit breached
+  2  bad arguments, or a prediction the service refused (its error code is printed)
+  3  --server unreachable or not a valid URL (nothing was predicted)
+  4  gate: the candidate has layers that cannot be costed (see --allow-unsupported)"""
+
+
+class ServerUnreachable(Exception):
+    """``--server`` could not be asked: a transport error (refused, unknown host, timeout), a URL httpx
+    cannot use, or an answer that is not the service's JSON."""
 
 
 class PredictionFailed(Exception):
@@ -160,16 +176,35 @@ class ServerBackend:
     def __init__(self, url: str, *, timeout_s: float = 120.0) -> None:
         import httpx
 
-        self.client = httpx.Client(base_url=url.rstrip("/"), timeout=timeout_s)
+        self.url = url
+        try:
+            self.client = httpx.Client(base_url=url.rstrip("/"), timeout=timeout_s)
+        except httpx.InvalidURL as exc:
+            raise ServerUnreachable(f"--server {url!r} is not a valid URL: {exc}") from exc
         self._ids: dict[Path, str] = {}
 
-    @staticmethod
-    def _check(response: Any) -> dict[str, Any]:
-        body = response.json() if response.headers.get("content-type", "").startswith("application/json") else {}
+    def _post(self, path: str, **kwargs: Any) -> Any:
+        """``client.post`` with httpx's transport and URL errors as :class:`ServerUnreachable`."""
+        import httpx
+
+        try:
+            return self.client.post(path, **kwargs)
+        except (httpx.RequestError, httpx.InvalidURL) as exc:
+            raise ServerUnreachable(f"cannot reach --server {self.url!r} ({type(exc).__name__}: {exc})") from exc
+
+    def _check(self, response: Any) -> dict[str, Any]:
+        is_json = response.headers.get("content-type", "").startswith("application/json")
+        try:
+            body = response.json() if is_json else {}
+        except ValueError:
+            is_json = False
         if response.status_code >= 400:
-            err = body.get("error", {}) if isinstance(body, dict) else {}
+            err = body.get("error", {}) if is_json and isinstance(body, dict) else {}
             raise PredictionFailed(str(err.get("code", f"http_{response.status_code}")),
                                    str(err.get("message", response.text[:200])))
+        if not is_json or not isinstance(body, dict):
+            raise ServerUnreachable(f"--server {self.url!r} answered {response.status_code} without the service's "
+                                    "JSON: is it a layercast server?")
         return dict(body)
 
     def graph_id(self, model: Path) -> str:
@@ -177,13 +212,13 @@ class ServerBackend:
         if model not in self._ids:
             with model.open("rb") as fh:
                 files = {"file": (model.name, fh, "application/octet-stream")}
-                self._ids[model] = str(self._check(self.client.post("/v1/graphs", files=files))["id"])
+                self._ids[model] = str(self._check(self._post("/v1/graphs", files=files))["id"])
         return self._ids[model]
 
     def predict(self, model: Path, hardware_id: str, params: JobParams) -> dict[str, Any]:
         """Raises :class:`PredictionFailed` with the server's error code on a 4xx/5xx answer."""
         body = {"graph_id": self.graph_id(model), "hardware_id": hardware_id, **params.body()}
-        return self._check(self.client.post("/v1/predictions", json=body))
+        return self._check(self._post("/v1/predictions", json=body))
 
     def compare(self, model: Path, hardware_ids: Sequence[str], params: JobParams) -> dict[str, Any]:
         """One ``POST /v1/comparisons`` for every device; raises :class:`PredictionFailed` on a 4xx/5xx."""
@@ -194,7 +229,7 @@ class ServerBackend:
         price = body.pop("price_usd_per_hour", None)
         if price is not None:
             body["price_usd_per_hour"] = dict.fromkeys(hardware_ids, price)
-        return self._check(self.client.post("/v1/comparisons", json=body))
+        return self._check(self._post("/v1/comparisons", json=body))
 
 
 # ---------------------------------------------------------------------------------------------- metrics
@@ -332,14 +367,20 @@ def add_parsers(sub: Any) -> None:
         p.add_argument("--server", default=None, help="service URL (default: predict offline, in process)")
         p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
-    predict = sub.add_parser("predict", help="predict a model's iteration, epoch and job time on one device")
+    def parser(name: str, help_: str) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = sub.add_parser(name, help=help_, epilog=EXIT_CODES_HELP,
+                                                    formatter_class=argparse.RawDescriptionHelpFormatter)
+        return p
+
+    predict = parser("predict", "predict a model's iteration, epoch and job time on one device")
     common(predict, hardware_help="hardware id (see `layercast hardware list`)")
 
-    compare = sub.add_parser("compare", help="one job on several devices: time, cost, energy, Pareto front "
-                                             "(needs --dataset-size and --epochs)")
+    compare = parser("compare", "one job on several devices: time, cost, energy, Pareto front "
+                                "(needs --dataset-size and --epochs)")
     common(compare, hardware_help="comma-separated hardware ids, e.g. v100-sxm2-16gb,a100-sxm4-40gb")
 
-    gate = sub.add_parser("gate", help="fail (exit 1) when a model's predicted cost breaches a limit")
+    gate = parser("gate", "fail (exit 1) when a model's predicted cost breaches a limit "
+                          "(exit 4 when it has layers that cannot be costed)")
     common(gate, hardware_help="hardware id the limit applies to")
     limits = gate.add_argument_group("limits (at least one)")
     limits.add_argument("--baseline", type=Path, default=None, help="ONNX file of the previous model")
@@ -349,6 +390,9 @@ def add_parsers(sub: Any) -> None:
     limits.add_argument("--max-usd", type=float, default=None,
                         help="largest allowed job cost (USD; needs --dataset-size and --epochs)")
     gate.add_argument("--top", type=int, default=10, help="layers to list (default 10)")
+    gate.add_argument("--allow-unsupported", action="store_true",
+                      help="pass a candidate with layers that cannot be costed (default: exit 4 naming them; "
+                           "their time is left out of every total)")
 
 
 def _params(args: argparse.Namespace) -> JobParams:
@@ -412,12 +456,15 @@ def _gate(args: argparse.Namespace, backend: Backend) -> int:
     params = _params(args)
     candidate = backend.predict(args.model, args.hardware, params)
     metric, value = headline(candidate)
+    uncosted = uncosted_line(candidate)
+    warnings = [str(w) for w in candidate["warnings"]]
     breaches: list[str] = []
     checks: list[dict[str, Any]] = []
     deltas: list[LayerDelta] = []
     if args.baseline is not None:
         baseline = backend.predict(args.baseline, args.hardware, params)
         _, base_value = headline(baseline)
+        warnings += [f"baseline: {w}" for w in baseline["warnings"]]
         growth = value / base_value - 1 if base_value > 0 else float("inf")
         ok = growth <= args.max_increase
         checks.append({"check": "max_increase", "metric": metric, "baseline": base_value, "candidate": value,
@@ -444,24 +491,44 @@ def _gate(args: argparse.Namespace, backend: Backend) -> int:
     if not deltas:  # no baseline: the layers that cost most are what to look at
         deltas = layer_deltas({"layers": []}, candidate)
     top = deltas[: args.top]
+    refused = uncosted is not None and not args.allow_unsupported
     if args.json:
         print(json.dumps({
-            "ok": not breaches, "breaches": breaches, "checks": checks,
+            "ok": not breaches and not refused, "breaches": breaches, "checks": checks,
+            "unsupported": candidate["unsupported"], "allow_unsupported": args.allow_unsupported,
+            "warnings": warnings,
             "layers": [{"name": d.name, "op_type": d.op_type, "baseline_ms": d.baseline_ms,
                         "candidate_ms": d.candidate_ms, "delta_ms": d.delta_ms} for d in top],
         }, indent=2))
     else:
         for line in breaches:
             print(f"BREACH: {line}")
-        if not breaches:
+        if uncosted is not None:
+            print(f"UNSUPPORTED: {uncosted}" + (" (allowed by --allow-unsupported)" if args.allow_unsupported
+                                                 else "; pass --allow-unsupported to gate the costed layers only"))
+        if not breaches and not refused:
             print(f"ok: {metric} = {value:.4g} within every limit")
+        for warning in warnings:
+            print(f"warning: {warning}")
         print(f"top {len(top)} layers by {'growth' if args.baseline else 'time'} (ms per iteration):")
         from app.cli import format_table
 
         print(format_table([(d.name, d.op_type, _fmt_s(d.baseline_ms), _fmt_s(d.candidate_ms),
                              f"{d.delta_ms:+.4g}") for d in top],
                            ("layer", "op_type", "baseline_ms", "candidate_ms", "delta_ms")))
-    return EXIT_BREACH if breaches else EXIT_OK
+    return EXIT_BREACH if breaches else EXIT_UNSUPPORTED if refused else EXIT_OK
+
+
+def uncosted_line(pred: dict[str, Any]) -> str | None:
+    """One line naming a prediction's layers that cannot be costed (``unsupported``: op type, count, the
+    first layer names), or None when every layer has a time. Their time is in no total."""
+    groups = pred.get("unsupported") or []
+    if not groups:
+        return None
+    n = sum(int(g["count"]) for g in groups)
+    ops = ", ".join(f"{g['op_type']} x{g['count']} ({', '.join(g['layers'][:3])}"
+                    f"{', ...' if len(g['layers']) > 3 else ''})" for g in groups)
+    return f"{n} layer(s) cannot be costed and are left out of every total: {ops}"
 
 
 COMMANDS = {"predict": _predict, "compare": _compare, "gate": _gate}
@@ -481,3 +548,6 @@ def run(args: argparse.Namespace) -> int:
     except PredictionFailed as exc:
         print(f"layercast {args.command}: {exc.code}: {exc.message}", file=sys.stderr)
         return EXIT_ERROR
+    except ServerUnreachable as exc:
+        print(f"layercast {args.command}: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE

@@ -20,7 +20,7 @@ MAX_JOBS = 1_000
 
 _DeviceCount = Annotated[int, Field(strict=True, ge=1, le=4096)]
 _BatchSize = Annotated[int, Field(strict=True, gt=0, le=1_000_000)]
-_Price = Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)]
+_Price = Annotated[float, Field(strict=True, gt=0, le=1e6, allow_inf_nan=False)]
 
 
 class ItemError(Schema):
@@ -107,11 +107,12 @@ class JobSpec(Schema):
     device_count: int = Field(default=1, strict=True, ge=1, le=4096)
     nodes: int = Field(default=1, strict=True, ge=1, le=4096,
                        description="nodes the devices sit on (as in POST /v1/predictions)")
-    inter_node_bandwidth_bytes_per_s: float | None = Field(default=None, gt=0, le=1e15, allow_inf_nan=False)
-    inter_node_latency_s: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
+    inter_node_bandwidth_bytes_per_s: float | None = Field(default=None, strict=True, gt=0, le=1e15,
+                                                           allow_inf_nan=False)
+    inter_node_latency_s: float | None = Field(default=None, strict=True, gt=0, le=1, allow_inf_nan=False)
     batch_size: int = Field(strict=True, gt=0, le=1_000_000)
     dataset_size: int = Field(strict=True, gt=0, le=10**15)
-    epochs: float = Field(gt=0, le=1e6, allow_inf_nan=False)
+    epochs: float = Field(strict=True, gt=0, le=1e6, allow_inf_nan=False)
     precision: Precision = Precision.FP32
     optimizer: Optimizer = "sgd"
     software_stack: SoftwareStack = SoftwareStack.PYTORCH_EAGER
@@ -145,7 +146,7 @@ class JobEstimatesRead(Schema):
 class JobActual(JobSpec):
     """A job that ran: its parameters and the measured wall time (s)."""
 
-    measured_s: float = Field(gt=0, allow_inf_nan=False)
+    measured_s: float = Field(strict=True, gt=0, allow_inf_nan=False)
     context: JsonObject = Field(default_factory=dict, description="scheduler, job id, cluster, date, ...")
 
 
@@ -189,24 +190,27 @@ class ComparisonCreate(Schema):
     graph_id: Identifier
     batch_size: int = Field(strict=True, gt=0, le=1_000_000)
     dataset_size: int = Field(strict=True, gt=0, le=10**15)
-    epochs: float = Field(gt=0, le=1e6, allow_inf_nan=False)
+    epochs: float = Field(strict=True, gt=0, le=1e6, allow_inf_nan=False)
     mode: Mode = "training"
     optimizer: Optimizer = "sgd"
     precision: Precision = Precision.FP32
     software_stack: SoftwareStack = SoftwareStack.PYTORCH_EAGER
     dims: dict[Name, PositiveInt32] = Field(default_factory=dict)
-    hardware_ids: list[Identifier] | None = Field(default=None, max_length=256)
+    hardware_ids: list[Identifier] | None = Field(
+        default=None, min_length=1, max_length=256,
+        description="devices to compare; omitted = every stored device (an empty list is a 422, not 'all')")
     device_counts: list[_DeviceCount] = Field(default_factory=lambda: [1], min_length=1, max_length=16)
     devices_per_node: _DeviceCount | None = Field(
         default=None, description="devices per node: a count above it spreads evenly over "
                                   "ceil(count / devices_per_node) nodes (hierarchical all-reduce; a count that "
                                   "does not spread evenly is unavailable); none = every count in one node")
-    inter_node_bandwidth_bytes_per_s: float | None = Field(default=None, gt=0, le=1e15, allow_inf_nan=False,
+    inter_node_bandwidth_bytes_per_s: float | None = Field(default=None, strict=True, gt=0, le=1e15,
+                                                           allow_inf_nan=False,
                                                            description="per node (rows over several nodes)")
-    inter_node_latency_s: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
+    inter_node_latency_s: float | None = Field(default=None, strict=True, gt=0, le=1, allow_inf_nan=False)
     price_usd_per_hour: dict[Identifier, _Price] = Field(default_factory=dict,
                                                  description="per-device-hour price overrides by hardware id")
-    grid_gco2_per_kwh: float | None = Field(default=None, gt=0, le=1e5, allow_inf_nan=False,
+    grid_gco2_per_kwh: float | None = Field(default=None, strict=True, gt=0, le=1e5, allow_inf_nan=False,
                                             description="grid carbon intensity for co2_kg")
     sort_by: SortKey = "job_s"
     sweep: BatchSweep | None = None

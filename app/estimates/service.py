@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from app.core.aggregate import Aggregate, LayerSums
 from app.core.precision import PRECISION_SEMANTICS
 from app.core.vocab import Granularity, Pass
-from app.errors import LayercastError, PayloadTooLarge
+from app.errors import InvalidRequest, LayercastError, PayloadTooLarge
 from app.estimates import engine
 from app.estimates.calibration import MAX_ACTUAL_RATIO, UNCALIBRATED, Calibration, RatioStats, calibrate_stats
 from app.estimates.engine import GraphCache, Scenario
@@ -388,12 +388,22 @@ def compare(session: Session, predictor: Predictor, *, request: ComparisonCreate
     """One row per (device, device count) that can run the job; the others in ``unavailable`` with their
     code; Pareto front over job time, cost and energy; optional batch-size sweep on one device.
 
-    Raises :class:`app.errors.GraphNotFound` (404) for an unknown graph and, for the sweep, the errors of
-    its device and batch sizes (404/422); unknown hardware ids of the rows are listed as unavailable.
+    Raises :class:`app.errors.GraphNotFound` (404) for an unknown graph, :class:`app.errors.InvalidRequest`
+    (422, ``detail.unknown_price_ids``) when ``price_usd_per_hour`` names a device the comparison does not
+    include, and, for the sweep, the errors of its device and batch sizes (404/422); unknown hardware ids of
+    the rows are listed as unavailable.
     """
     cache = GraphCache(session, predictor)
     graphs.get_graph(session, graph_id=request.graph_id)
-    hardware_ids = request.hardware_ids or [h.id for h in hardware_service.list_hardware(session).items]
+    hardware_ids = (request.hardware_ids if request.hardware_ids is not None
+                    else [h.id for h in hardware_service.list_hardware(session).items])
+    unpriced = sorted(set(request.price_usd_per_hour) - set(hardware_ids))
+    if unpriced:  # a typo'd or uncompared id would silently leave its device at the catalog price
+        raise InvalidRequest(
+            f"price_usd_per_hour names hardware the comparison does not include: {', '.join(map(repr, unpriced))}"
+            f" (it compares {'hardware_ids' if request.hardware_ids is not None else 'every stored device'})",
+            detail={"unknown_price_ids": unpriced},
+        )
     base = JobSpec(graph_id=request.graph_id, hardware_id="", batch_size=request.batch_size,
                    dataset_size=request.dataset_size, epochs=request.epochs, precision=request.precision,
                    optimizer=request.optimizer, software_stack=request.software_stack, dims=request.dims)

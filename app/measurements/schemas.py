@@ -21,7 +21,7 @@ from app.hardware.schemas import Precision
 from app.schemas import JsonObject, PositiveInt32, Schema
 
 Name = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")]
-PositiveMs = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+PositiveMs = Annotated[float, Field(strict=True, gt=0, allow_inf_nan=False)]
 
 
 class MeasurementCreate(Schema):
@@ -52,7 +52,7 @@ class MeasurementCreate(Schema):
     batch_size: PositiveInt32 = Field(description="samples per batch")
     config: JsonObject = Field(min_length=1, description="what was measured (layer, model or job)")
     time_ms_median: PositiveMs
-    time_ms_std: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    time_ms_std: Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)] | None = None
     repetitions: PositiveInt32 | None = None
     context: JsonObject = Field(default_factory=dict, description="framework, driver, threads, clocks, ...")
     measured_at: AwareDatetime | None = None
@@ -84,8 +84,7 @@ class MeasurementBatchRead(Schema):
 class RowError(Schema):
     """One bad row of a batch (``detail.errors`` of 422 ``invalid_measurements``): its 0-based ``index``
     in ``measurements``, a machine-readable ``code`` (``hardware_not_found``, ``reserved_source``,
-    ``implausible_measurement``), the
-    ``field`` at fault and a message."""
+    ``implausible_measurement``, ``invalid_layer_config``), the ``field`` at fault and a message."""
 
     index: int
     code: str

@@ -35,7 +35,12 @@ from app.measurements.schemas import (
     MeasurementRead,
     RowError,
 )
-from app.measurements.validation import ImplausibleMeasurement, check_plausible
+from app.measurements.validation import (
+    ImplausibleMeasurement,
+    InvalidLayerConfig,
+    check_layer_config,
+    check_plausible,
+)
 
 MAX_PAGE = 1000
 
@@ -178,8 +183,9 @@ def batch_sha256(data: MeasurementBatchCreate) -> str:
 
 
 def _row_errors(session: Session, repo: MeasurementRepository, rows: Sequence[MeasurementCreate]) -> list[RowError]:
-    """Every row a stored measurement cannot be made of: a reserved import source, an unknown device, a
-    time the device cannot have taken (``implausible_measurement``:
+    """Every row a stored measurement cannot be made of: a reserved import source, an ``op_kind`` or layer
+    config that is no layer (``invalid_layer_config``: :func:`app.measurements.validation.check_layer_config`),
+    an unknown device, a time the device cannot have taken (``implausible_measurement``:
     :func:`app.measurements.validation.check_plausible`)."""
     known = repo.hardware_ids()
     specs: dict[str, HardwareSpec] = {}
@@ -188,6 +194,11 @@ def _row_errors(session: Session, repo: MeasurementRepository, rows: Sequence[Me
         if row.source in IMPORT_SOURCES:
             errors.append(RowError(index=i, code="reserved_source", field="source",
                                    message=f"source {row.source!r} is reserved for imported data sets"))  # fmt: skip
+        try:
+            check_layer_config(op_kind=row.op_kind, config=dict(row.config), batch_size=row.batch_size)
+        except InvalidLayerConfig as exc:  # no layer, no floor: it must not be stored unchecked
+            errors.append(RowError(index=i, code=exc.code, field=exc.field, message=exc.message))
+            continue
         if row.hardware_id not in known:
             errors.append(RowError(index=i, code="hardware_not_found", field="hardware_id",
                                    message=f"unknown hardware id {row.hardware_id!r}: register it first"))  # fmt: skip

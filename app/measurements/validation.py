@@ -22,8 +22,16 @@ bound), which ``POST /v1/measurements`` reports as row code ``implausible_measur
   3,000 Justus rows of the test suite: the smallest time/floor ratio was 0.32 (a 7x7 Justus conv on a
   P100, 3.7 ms for 105 GFLOP: 28 TFLOP/s on a 9.3 TFLOP/s device, an FFT algorithm), a handful were
   under 0.5. A factor of 4 below the floor is refused; the issue's poisoned model was 18x too fast.
-  Configs that cannot be rebuilt (other vocabularies, whole models, jobs) and precisions or passes
-  without a floor (``fp8``, ``backward_input``) get only the first two bounds.
+  Configs in other vocabularies (the profiler's ``graph``/``shapes``, whole models, jobs) and precisions or
+  passes without a floor (``fp8``, ``backward_input``) get only the first two bounds.
+
+Before any bound, :func:`check_layer_config` refuses (:class:`InvalidLayerConfig`, row code
+``invalid_layer_config``) a row that claims to be a layer it cannot be: an ``op_kind`` that is no cost
+family (:class:`app.core.ir.OpKind`) nor ``iteration``/``job``; or a JSON-vocabulary config (it has a
+``layer``) that does not import into a layer (``"op": "linearr"``, ``"out_features": -3``, no
+``input_shape``), whose declared ``in_features``/``in_channels`` disagree with its ``input_shape``, or whose
+kind is not its ``op_kind``. Such rows used to skip the floor (no layer, no floor) and be stored, feeding
+retraining with times of layers that do not exist.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from typing import Any
 
 from app.core.costs import layer_cost
 from app.core.hardware import HardwareSpec
+from app.core.ir import OpKind
 from app.core.json_import import import_json
 from app.core.precision import physics_floor_ms
 from app.core.vocab import Granularity
@@ -58,6 +67,62 @@ class ImplausibleMeasurement(LayercastError):
 
     status_code = 422
     code = "implausible_measurement"
+
+
+class InvalidLayerConfig(LayercastError):
+    """A measurement row's ``op_kind`` or JSON-vocabulary ``config`` is not a layer (module doc);
+    ``detail.field`` names the field at fault (``op_kind``, ``config.layer``, ``config.layer.in_features``...)."""
+
+    status_code = 422
+    code = "invalid_layer_config"
+
+    def __init__(self, message: str, *, field: str) -> None:
+        super().__init__(message, detail={"field": field})
+        self.field = field
+
+
+#: ``op_kind`` values a measurement may carry besides the cost families of :class:`OpKind`.
+WHOLE_KINDS = frozenset({"iteration", "job"})
+#: Declared input sizes a JSON layer may repeat → the axis of its (batched) input they must match.
+_DECLARED_INPUT = {"in_features": -1, "in_channels": 1}
+
+
+def check_layer_config(*, op_kind: str, config: dict[str, Any], batch_size: int) -> None:
+    """Raise :class:`InvalidLayerConfig` (422) when ``op_kind`` is no cost family nor ``iteration``/``job``,
+    or when ``config`` is in the JSON layer vocabulary (has ``layer``) but does not import into a layer of
+    kind ``op_kind`` whose declared ``in_features``/``in_channels`` match ``input_shape``. Configs of other
+    vocabularies are not checked here."""
+    kinds = {k.value for k in OpKind if k is not OpKind.UNSUPPORTED}
+    if op_kind not in kinds | WHOLE_KINDS:
+        raise InvalidLayerConfig(
+            f"op_kind {op_kind!r} is not a cost family ({', '.join(sorted(kinds))}) nor one of "
+            f"{', '.join(sorted(WHOLE_KINDS))}", field="op_kind")
+    if "layer" not in config:
+        return
+    layer_spec = config["layer"]
+    if not isinstance(layer_spec, dict):
+        raise InvalidLayerConfig("config.layer must be an object in the JSON layer vocabulary", field="config.layer")
+    if "input_shape" not in config:
+        raise InvalidLayerConfig("config.layer needs config.input_shape (one sample, no batch axis)",
+                                 field="config.input_shape")
+    try:
+        layers = import_json({"input_shape": config["input_shape"], "layers": [layer_spec]},
+                             batch_size=batch_size).layers
+    except (LayercastError, KeyError, TypeError, ValueError) as exc:
+        message = exc.message if isinstance(exc, LayercastError) else str(exc)
+        raise InvalidLayerConfig(f"config does not import as a layer: {message}", field="config.layer") from exc
+    if not layers:
+        raise InvalidLayerConfig("config.layer imports as no layer", field="config.layer")
+    first = layers[0]
+    if op_kind not in WHOLE_KINDS and all(layer.kind.value != op_kind for layer in layers):
+        raise InvalidLayerConfig(f"op_kind {op_kind!r} is not the kind of config.layer ({first.kind.value})",
+                                 field="op_kind")
+    shape = first.inputs[0].shape if first.inputs else ()
+    for key, axis in _DECLARED_INPUT.items():
+        if key in layer_spec and (len(shape) < 2 or layer_spec[key] != shape[axis]):
+            raise InvalidLayerConfig(
+                f"config.layer.{key} is {layer_spec[key]!r} but config.input_shape gives "
+                f"{shape[axis] if len(shape) >= 2 else 'no such axis'}", field=f"config.layer.{key}")
 
 
 def floor_ms(*, config: dict[str, Any], batch_size: int, spec: HardwareSpec, precision: str, pass_: str,

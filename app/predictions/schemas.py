@@ -45,7 +45,7 @@ class PredictionCreate(Schema):
         default_factory=dict, description="symbolic dimensions other than the batch"
     )
     dataset_size: int | None = Field(default=None, strict=True, gt=0, le=10**15, description="samples per epoch")
-    epochs: float | None = Field(default=None, gt=0, le=1e6, allow_inf_nan=False)
+    epochs: float | None = Field(default=None, strict=True, gt=0, le=1e6, allow_inf_nan=False)
     device_count: int = Field(
         default=1, strict=True, ge=1, le=4096,
         description="data-parallel devices; batch_size is the GLOBAL batch and must divide evenly over them. "
@@ -56,17 +56,17 @@ class PredictionCreate(Schema):
                     "is hierarchical, inside nodes over the hardware's interconnect and between them over the "
                     "inter-node network")
     inter_node_bandwidth_bytes_per_s: float | None = Field(
-        default=None, gt=0, le=1e15, allow_inf_nan=False,
+        default=None, strict=True, gt=0, le=1e15, allow_inf_nan=False,
         description="network bandwidth per node and direction, all its NICs together (nodes > 1); default "
                     "25e9: one InfiniBand HDR 200 Gb/s NIC per node")
     inter_node_latency_s: float | None = Field(
-        default=None, gt=0, le=1, allow_inf_nan=False,
+        default=None, strict=True, gt=0, le=1, allow_inf_nan=False,
         description="network latency per ring step (nodes > 1); default 6.6e-6")
     iteration_overhead_ms: float = Field(
-        default=0.0, ge=0, le=1e9, allow_inf_nan=False,
+        default=0.0, strict=True, ge=0, le=1e9, allow_inf_nan=False,
         description="fixed time per iteration outside the layers (loss, zero_grad, framework glue)")
     loading_samples_per_s: float | None = Field(
-        default=None, gt=0, allow_inf_nan=False,
+        default=None, strict=True, gt=0, allow_inf_nan=False,
         description="samples/s the input pipeline delivers (all devices together); none = loading is free")
     loading_overlapped: bool = Field(
         default=True, description="the loader prefetches while the devices compute (DataLoader workers)")
@@ -74,15 +74,15 @@ class PredictionCreate(Schema):
         default=None, strict=True, gt=0, le=10**15,
         description="samples of an evaluation set run forward-only once per epoch")
     checkpoint_every_epochs: float | None = Field(
-        default=None, gt=0, allow_inf_nan=False,
+        default=None, strict=True, gt=0, allow_inf_nan=False,
         description="write a checkpoint (weights + optimizer state) every this many epochs")
     checkpoint_write_bytes_per_s: float | None = Field(
-        default=None, gt=0, allow_inf_nan=False, description="write bandwidth of the checkpoint storage")
+        default=None, strict=True, gt=0, allow_inf_nan=False, description="write bandwidth of the checkpoint storage")
     price_usd_per_hour: float | None = Field(
-        default=None, gt=0, allow_inf_nan=False,
+        default=None, strict=True, gt=0, allow_inf_nan=False,
         description="price per device-hour (USD); default: the catalog's on-demand list price")
     grid_gco2_per_kwh: float | None = Field(
-        default=None, ge=0, allow_inf_nan=False, description="grid carbon intensity for the CO2 estimate")
+        default=None, strict=True, ge=0, allow_inf_nan=False, description="grid carbon intensity for the CO2 estimate")
     detail: Literal["summary", "layers"] = Field(
         default="layers", description="'layers': one row per layer in 'layers'; 'summary': totals, iteration, "
                                       "epoch, job and memory only ('layers' is empty)")

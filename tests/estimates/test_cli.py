@@ -236,3 +236,78 @@ def test_data_parallel_and_money_gate(models: dict[str, Path], client: TestClien
     assert main(["gate", str(models["resnet"]), *job, "--max-usd", str(cost * 1.01)]) == ci.EXIT_OK
     assert main(["gate", str(models["resnet"]), *job, "--max-usd", str(cost * 0.99)]) == ci.EXIT_BREACH
     assert "BREACH: job costs" in capsys.readouterr().out
+
+
+def _with_unknown_op(content: bytes, op: str = "Relu") -> bytes:
+    """``content`` with its ``op`` nodes replaced by an op of a custom domain that nothing can cost."""
+    import onnx
+    from onnx import helper
+
+    model = onnx.ModelProto.FromString(content)
+    for node in model.graph.node:
+        if node.op_type == op:
+            node.op_type, node.domain = "Mystery", "com.example"
+    model.opset_import.append(helper.make_opsetid("com.example", 1))
+    return model.SerializeToString()
+
+
+def test_gate_fails_a_candidate_with_layers_it_cannot_cost(models: dict[str, Path], tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    swapped = tmp_path / "swapped.onnx"
+    swapped.write_bytes(_with_unknown_op(mlp_onnx(512)))
+    common = ["--hardware", A100, "--batch-size", "64", "--dataset-size", "1000"]
+    # a Relu swapped for an unknown op is not "faster than the baseline": the gate cannot vouch for it
+    argv = ["gate", str(swapped), "--baseline", str(models["small"]), "--max-increase", "5%", *common]
+    assert main(argv) == ci.EXIT_UNSUPPORTED
+    out = capsys.readouterr().out
+    assert "UNSUPPORTED:" in out and "Mystery x1 (relu)" in out and "--allow-unsupported" in out
+    assert "ok:" not in out and "warning: " in out and "no cost formula" in out  # the prediction's warnings
+    assert main([*argv, "--allow-unsupported"]) == ci.EXIT_OK
+    assert "allowed by --allow-unsupported" in capsys.readouterr().out
+    assert main([*argv, "--json"]) == ci.EXIT_UNSUPPORTED
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] is False and report["breaches"] == []
+    assert "Mystery" in {u["op_type"] for u in report["unsupported"]}
+    assert any("no cost formula" in w for w in report["warnings"])
+    # a model none of whose layers can be costed (epoch_s = 0) is refused, not "ok: epoch_s = 0"
+    only = tmp_path / "only.onnx"
+    only.write_bytes(_with_unknown_op(mlp_onnx(512), "Gemm"))
+    assert main(["gate", str(only), *common, "--max-epoch-s", "100"]) == ci.EXIT_UNSUPPORTED
+    assert "UNSUPPORTED:" in capsys.readouterr().out
+    # a fully costed candidate still passes without the flag
+    assert main(["gate", str(models["small"]), *common, "--max-epoch-s", "100"]) == ci.EXIT_OK
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:9", "localhost:8000", "ftp://example.invalid"])
+@pytest.mark.parametrize("command", ["predict", "gate", "compare"])
+def test_an_unreachable_server_is_one_line_and_exit_3(models: dict[str, Path], url: str, command: str,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    # port 9 (discard) refuses on loopback; the others are URLs httpx cannot send to
+    argv = [command, str(models["small"]), "--hardware", A100, "--batch-size", "8", "--dataset-size", "100",
+            "--epochs", "1", "--server", url]
+    if command == "gate":
+        argv += ["--max-epoch-s", "100"]
+    assert main(argv) == ci.EXIT_UNREACHABLE != ci.EXIT_BREACH
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"layercast {command}: cannot reach --server {url!r}"), lines
+
+
+def test_a_server_that_is_not_layercast_is_exit_3(models: dict[str, Path],
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    import httpx
+
+    backend = ci.ServerBackend("http://elsewhere")
+    backend.client = httpx.Client(base_url="http://elsewhere", transport=httpx.MockTransport(
+        lambda request: httpx.Response(200, text="<html>hello</html>", headers={"content-type": "text/html"})))
+    with pytest.raises(ci.ServerUnreachable, match="not a layercast server|without the service's JSON"):
+        backend.predict(models["small"], A100, ci.JobParams(batch_size=8))
+
+
+def test_help_documents_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    for command in ("predict", "compare", "gate"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        out = capsys.readouterr().out
+        assert "exit codes:" in out and "3  --server unreachable" in out and "1  gate: a limit breached" in out

@@ -101,3 +101,23 @@ def test_rows_over_several_nodes(client: TestClient, resnet_id: str) -> None:
         }).json()
         assert r["job_s"] == pytest.approx(single["job"]["time_s"], rel=1e-9)
     assert rows[16]["scaling_efficiency"] < rows[8]["scaling_efficiency"]
+
+
+def test_prices_for_devices_not_compared_and_an_empty_device_list_are_422(client: TestClient, resnet_id: str) -> None:
+    # a typo'd id used to be ignored: its device silently kept the catalog price
+    r = client.post("/v1/comparisons", json={"graph_id": resnet_id, **JOB, "hardware_ids": ["a100-sxm4-40gb"],
+                                             "price_usd_per_hour": {"a100-sxm4-40gb": 2.0, "a100-sxm4-40g": 1.0}})
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["code"] == "invalid_request" and error["detail"]["unknown_price_ids"] == ["a100-sxm4-40g"]
+    assert "'a100-sxm4-40g'" in error["message"]
+    # omitted hardware_ids = every stored device: a price for a device no one stores is refused too
+    r = client.post("/v1/comparisons", json={"graph_id": resnet_id, **JOB, "price_usd_per_hour": {"no-such": 1.0}})
+    assert r.status_code == 422 and r.json()["error"]["detail"]["unknown_price_ids"] == ["no-such"]
+    # an explicit empty list is not "every device"
+    r = client.post("/v1/comparisons", json={"graph_id": resnet_id, **JOB, "hardware_ids": []})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "validation_error", r.text
+    # a price for a compared device applies
+    rows = _compare(client, resnet_id, hardware_ids=["a100-sxm4-40gb"],
+                    price_usd_per_hour={"a100-sxm4-40gb": 2.0})["rows"]
+    assert rows[0]["cost_usd"] == pytest.approx(rows[0]["job_s"] / 3600 * 2.0)

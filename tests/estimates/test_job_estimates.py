@@ -208,3 +208,26 @@ def test_leave_one_out_by_subtraction_equals_recalibrating_the_others() -> None:
         assert by_subtraction.log_sd == pytest.approx(direct.log_sd, rel=1e-9)
     with pytest.raises(ValueError):
         RatioStats.of([0.1]).minus(whole)
+
+
+def test_numbers_sent_as_strings_are_422_and_json_ints_still_pass(client: TestClient, resnet_id: str) -> None:
+    """pydantic's lax mode turned ``"100"`` into 100.0: every float field of a request is strict, like the
+    int fields already were; a JSON int for a float field is still a number."""
+    job = _job(resnet_id)
+    r = client.post("/v1/job-estimates/actuals", json={"actuals": [{**job, "measured_s": "100"}]})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "validation_error", r.text
+    assert "measured_s" in r.text
+    for path, body in [
+        ("/v1/job-estimates", {"jobs": [{**job, "epochs": "2"}]}),
+        ("/v1/predictions", {**job, "epochs": "2"}),
+        ("/v1/predictions", {**job, "price_usd_per_hour": "2.5"}),
+        ("/v1/comparisons", {**job, "hardware_ids": [A100], "price_usd_per_hour": {A100: "2.5"}}),
+        ("/v1/measurements", {"measurements": [{
+            "hardware_id": A100, "op_kind": "iteration", "pass": "train_step", "software_stack": "pytorch-eager",
+            "granularity": "iteration", "batch_size": 64, "config": {"model": "x"}, "time_ms_median": "210.5"}]}),
+    ]:
+        r = client.post(path, json=body)
+        assert r.status_code == 422 and r.json()["error"]["code"] == "validation_error", (path, r.text)
+    ok = client.post("/v1/job-estimates/actuals", json={"actuals": [{**job, "measured_s": 100, "epochs": 2}]})
+    assert ok.status_code == 201, ok.text
+    assert client.post("/v1/predictions", json={**job, "epochs": 2, "price_usd_per_hour": 3}).status_code == 200

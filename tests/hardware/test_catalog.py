@@ -87,7 +87,21 @@ def test_tensor_rates_where_the_device_has_them() -> None:
 
 def test_values_are_exact_decimal_conversions() -> None:
     assert CATALOG["v100-sxm2-16gb"].peak_flops_per_s["fp32"] == 15.7e12
-    assert CATALOG["mi250x"].memory_bandwidth_bytes_per_s == 3276.8e9
+    assert CATALOG["mi250x"].memory_bandwidth_bytes_per_s == 1638.4e9
+
+
+def test_mi250x_is_one_gcd_as_pytorch_sees_it() -> None:
+    """ROCm shows an MI250X as two 64 GB devices of 110 CUs; the entry was the whole two-GCD module (128 GB,
+    220 CUs, both dies' peaks), so a job that fits one GCD's memory only on paper was costed 2x too fast."""
+    gcd = CATALOG["mi250x"]
+    assert "one GCD" in gcd.name
+    assert gcd.memory_bytes == 64 * 2**30 and gcd.compute_units == 110
+    assert gcd.peak_flops_per_s["fp32"] == pytest.approx(95.7e12 / 2)
+    assert gcd.peak_flops_per_s["fp16"] == pytest.approx(383e12 / 2)
+    assert gcd.memory_bandwidth_bytes_per_s == pytest.approx(3276.8e9 / 2)
+    assert gcd.tdp_w == pytest.approx(250) and gcd.l2_cache_bytes == 8 * 2**20
+    for key in ("memory_bytes", "memory_bandwidth_bytes_per_s", "compute_units", "peak_flops_per_s.fp32"):
+        assert "per GCD" in gcd.sources[key] and "datasheet" in gcd.sources[key]
 
 
 @pytest.mark.parametrize("hardware_id", ["v100-sxm2-16gb", "h200", "k80"])

@@ -70,9 +70,11 @@ def _reported(**overrides: object) -> MeasurementCreate:
     body = {
         "hardware_id": "a100-sxm4-40gb", "source": "ci", "op_kind": "conv", "pass": "forward",
         "software_stack": "pytorch-eager", "granularity": "layer", "batch_size": 32,
-        "config": {"input_shape": [3, 32, 32], "layer": {"op": "conv2d", "out_channels": 8}},
+        "config": {"input_shape": [3, 32, 32], "layer": {"op": "conv2d", "out_channels": 8, "kernel_size": 3}},
         "time_ms_median": 1.5, "context": {"framework": "torch 2.5", "driver": "550.54"},
     }
+    if overrides.get("op_kind") == "gemm" and "config" not in overrides:  # a layer of the kind it says it is
+        body["config"] = {"input_shape": [512], "layer": {"op": "linear", "out_features": 64}}
     body.update(overrides)
     return MeasurementCreate.model_validate(body)
 

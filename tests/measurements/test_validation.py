@@ -98,3 +98,32 @@ def test_api_refuses_implausible_rows_and_stores_nothing(client: TestClient) -> 
         (i, "implausible_measurement", "time_ms_median") for i in (1, 2, 3)]
     assert client.get("/v1/measurements", params={"source": "ci"}).json()["total"] == 0
     assert client.post("/v1/measurements", json={"measurements": rows[:1]}).status_code == 201
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"config": {**CONV, "layer": {**CONV["layer"], "op": "conv2dd"}}}, "config.layer"),
+    ({"op_kind": "gemm", "config": {"input_shape": [512], "layer": {"op": "linearr", "out_features": 10}}},
+     "config.layer"),
+    ({"op_kind": "gemm", "config": {"input_shape": [512], "layer": {"op": "linear", "out_features": -3}}},
+     "config.layer"),
+    ({"op_kind": "gemm", "config": {"input_shape": [512], "layer": {"op": "linear", "in_features": "x",
+                                                                     "out_features": 10}}},
+     "config.layer.in_features"),
+    ({"config": {**CONV, "layer": {**CONV["layer"], "in_channels": 3}}}, "config.layer.in_channels"),
+    ({"config": {"layer": CONV["layer"]}}, "config.input_shape"),
+    ({"op_kind": "whatever"}, "op_kind"),
+    ({"op_kind": "gemm"}, "op_kind"),  # a conv config labelled a GEMM
+])
+def test_api_refuses_rows_whose_config_is_not_a_layer(client: TestClient, change: dict[str, Any], field: str) -> None:
+    """Such rows used to skip the physics floor (no layer, no floor) and be stored for retraining (201)."""
+    good = {**LAYER, "time_ms_median": 5.0}
+    r = client.post("/v1/measurements", json={"measurements": [good, {**good, **change}]})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_measurements", r.text
+    errors = r.json()["error"]["detail"]["errors"]
+    assert [(e["index"], e["code"], e["field"]) for e in errors] == [(1, "invalid_layer_config", field)], errors
+    assert client.get("/v1/measurements", params={"source": "ci"}).json()["total"] == 0  # all or none
+    # a correct declared size, and rows of other vocabularies or whole iterations, are still stored
+    ok = [good, {**good, "config": {**CONV, "layer": {**CONV["layer"], "in_channels": 64}}},
+          {**good, "op_kind": "gemm", "config": {"family": "gemm", "shapes": [[64, 512], [512, 10]]}},
+          {**good, "op_kind": "iteration", "granularity": "iteration", "config": {"model": "resnet50"}}]
+    assert client.post("/v1/measurements", json={"measurements": ok}).status_code == 201
