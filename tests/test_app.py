@@ -166,3 +166,18 @@ def test_api_does_not_import_torch(tmp_path) -> None:  # type: ignore[no-untyped
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False
     )
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_startup_objects_are_frozen_out_of_the_collector_while_serving(settings: Settings) -> None:
+    """What start-up built sits in the collector's permanent generation while the app serves (a full
+    collection then scans only what requests built: no 80-100 ms pause in a request), and is unfrozen when
+    the app stops."""
+    import gc
+
+    upgrade(settings.database_url)
+    gc.unfreeze()
+    with TestClient(create_app(settings)) as client:
+        assert client.get("/healthz").status_code == 200
+        frozen = gc.get_freeze_count()
+        assert frozen > 10_000, frozen  # modules, the ORM, onnx, the predictor
+    assert gc.get_freeze_count() == 0
