@@ -559,7 +559,10 @@ def _make_lifespan(settings: Settings, run_migrations: bool) -> Callable[[FastAP
                 logger.critical("%s", exc)
                 raise
             if settings.import_worker_at_start:
-                app.state.import_workers.start()  # not waited for: it starts (imports onnx) while the app serves
+                try:  # not waited for: it starts (imports onnx) while the app serves
+                    app.state.import_workers.start()
+                except LayercastError as exc:  # an optimisation only: large uploads then answer its 503
+                    logger.error("%s", exc.message)
             logger.info(
                 "layercast %s ready (database %s, predictor %s, polled every %s s)",
                 service_version(), engine.url.render_as_string(hide_password=True),
@@ -569,7 +572,8 @@ def _make_lifespan(settings: Settings, run_migrations: bool) -> Callable[[FastAP
             yield
         finally:
             gc.unfreeze()  # what start-up froze is collectable again once this app is gone (tests build many)
-            app.state.import_workers.close()
+            # waits for an import in progress: off the event loop, which still finishes other responses
+            await run_in_threadpool(app.state.import_workers.close)
             engine.dispose()
 
     return lifespan

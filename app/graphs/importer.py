@@ -41,7 +41,14 @@ from app.core.analysis import GraphAnalysis, analyze
 from app.core.ir import Graph
 from app.core.json_import import import_json
 from app.core.limits import Limits, use_limits
-from app.errors import ImportWorkerFailed, InvalidGraph, InvalidRequest, LayercastError, UnknownDimension
+from app.errors import (
+    ImportWorkerFailed,
+    InvalidGraph,
+    InvalidRequest,
+    LayercastError,
+    LimitExceeded,
+    UnknownDimension,
+)
 
 
 def canonical_json(doc: Mapping[str, Any]) -> bytes:
@@ -220,16 +227,25 @@ class ImportWorkers:
         return size > self.min_bytes
 
     def _submit(self, fn: Any, *args: Any) -> Future[Any]:
-        """``fn(*args)`` submitted to the worker process, a new one when the last one died before this call."""
+        """``fn(*args)`` submitted to the worker process, a new one when the last one died before this call.
+        Raises :class:`ImportWorkerFailed` (503) when no process can be started (no usable ``/dev/shm`` or
+        semaphores, a process-count limit, out of memory): the upload is refused, not answered with a 500."""
         with self._lock:
-            if self._pool is not None:
-                try:
-                    return self._pool.submit(fn, *args)
-                except BrokenProcessPool:  # it died during an earlier call, which was answered then
-                    self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=_exit_with_parent, initargs=(os.getpid(),))
-            return self._pool.submit(fn, *args)
+            try:
+                if self._pool is not None:
+                    try:
+                        return self._pool.submit(fn, *args)
+                    except BrokenProcessPool:  # it died during an earlier call, which was answered then
+                        self._pool.shutdown(wait=False, cancel_futures=True)
+                        self._pool = None
+                self._pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"),
+                                                 initializer=_exit_with_parent, initargs=(os.getpid(),))
+                return self._pool.submit(fn, *args)
+            except (OSError, NotImplementedError, RuntimeError) as exc:
+                self._pool = None
+                raise ImportWorkerFailed(
+                    f"the import worker process could not be started ({type(exc).__name__}: {exc}); nothing was "
+                    "stored", detail={"reason": type(exc).__name__}) from exc
 
     def start(self) -> None:
         """Start the worker process now, without waiting (it imports onnx meanwhile): the router calls this when a
@@ -243,9 +259,18 @@ class ImportWorkers:
         :class:`PreparedGraph`. Raises what the import raises (422/413 :class:`LayercastError`, same type,
         message and detail) and :class:`ImportWorkerFailed` (503) when the process died during this import
         (killed, out of memory): the next call gets a new process."""
+        submitted = time.monotonic()
         future = self._submit(_prepare_in_worker, path, name, batch_size, dict(dims), limits)
         try:
-            status, value = future.result()
+            # one process imports one upload at a time: the wait in its queue counts against the import's
+            # deadline too, so that an upload queued behind others is refused after import_timeout_s, not N x
+            status, value = future.result(timeout=limits.import_timeout_s)
+        except TimeoutError:
+            future.cancel()  # not started yet: dropped from the queue; started: it ends at its own deadline
+            raise LimitExceeded(
+                "import_seconds", round(time.monotonic() - submitted, 3), limits.import_timeout_s,
+                f"the import did not finish within import_timeout_s = {limits.import_timeout_s:g} s (waiting for "
+                "the import worker included); nothing was stored") from None
         except BrokenProcessPool:
             raise ImportWorkerFailed(
                 "the import worker process ended before finishing this upload (killed or out of memory); "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Annotated, Any
 
@@ -13,6 +14,7 @@ from app.auth import PrincipalDep, get_principal
 from app.core.ir import Tensor
 from app.deps import SessionDep, SettingsDep
 from app.errors import (
+    ImportWorkerFailed,
     InvalidGraph,
     InvalidRequest,
     LimitExceeded,
@@ -155,7 +157,8 @@ async def create_graph(
     workers = getattr(request.app.state, "import_workers", None)
     if workers is not None and ctype != "application/json" and declared and declared.isdigit() \
             and workers.wants(int(declared)):
-        await run_in_threadpool(workers.start)  # its start-up overlaps the transfer
+        with contextlib.suppress(ImportWorkerFailed):  # raised again by the import if it needs the worker
+            await run_in_threadpool(workers.start)  # its start-up overlaps the transfer
     spool = Spool()
     try:
         if ctype == "multipart/form-data":

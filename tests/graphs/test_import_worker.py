@@ -230,3 +230,47 @@ def test_the_spool_file_is_removed_after_success_and_error(
     assert closed == [True, True]  # closed by the request (the success's after its response), not left to the GC
     assert len(created) == 2 and all(Path(c).parent == spools for c in created)
     assert list(spools.iterdir()) == []
+
+
+def test_an_import_queued_behind_another_is_bounded_by_the_import_deadline(tmp_path: Path) -> None:
+    """One process imports one upload at a time: the wait in its queue counts against ``import_timeout_s``, so
+    an upload queued behind a long import is refused with 422 ``import_seconds`` in about that time, not after
+    the one before it finishes."""
+    from app.errors import LimitExceeded
+
+    path = tmp_path / "big.onnx"
+    path.write_bytes(_large_model())
+    workers = ImportWorkers()
+    try:
+        workers.prepare(str(path), name="", batch_size=1, dims={"seq": 4}, limits=Limits())  # started and warm
+        workers._submit(time.sleep, 4)
+        t0 = time.monotonic()
+        with pytest.raises(LimitExceeded) as info:
+            workers.prepare(str(path), name="", batch_size=1, dims={"seq": 4}, limits=Limits(import_timeout_s=0.5))
+        waited = time.monotonic() - t0
+        assert info.value.code == "limit_exceeded" and info.value.detail["limit"] == "import_seconds"
+        assert waited < 3.0, waited  # the sleep ahead of it takes 4 s
+    finally:
+        workers.close()
+
+
+def test_a_worker_that_cannot_start_is_a_503_and_the_app_still_serves(settings: Any,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """No process can be spawned (no /dev/shm, a process limit): a large upload is a 503 import_worker_failed
+    naming the cause, not a 500; with the worker configured to start with the app, the app starts anyway."""
+    from app.graphs import importer
+    from app.main import create_app
+    from app.migrate import upgrade
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(importer, "ProcessPoolExecutor", refuse)
+    upgrade(settings.database_url)
+    with TestClient(create_app(settings.model_copy(update={"import_worker_at_start": True}))) as client:
+        assert client.get("/healthz").status_code == 200
+        r = _post(client, _large_model(), dims="seq=4")
+        assert r.status_code == 503, r.text
+        error = r.json()["error"]
+        assert error["code"] == "import_worker_failed" and error["detail"]["reason"] == "OSError"
+        assert client.get("/v1/graphs").json()["count"] == 0
