@@ -58,7 +58,7 @@ class Settings(BaseSettings):
     per-process cache of analysed graph bindings (:class:`app.graphs.service.AnalysisCache`; 0 disables it).
     ``import_worker_at_start``: start the process that imports ONNX uploads over 8 MiB
     (:mod:`app.graphs.importer`) with the app, so that the first large upload does not wait for its ~0.6 s
-    start and its ~50 MB are a fixed cost of the server, not of an upload; false = on the first large upload.
+    start and its ~90 MB resident are a fixed cost of the server, not of an upload; false = on the first large upload.
 
     Access control (:mod:`app.auth`): ``open_scopes``, the scopes of requests without an API key
     (comma-separated; ``admin`` is refused); unset = ``read,graphs`` when ``host`` is a loopback address

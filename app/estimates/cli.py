@@ -12,7 +12,7 @@ Pareto front: :func:`app.estimates.service.mark_pareto`), so it needs ``--datase
 Exit codes: 0 success (gate: within every limit), 1 gate breach, 2 bad arguments or a prediction the
 service refused (unknown hardware, unsupported precision, unreadable model: the problem document's code
 is printed), 3 ``--server`` unreachable or not a URL (connection refused, unknown host, no ``http://``,
-a timeout, an answer that is not the service's JSON: one line, never a traceback, and never 1 so a CI job
+a timeout, an answer that is not the service's JSON, a 5xx: one line, never a traceback, and never 1 so a CI job
 cannot read an outage as a breach), 4 gate: the candidate has layers that cannot be costed (unsupported
 ops, left out of every total, so a limit would be checked against an undercount; ``--allow-unsupported``
 gates the costed layers only).
@@ -40,13 +40,14 @@ EXIT_CODES_HELP = """exit codes:
   0  ok (gate: within every limit)
   1  gate: a limit breached
   2  bad arguments, or a prediction the service refused (its error code is printed)
-  3  --server unreachable or not a valid URL (nothing was predicted)
+  3  --server unreachable, not a valid URL or answering 5xx (nothing was predicted)
   4  gate: the candidate has layers that cannot be costed (see --allow-unsupported)"""
 
 
 class ServerUnreachable(Exception):
     """``--server`` could not be asked: a transport error (refused, unknown host, timeout), a URL httpx
-    cannot use, or an answer that is not the service's JSON."""
+    cannot use, an answer that is not the service's JSON, or a 5xx (the service, or a proxy in front of it,
+    cannot answer now: no verdict on the model)."""
 
 
 class PredictionFailed(Exception):
@@ -198,8 +199,14 @@ class ServerBackend:
             body = response.json() if is_json else {}
         except ValueError:
             is_json = False
+        err = body.get("error") if is_json and isinstance(body, dict) else None
+        if response.status_code >= 400 and (response.status_code >= 500 or not isinstance(err, dict)):
+            # the service cannot answer now (503 not_ready, database_unavailable, import_worker_failed), or a
+            # proxy in front of it answered (502/504 HTML): no verdict on the model, so not exit 2 (refused)
+            detail = f"{err.get('code')}: {err.get('message')}" if isinstance(err, dict) else response.text[:200]
+            raise ServerUnreachable(f"--server {self.url!r} answered {response.status_code} ({detail})")
         if response.status_code >= 400:
-            err = body.get("error", {}) if is_json and isinstance(body, dict) else {}
+            assert isinstance(err, dict)
             raise PredictionFailed(str(err.get("code", f"http_{response.status_code}")),
                                    str(err.get("message", response.text[:200])))
         if not is_json or not isinstance(body, dict):
@@ -457,19 +464,23 @@ def _gate(args: argparse.Namespace, backend: Backend) -> int:
     candidate = backend.predict(args.model, args.hardware, params)
     metric, value = headline(candidate)
     uncosted = uncosted_line(candidate)
+    base_uncosted: str | None = None  # a baseline's uncosted layers make its total, and so the growth, wrong
     warnings = [str(w) for w in candidate["warnings"]]
     breaches: list[str] = []
     checks: list[dict[str, Any]] = []
     deltas: list[LayerDelta] = []
     if args.baseline is not None:
         baseline = backend.predict(args.baseline, args.hardware, params)
+        base_uncosted = uncosted_line(baseline)
         _, base_value = headline(baseline)
         warnings += [f"baseline: {w}" for w in baseline["warnings"]]
         growth = value / base_value - 1 if base_value > 0 else float("inf")
         ok = growth <= args.max_increase
+        # against a baseline whose total leaves layers out, the growth is no verdict (exit 4 below, not 1)
+        judged = base_uncosted is None or args.allow_unsupported
         checks.append({"check": "max_increase", "metric": metric, "baseline": base_value, "candidate": value,
-                       "increase": growth, "limit": args.max_increase, "ok": ok})
-        if not ok:
+                       "increase": growth, "limit": args.max_increase, "ok": ok if judged else None})
+        if not ok and judged:
             breaches.append(f"{metric} grew {growth:+.1%} ({base_value:.4g} -> {value:.4g}), limit "
                             f"+{args.max_increase:.1%}")
         deltas = layer_deltas(baseline, candidate)
@@ -491,11 +502,13 @@ def _gate(args: argparse.Namespace, backend: Backend) -> int:
     if not deltas:  # no baseline: the layers that cost most are what to look at
         deltas = layer_deltas({"layers": []}, candidate)
     top = deltas[: args.top]
-    refused = uncosted is not None and not args.allow_unsupported
+    refused = (uncosted is not None or base_uncosted is not None) and not args.allow_unsupported
     if args.json:
         print(json.dumps({
             "ok": not breaches and not refused, "breaches": breaches, "checks": checks,
-            "unsupported": candidate["unsupported"], "allow_unsupported": args.allow_unsupported,
+            "unsupported": candidate["unsupported"],
+            "baseline_unsupported": baseline["unsupported"] if args.baseline is not None else [],
+            "allow_unsupported": args.allow_unsupported,
             "warnings": warnings,
             "layers": [{"name": d.name, "op_type": d.op_type, "baseline_ms": d.baseline_ms,
                         "candidate_ms": d.candidate_ms, "delta_ms": d.delta_ms} for d in top],
@@ -503,9 +516,11 @@ def _gate(args: argparse.Namespace, backend: Backend) -> int:
     else:
         for line in breaches:
             print(f"BREACH: {line}")
-        if uncosted is not None:
-            print(f"UNSUPPORTED: {uncosted}" + (" (allowed by --allow-unsupported)" if args.allow_unsupported
-                                                 else "; pass --allow-unsupported to gate the costed layers only"))
+        for who, uncosted_text in (("", uncosted), ("baseline: ", base_uncosted)):
+            if uncosted_text is not None:
+                print(f"UNSUPPORTED: {who}{uncosted_text}" + (
+                    " (allowed by --allow-unsupported)" if args.allow_unsupported
+                    else "; pass --allow-unsupported to gate the costed layers only"))
         if not breaches and not refused:
             print(f"ok: {metric} = {value:.4g} within every limit")
         for warning in warnings:

@@ -133,7 +133,12 @@ class LearnedPredictor:
         self._input = self._session.get_inputs()[0].name
         # the exported model runs its GPU and its CPU head on every row and picks one per row: a batch of GPU
         # rows alone goes through the GPU head only (half the nodes), when that gives the same bytes here
-        self._branch = _head_branch(onnx_path, opts, self._session, len(names), np.random.default_rng(0))
+        try:
+            self._branch = _head_branch(onnx_path, opts, self._session, len(names), np.random.default_rng(0))
+        except Exception as exc:  # noqa: BLE001 - an optimisation only: a graph it cannot cut runs whole
+            _log.warning("model %s: its GPU head could not be cut out (%s: %s); every row runs the whole graph "
+                         "(same answers, slower)", onnx_path.name, type(exc).__name__, exc)
+            self._branch = None
         # one thread only: with more, MLAS splits a run's rows among the threads by its length, which moves the
         # remainder rows of each share (measured: 2 threads, 20,001 rows, last-bit differences the small runs
         # of the load-time check do not show)
@@ -610,6 +615,8 @@ def _head_branch(onnx_path: Path, opts: ort.SessionOptions, full: ort.InferenceS
     start, end, axes, steps = (np.asarray(a).reshape(-1).tolist() if a is not None else [1] for a in args[:4])
     if axes not in ([1], [-1]) or steps != [1] or len(start) != 1 or end != [start[0] + 1] or not 0 <= start[0] < width:
         return None
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in g.node for a in n.attribute):
+        return None  # If/Loop/Scan bodies read outer names the input walk below does not follow
     # the nodes and initializers the else-branch reads, in graph order
     need, todo = set(), [where.input[2]]
     while todo:

@@ -276,6 +276,14 @@ def test_gate_fails_a_candidate_with_layers_it_cannot_cost(models: dict[str, Pat
     assert "UNSUPPORTED:" in capsys.readouterr().out
     # a fully costed candidate still passes without the flag
     assert main(["gate", str(models["small"]), *common, "--max-epoch-s", "100"]) == ci.EXIT_OK
+    # a baseline with uncosted layers is under-counted (the growth would be inflated): refused the same way
+    back = ["gate", str(models["small"]), "--baseline", str(swapped), "--max-increase", "5%", *common]
+    assert main(back) == ci.EXIT_UNSUPPORTED
+    out = capsys.readouterr().out
+    assert "UNSUPPORTED: baseline: " in out and "Mystery x1 (relu)" in out
+    assert main([*back, "--json"]) == ci.EXIT_UNSUPPORTED
+    report = json.loads(capsys.readouterr().out)
+    assert report["unsupported"] == [] and "Mystery" in {u["op_type"] for u in report["baseline_unsupported"]}
 
 
 @pytest.mark.parametrize("url", ["http://127.0.0.1:9", "localhost:8000", "ftp://example.invalid"])
@@ -303,6 +311,36 @@ def test_a_server_that_is_not_layercast_is_exit_3(models: dict[str, Path],
         lambda request: httpx.Response(200, text="<html>hello</html>", headers={"content-type": "text/html"})))
     with pytest.raises(ci.ServerUnreachable, match="not a layercast server|without the service's JSON"):
         backend.predict(models["small"], A100, ci.JobParams(batch_size=8))
+
+
+@pytest.mark.parametrize(("status", "body", "ctype"), [
+    (503, '{"error": {"code": "not_ready", "message": "starting", "detail": {}}}', "application/json"),
+    (502, "<html>bad gateway</html>", "text/html"),
+    (404, "<html>not found</html>", "text/html"),
+])
+def test_a_5xx_or_a_non_json_error_is_exit_3_not_a_refused_prediction(models: dict[str, Path], status: int,
+                                                                      body: str, ctype: str) -> None:
+    """A service that cannot answer now (503) or a proxy's page is no verdict on the model: ServerUnreachable
+    (exit 3), not PredictionFailed (exit 2, "refused")."""
+    import httpx
+
+    backend = ci.ServerBackend("http://elsewhere")
+    backend.client = httpx.Client(base_url="http://elsewhere", transport=httpx.MockTransport(
+        lambda request: httpx.Response(status, text=body, headers={"content-type": ctype})))
+    with pytest.raises(ci.ServerUnreachable, match=f"answered {status}"):
+        backend.predict(models["small"], A100, ci.JobParams(batch_size=8))
+
+
+def test_a_4xx_problem_document_is_still_a_refused_prediction(models: dict[str, Path]) -> None:
+    import httpx
+
+    backend = ci.ServerBackend("http://elsewhere")
+    backend.client = httpx.Client(base_url="http://elsewhere", transport=httpx.MockTransport(
+        lambda request: httpx.Response(422, json={"error": {"code": "precision_not_supported", "message": "no",
+                                                            "detail": {}}})))
+    with pytest.raises(ci.PredictionFailed) as info:
+        backend.predict(models["small"], A100, ci.JobParams(batch_size=8))
+    assert info.value.code == "precision_not_supported"
 
 
 def test_help_documents_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:

@@ -91,3 +91,19 @@ def test_a_model_without_the_where_gets_no_branch(tmp_path: Path) -> None:
     onnx.save(model, str(path))
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     assert onnx_model._head_branch(path, ort.SessionOptions(), session, 4, np.random.default_rng(0)) is None
+
+
+def test_a_head_that_cannot_be_cut_out_leaves_the_whole_graph_running(monkeypatch: pytest.MonkeyPatch,
+                                                                       predictor: CompositePredictor) -> None:
+    """The cut is an optimisation: when building it fails (onnxruntime refusing the pruned graph), the predictor
+    still loads and answers with the whole graph, the same bytes."""
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("pruned graph refused")
+
+    monkeypatch.setattr(onnx_model, "_head_branch", broken)
+    whole = load_predictor(REPO_ROOT / "models")
+    assert whole.learned._branch is None and predictor.learned._branch is not None
+    x = _features(predictor, "gpu")[:50]
+    assert whole.learned._run(x).tobytes() == predictor.learned._run(x).tobytes()
+
