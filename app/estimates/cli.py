@@ -214,24 +214,27 @@ class ServerBackend:
                                     "JSON: is it a layercast server?")
         return dict(body)
 
-    def graph_id(self, model: Path) -> str:
-        """Id of ``model`` on the server (uploaded on first use)."""
+    def graph_id(self, model: Path, dims: tuple[tuple[str, int], ...] = ()) -> str:
+        """Id of ``model`` on the server (uploaded on first use, with the request's ``dims``: a graph with a
+        symbolic dimension besides the batch cannot be uploaded without them, ``unbound_dimension``; they bind
+        the upload's summary only, and the id is the content's hash whatever they are)."""
         if model not in self._ids:
+            query = {"dims": ",".join(f"{k}={v}" for k, v in dims)} if dims else {}
             with model.open("rb") as fh:
                 files = {"file": (model.name, fh, "application/octet-stream")}
-                self._ids[model] = str(self._check(self._post("/v1/graphs", files=files))["id"])
+                self._ids[model] = str(self._check(self._post("/v1/graphs", files=files, params=query))["id"])
         return self._ids[model]
 
     def predict(self, model: Path, hardware_id: str, params: JobParams) -> dict[str, Any]:
         """Raises :class:`PredictionFailed` with the server's error code on a 4xx/5xx answer."""
-        body = {"graph_id": self.graph_id(model), "hardware_id": hardware_id, **params.body()}
+        body = {"graph_id": self.graph_id(model, params.dims), "hardware_id": hardware_id, **params.body()}
         return self._check(self._post("/v1/predictions", json=body))
 
     def compare(self, model: Path, hardware_ids: Sequence[str], params: JobParams) -> dict[str, Any]:
         """One ``POST /v1/comparisons`` for every device; raises :class:`PredictionFailed` on a 4xx/5xx."""
         job = params.body()
         body: dict[str, Any] = {
-            "graph_id": self.graph_id(model), "hardware_ids": list(hardware_ids),
+            "graph_id": self.graph_id(model, params.dims), "hardware_ids": list(hardware_ids),
             "device_counts": [job.pop("device_count")], **job}
         price = body.pop("price_usd_per_hour", None)
         if price is not None:

@@ -59,6 +59,27 @@ def test_server_backend_gives_the_offline_answer(models: dict[str, Path], client
     assert info.value.code == "hardware_not_found"
 
 
+def test_server_backend_uploads_a_symbolic_graph_with_the_requests_dims(client: TestClient, tmp_path: Path) -> None:
+    """A graph with a symbolic ``seq`` is uploaded with the request's ``dims`` (without them the upload itself
+    is a 422 ``unbound_dimension``), and the server answers what the offline path does."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 16])
+    w = helper.make_tensor("w", TensorProto.FLOAT, [16, 4], [0.5] * 64)
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    model = tmp_path / "seq.onnx"
+    onnx.save(helper.make_model(helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g", [x], [y], [w]),
+                                opset_imports=[helper.make_opsetid("", 17)]), str(model))
+    backend = ci.ServerBackend("http://testserver")
+    backend.client = client
+    params = ci.JobParams(batch_size=8, dims=(("seq", 64),))
+    served = backend.predict(model, A100, params)
+    offline = ci.OfflineBackend(REPO / "models").predict(model, A100, params)
+    assert served["totals"]["forward_macs"] == 8 * 64 * 16 * 4 == offline["totals"]["forward_macs"]
+    assert served["iteration"]["time_ms"] == pytest.approx(offline["iteration"]["time_ms"], rel=1e-9)
+
+
 def test_offline_local_says_it_needs_the_server(models: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     # `local` is a device of the service (detected and measured at its start), not of the offline catalog
     assert main(["predict", str(models["small"]), "--hardware", "local", "--batch-size", "8"]) == ci.EXIT_ERROR
