@@ -121,7 +121,7 @@ def test_recurrent_ops_count_all_timesteps_and_directions(op: str, gates: int, d
     inits = [_w("W", (dirs, gates * h, i_size)), _w("R", (dirs, gates * h, h), 1), _w("B", (dirs, 2 * gates * h), 2)]
     content = _model(nodes, [_x("x", ["seq", "batch", i_size])], inits)
     # ONNX recurrent ops are sequence-first: axis 0 is the sequence, bound by name
-    g, a = _single(content, batch_size=3, dims={"seq": t, "batch": 3})
+    g, a = _single(content, batch_size=3, dims={"seq": t})  # batch_size binds the batch axis (axis 1 here)
     (c,) = a.costs
     assert c.kind is OpKind.RECURRENT
     assert c.forward_macs == t * 3 * dirs * gates * h * (i_size + h)
