@@ -18,25 +18,20 @@ import sys
 import tempfile
 from pathlib import Path
 
-from app.estimates.cli import JobParams, OfflineBackend
 from tests.helpers import light_model
 from tests.predictions.test_published_throughput import (
-    BATCH,
-    BERT_BATCH,
+    BERT_JOB,
     BERT_PUBLISHED,
-    BERT_SEQ,
-    MODELS_DIR,
     PUBLISHED,
+    RESNET_JOB,
+    predicted_samples_per_s,
 )
 
 
-def rows(backend: OfflineBackend, model: Path, table: dict[tuple[str, str], dict[str, float]],
-         params: dict[str, object]) -> list[str]:
+def rows(model: Path, table: dict[tuple[str, str], dict[str, float]], job: dict[str, object]) -> list[str]:
     out = []
-    for (hw, prec), published in table.items():
-        pred = backend.predict(model, hw, JobParams(precision=prec, mode="training", **params))  # type: ignore[arg-type]
-        sps = float(pred["iteration"]["samples_per_s"])
-        cells = ", ".join(f"{src} {v:.0f} ({sps / v:.2f}x)" for src, v in published.items())
+    for (hw, prec), sps in predicted_samples_per_s(model, table, job).items():
+        cells = ", ".join(f"{src} {v:.0f} ({sps / v:.2f}x)" for src, v in table[(hw, prec)].items())
         out.append(f"| {model.stem} | {hw} | {prec} | {sps:.0f} | {cells} |")
     return out
 
@@ -45,19 +40,17 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--bert", action="store_true")
     args = p.parse_args(argv)
-    backend = OfflineBackend(MODELS_DIR)
     lines = ["| model | hardware | precision | predicted /s | published (ratio) |", "|---|---|---|---|---|"]
     with tempfile.TemporaryDirectory() as d:
         r50 = Path(d) / "resnet50.onnx"
         r50.write_bytes(light_model("resnet50"))
-        lines += rows(backend, r50, PUBLISHED, {"batch_size": BATCH, "optimizer": "momentum"})
+        lines += rows(r50, PUBLISHED, RESNET_JOB)
         if args.bert:
             from tests.core.real_models import exported
 
             bert = Path(d) / "bert_base.onnx"
             bert.write_bytes(exported("bert").onnx_bytes)
-            lines += rows(backend, bert, BERT_PUBLISHED, {"batch_size": BERT_BATCH, "optimizer": "adamw",
-                                                          "dims": (("seq", BERT_SEQ),)})
+            lines += rows(bert, BERT_PUBLISHED, BERT_JOB)
     print("\n".join(lines))
     return 0
 

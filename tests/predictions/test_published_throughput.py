@@ -24,6 +24,7 @@ batch size, container), so the band says "right within the spread of what people
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -72,30 +73,43 @@ BERT_PUBLISHED: dict[tuple[str, str], dict[str, float]] = {
 }
 
 
-@pytest.fixture(scope="module")
-def throughput(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], float]:
-    """Predicted ResNet-50 training images/s (SGD with momentum, as DeepLearningExamples trains it)."""
-    model = tmp_path_factory.mktemp("r50") / "resnet50.onnx"
-    model.write_bytes(light_model("resnet50"))
+#: The job of each model's check (training; the precision is each table key's).
+RESNET_JOB: dict[str, Any] = {"batch_size": BATCH, "optimizer": "momentum"}  # as DeepLearningExamples trains it
+BERT_JOB: dict[str, Any] = {"batch_size": BERT_BATCH, "optimizer": "adamw", "dims": (("seq", BERT_SEQ),)}
+
+
+def predicted_samples_per_s(model: Path, table: dict[tuple[str, str], dict[str, float]],
+                            job: dict[str, Any]) -> dict[tuple[str, str], float]:
+    """Predicted training samples/s of ``model`` for every (catalog id, precision) key of ``table``, through the
+    offline path with the shipped predictor, under PyTorch eager at that precision (asserted)."""
     backend = OfflineBackend(MODELS_DIR)
     out: dict[tuple[str, str], float] = {}
-    for hw, precision in PUBLISHED:
-        pred = backend.predict(model, hw, JobParams(batch_size=BATCH, mode="training", optimizer="momentum",
-                                                    precision=precision))
+    for hw, precision in table:
+        pred = backend.predict(model, hw, JobParams(mode="training", precision=precision, **job))
         assert pred["software_stack"] == "pytorch-eager" and pred["precision"] == precision
         out[(hw, precision)] = float(pred["iteration"]["samples_per_s"])
     return out
+
+
+def _assert_in_band(what: str, predicted: float, published: dict[str, float]) -> None:
+    for source, figure in published.items():
+        ratio = predicted / figure
+        assert BAND[0] <= ratio <= BAND[1], f"{what}: predicted {predicted:.0f}/s, {source} {figure:.0f} ({ratio:.2f}x)"
+
+
+@pytest.fixture(scope="module")
+def throughput(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], float]:
+    """Predicted ResNet-50 training images/s (SGD with momentum)."""
+    model = tmp_path_factory.mktemp("r50") / "resnet50.onnx"
+    model.write_bytes(light_model("resnet50"))
+    return predicted_samples_per_s(model, PUBLISHED, RESNET_JOB)
 
 
 @pytest.mark.parametrize("key", list(PUBLISHED), ids=lambda k: f"{k[0]}-{k[1]}")
 def test_resnet50_training_throughput_lies_within_the_published_band(
     throughput: dict[tuple[str, str], float], key: tuple[str, str]
 ) -> None:
-    predicted = throughput[key]
-    for source, published in PUBLISHED[key].items():
-        ratio = predicted / published
-        assert BAND[0] <= ratio <= BAND[1], (
-            f"{key}: predicted {predicted:.0f} img/s, {source} {published:.0f} ({ratio:.2f}x)")
+    _assert_in_band(f"ResNet-50 {key}", throughput[key], PUBLISHED[key])
 
 
 def test_mixed_precision_is_much_faster_than_tf32_on_a100(throughput: dict[tuple[str, str], float]) -> None:
@@ -117,14 +131,7 @@ def bert_throughput(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str,
 
     model = tmp_path_factory.mktemp("bert") / "bert_base.onnx"
     model.write_bytes(exported("bert").onnx_bytes)
-    backend = OfflineBackend(MODELS_DIR)
-    out: dict[tuple[str, str], float] = {}
-    for hw, precision in BERT_PUBLISHED:
-        pred = backend.predict(model, hw, JobParams(batch_size=BERT_BATCH, mode="training", optimizer="adamw",
-                                                    precision=precision, dims=(("seq", BERT_SEQ),)))
-        assert pred["precision"] == precision
-        out[(hw, precision)] = float(pred["iteration"]["samples_per_s"])
-    return out
+    return predicted_samples_per_s(model, BERT_PUBLISHED, BERT_JOB)
 
 
 @pytest.mark.slow
@@ -132,11 +139,7 @@ def bert_throughput(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str,
 def test_bert_base_training_throughput_lies_within_the_published_band(
     bert_throughput: dict[tuple[str, str], float], key: tuple[str, str]
 ) -> None:
-    predicted = bert_throughput[key]
-    for source, published in BERT_PUBLISHED[key].items():
-        ratio = predicted / published
-        assert BAND[0] <= ratio <= BAND[1], (
-            f"BERT-base {key}: predicted {predicted:.0f} seq/s, {source} {published:.0f} ({ratio:.2f}x)")
+    _assert_in_band(f"BERT-base {key}", bert_throughput[key], BERT_PUBLISHED[key])
 
 
 @pytest.mark.slow
