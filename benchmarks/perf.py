@@ -13,7 +13,6 @@ random weights, TorchScript exporter, the files a user uploads: 438 MB, 653 MB, 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import platform
@@ -38,6 +37,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 from app.config import Settings  # noqa: E402
 from app.main import create_app  # noqa: E402
 from app.migrate import upgrade  # noqa: E402
+from benchmarks.upload import measure_upload  # noqa: E402
 
 MODELS = ("resnet50", "bert", "gpt2")
 DIMS = {"resnet50": {}, "bert": {"seq": 128}, "gpt2": {"seq": 128}}
@@ -278,7 +278,6 @@ def bench_server(paths: dict[str, Path], tmp: Path) -> dict[str, Any]:
     /healthz, duplicate upload, 413 before parsing, 16 concurrent JSON writers on SQLite."""
     import httpx
     import onnx
-    import psutil
 
     out: dict[str, Any] = {}
     t = time.perf_counter()
@@ -329,56 +328,15 @@ def bench_server(paths: dict[str, Path], tmp: Path) -> dict[str, Any]:
     res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     out["import_onnx_s"] = float(res.stdout)
     try:
-        server = psutil.Process(proc.pid)
-
-        def tree_rss() -> int:  # the server and the processes it started (its ONNX import worker)
-            total = 0
-            for p in (server, *server.children(recursive=True)):
-                with contextlib.suppress(psutil.Error):
-                    total += p.memory_info().rss
-            return total
-
-        time.sleep(2)  # the import worker started with the app has finished its imports
-        rss0 = tree_rss()
-        peak = [rss0]
-        hz: list[float] = []
-        stop = threading.Event()
-
-        def poll() -> None:
-            with httpx.Client(base_url=base, timeout=30) as c:
-                while not stop.is_set():
-                    hz.append(_timed(lambda: c.get("/healthz")))
-                    peak.append(tree_rss())
-                    time.sleep(0.02)
-
-        th = threading.Thread(target=poll)
-        th.start()
-        size = paths["bert"].stat().st_size
-        with httpx.Client(base_url=base, timeout=600) as c, paths["bert"].open("rb") as f:
-            t = time.perf_counter()
-            r = c.post("/v1/graphs", content=f, params={"dims": "seq=16"},
-                       headers={"content-type": "application/octet-stream", "content-length": str(size)})
-            upload_s = time.perf_counter() - t
-        stop.set()
-        th.join()
-        assert r.status_code == 201, r.text
-        hz_during = _q(hz)
-        with httpx.Client(base_url=base, timeout=600) as c, paths["bert"].open("rb") as f:
-            t = time.perf_counter()
-            r2 = c.post("/v1/graphs", content=f, headers={"content-type": "application/octet-stream",
-                                                          "content-length": str(size)})
-            dup_s = time.perf_counter() - t
-        import hashlib
-
-        t = time.perf_counter()
-        hashlib.sha256(paths["bert"].read_bytes()).hexdigest()
-        hash_s = time.perf_counter() - t
+        m = measure_upload(base, proc.pid, paths["bert"])
+        size = m["file_bytes"]
         out["upload_bert"] = {
-            "file_bytes": size, "upload_s": upload_s,
-            "ratio_to_onnx_load_plus_infer_shapes": upload_s / out["onnx_load_plus_infer_shapes_s"],
-            "server_peak_rss_growth_bytes": max(peak) - rss0, "peak_growth_over_file_size": (max(peak) - rss0) / size,
-            "healthz_during_upload": hz_during, "duplicate_upload_s": dup_s, "duplicate_status": r2.status_code,
-            "sha256_of_file_s": hash_s,
+            "file_bytes": size, "upload_s": m["upload_s"],
+            "ratio_to_onnx_load_plus_infer_shapes": m["upload_s"] / out["onnx_load_plus_infer_shapes_s"],
+            "server_peak_rss_growth_bytes": m["peak_rss"] - m["rss_before"],
+            "peak_growth_over_file_size": (m["peak_rss"] - m["rss_before"]) / size,
+            "healthz_during_upload": _q(m["healthz_s"]), "duplicate_upload_s": m["duplicate_s"],
+            "duplicate_status": m["duplicate_status"], "sha256_of_file_s": m["sha256_s"],
         }
 
         def big_body() -> Any:

@@ -37,10 +37,69 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
+def measure_upload(base: str, pid: int, model: Path) -> dict[str, Any]:
+    """Against the running server at ``base`` (process ``pid``), 2 s after it is ready (an import worker started
+    with the app has finished its imports): a first upload of the ONNX file ``model`` (``dims=seq=16``) with
+    ``GET /healthz`` polled every 20 ms beside it, recording the resident size of the server and of the server
+    with its child processes (its import worker counts); then a duplicate upload of the same file; then the sha256
+    of the file read from disk (the duplicate's reference). Returns ``file_bytes``, ``upload_s``, ``healthz_s``
+    (each poll's latency, s), ``rss_before`` / ``peak_rss`` / ``rss_after`` (server and children, bytes),
+    ``server_rss_before`` / ``server_peak_rss`` (the server alone), ``duplicate_s``, ``duplicate_status``,
+    ``sha256_s``. Raises ``AssertionError`` when the first upload is not a 201."""
+    import httpx
+    import psutil
+
+    server = psutil.Process(pid)
+    time.sleep(2)
+
+    def tree_rss() -> int:
+        total = 0
+        for p in (server, *server.children(recursive=True)):
+            with contextlib.suppress(psutil.Error):  # a worker that just ended
+                total += p.memory_info().rss
+        return total
+
+    rss0, server0 = tree_rss(), server.memory_info().rss
+    peak, server_peak = [rss0], [server0]
+    hz: list[float] = []
+    stop = threading.Event()
+
+    def poll() -> None:
+        with httpx.Client(base_url=base, timeout=30) as c:
+            while not stop.is_set():
+                t = time.perf_counter()
+                c.get("/healthz")
+                hz.append(time.perf_counter() - t)
+                peak.append(tree_rss())
+                server_peak.append(server.memory_info().rss)
+                time.sleep(0.02)
+
+    size = model.stat().st_size
+    headers = {"content-type": "application/octet-stream", "content-length": str(size)}
+    th = threading.Thread(target=poll)
+    th.start()
+    with httpx.Client(base_url=base, timeout=600) as c, model.open("rb") as f:
+        t = time.perf_counter()
+        r = c.post("/v1/graphs", content=f, params={"dims": "seq=16"}, headers=headers)
+        upload_s = time.perf_counter() - t
+    stop.set()
+    th.join()
+    assert r.status_code == 201, r.text
+    with httpx.Client(base_url=base, timeout=600) as c, model.open("rb") as f:
+        t = time.perf_counter()
+        r2 = c.post("/v1/graphs", content=f, headers=headers)
+        dup_s = time.perf_counter() - t
+    t = time.perf_counter()
+    hashlib.sha256(model.read_bytes()).hexdigest()
+    hash_s = time.perf_counter() - t
+    return {"file_bytes": size, "upload_s": upload_s, "healthz_s": hz, "rss_before": rss0, "peak_rss": max(peak),
+            "rss_after": tree_rss(), "server_rss_before": server0, "server_peak_rss": max(server_peak),
+            "duplicate_s": dup_s, "duplicate_status": r2.status_code, "sha256_s": hash_s}
+
+
 def once(repo: Path, model: Path, tmp: Path) -> dict[str, Any]:
     """One server start, first upload with /healthz polled beside it, duplicate upload, sha256 of the file."""
     import httpx
-    import psutil
 
     port = _port()
     db = tmp / f"upload-{port}.db"
@@ -59,60 +118,17 @@ def once(repo: Path, model: Path, tmp: Path) -> dict[str, Any]:
             except httpx.HTTPError:
                 time.sleep(0.05)
         ready_s = time.perf_counter() - t0
-        server = psutil.Process(proc.pid)
-        time.sleep(2)  # an import worker started with the app has finished its imports
-
-        def tree_rss() -> int:  # the server and any process it started (a parse worker counts too)
-            procs = [server, *server.children(recursive=True)]
-            total = 0
-            for p in procs:
-                with contextlib.suppress(psutil.Error):  # a worker that just ended
-                    total += p.memory_info().rss
-            return total
-
-        rss0 = tree_rss()
-        server0 = server.memory_info().rss
-        peak = [rss0]
-        server_peak = [server0]
-        hz: list[float] = []
-        stop = threading.Event()
-
-        def poll() -> None:
-            with httpx.Client(base_url=base, timeout=30) as c:
-                while not stop.is_set():
-                    t = time.perf_counter()
-                    c.get("/healthz")
-                    hz.append(time.perf_counter() - t)
-                    peak.append(tree_rss())
-                    server_peak.append(server.memory_info().rss)
-                    time.sleep(0.02)
-
-        size = model.stat().st_size
-        headers = {"content-type": "application/octet-stream", "content-length": str(size)}
-        th = threading.Thread(target=poll)
-        th.start()
-        with httpx.Client(base_url=base, timeout=600) as c, model.open("rb") as f:
-            t = time.perf_counter()
-            r = c.post("/v1/graphs", content=f, params={"dims": "seq=16"}, headers=headers)
-            upload_s = time.perf_counter() - t
-        stop.set()
-        th.join()
-        assert r.status_code == 201, r.text
-        with httpx.Client(base_url=base, timeout=600) as c, model.open("rb") as f:
-            t = time.perf_counter()
-            r2 = c.post("/v1/graphs", content=f, headers=headers)
-            dup_s = time.perf_counter() - t
-        assert r2.status_code == 200, r2.text
-        t = time.perf_counter()
-        hashlib.sha256(model.read_bytes()).hexdigest()
-        hash_s = time.perf_counter() - t
-        a = np.asarray(hz) * 1e3
-        return {"start_to_ready_s": ready_s, "upload_s": upload_s, "healthz_p50_ms": float(np.median(a)),
-                "healthz_p99_ms": float(np.percentile(a, 99)), "healthz_max_ms": float(a.max()), "healthz_n": len(hz),
-                "peak_rss_growth_over_file": (max(peak) - rss0) / size,
-                "server_process_peak_growth_over_file": (max(server_peak) - server0) / size,
-                "rss_after_mb": tree_rss() >> 20, "rss_before_mb": rss0 >> 20, "duplicate_s": dup_s, "sha256_s": hash_s,
-                "duplicate_over_hash_s": dup_s - hash_s}
+        m = measure_upload(base, proc.pid, model)
+        assert m["duplicate_status"] == 200, m["duplicate_status"]
+        a = np.asarray(m["healthz_s"]) * 1e3
+        size = m["file_bytes"]
+        return {"start_to_ready_s": ready_s, "upload_s": m["upload_s"], "healthz_p50_ms": float(np.median(a)),
+                "healthz_p99_ms": float(np.percentile(a, 99)), "healthz_max_ms": float(a.max()), "healthz_n": len(a),
+                "peak_rss_growth_over_file": (m["peak_rss"] - m["rss_before"]) / size,
+                "server_process_peak_growth_over_file": (m["server_peak_rss"] - m["server_rss_before"]) / size,
+                "rss_after_mb": m["rss_after"] >> 20, "rss_before_mb": m["rss_before"] >> 20,
+                "duplicate_s": m["duplicate_s"], "sha256_s": m["sha256_s"],
+                "duplicate_over_hash_s": m["duplicate_s"] - m["sha256_s"]}
     finally:
         proc.terminate()
         proc.wait()
