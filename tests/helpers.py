@@ -18,6 +18,18 @@ SHARED_DATA = (REPO / ".." / "shared" / "data").resolve()
 LIGHT_MODELS = Path(onnx.__file__).resolve().parent / "backend" / "test" / "data" / "light"
 
 
+def seq_matmul_onnx(k: int = 16, n: int = 4) -> bytes:
+    """ONNX bytes of ``y = x[batch, seq, k] @ w[k, n]`` (``w`` all 0.5): a graph with a symbolic batch axis and a
+    symbolic sequence axis that every upload, prediction and layer table must bind (``dims={"seq": ...}``)."""
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", k])
+    w = helper.make_tensor("w", TensorProto.FLOAT, [k, n], [0.5] * (k * n))
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g", [x], [y], [w])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
 def light_model(name: str) -> bytes:
     """Bytes of ``light_<name>.onnx`` shipped inside the onnx wheel."""
     return (LIGHT_MODELS / f"light_{name}.onnx").read_bytes()

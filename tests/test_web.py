@@ -20,7 +20,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from tests.helpers import light_model, serve
+from tests.helpers import light_model, seq_matmul_onnx, serve
 
 CHROMEDRIVER = "/usr/bin/chromedriver"
 CHROMIUM = "/usr/bin/chromium"
@@ -87,14 +87,7 @@ def test_bad_parameters_are_shown_with_their_code(client: TestClient) -> None:
 
 def _symbolic_seq_graph(client: TestClient) -> str:
     """Upload a MatMul over ``(batch, seq, 16)`` (``seq`` bound on upload only) and return its id."""
-    from onnx import TensorProto, helper
-
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 16])
-    w = helper.make_tensor("w", TensorProto.FLOAT, [16, 4], [0.5] * 64)
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
-    model = helper.make_model(helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g", [x], [y], [w]),
-                              opset_imports=[helper.make_opsetid("", 17)])
-    up = client.post("/v1/graphs", content=model.SerializeToString(), params={"dims": "seq=8"},
+    up = client.post("/v1/graphs", content=seq_matmul_onnx(), params={"dims": "seq=8"},
                      headers={"content-type": "application/octet-stream"})
     assert up.status_code == 201, up.text
     return str(up.json()["id"])

@@ -62,15 +62,10 @@ def test_server_backend_gives_the_offline_answer(models: dict[str, Path], client
 def test_server_backend_uploads_a_symbolic_graph_with_the_requests_dims(client: TestClient, tmp_path: Path) -> None:
     """A graph with a symbolic ``seq`` is uploaded with the request's ``dims`` (without them the upload itself
     is a 422 ``unbound_dimension``), and the server answers what the offline path does."""
-    import onnx
-    from onnx import TensorProto, helper
+    from tests.helpers import seq_matmul_onnx
 
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 16])
-    w = helper.make_tensor("w", TensorProto.FLOAT, [16, 4], [0.5] * 64)
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
     model = tmp_path / "seq.onnx"
-    onnx.save(helper.make_model(helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g", [x], [y], [w]),
-                                opset_imports=[helper.make_opsetid("", 17)]), str(model))
+    model.write_bytes(seq_matmul_onnx())
     backend = ci.ServerBackend("http://testserver")
     backend.client = client
     params = ci.JobParams(batch_size=8, dims=(("seq", 64),))

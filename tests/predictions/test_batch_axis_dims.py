@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
-from onnx import TensorProto, helper
 
 from app.cli import main
 from app.core.onnx_import import import_onnx
 from app.errors import BatchAxisInDims
 from app.estimates import cli as ci
+from tests.helpers import seq_matmul_onnx
 
 A100 = "a100-sxm4-40gb"
 CODE = "dims_names_batch_axis"
@@ -23,11 +23,7 @@ CODE = "dims_names_batch_axis"
 
 def _seq_model() -> bytes:
     """``x[batch, seq, 64] @ w[64, 32]``: a symbolic batch axis and a symbolic sequence axis."""
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 64])
-    w = helper.make_tensor("w", TensorProto.FLOAT, [64, 32], [0.0] * (64 * 32))
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
-    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g", [x], [y], [w])
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    return seq_matmul_onnx(64, 32)
 
 
 @pytest.fixture

@@ -155,14 +155,9 @@ def test_unknown_graph_id_is_404(client: TestClient) -> None:
 
 
 def test_unbound_symbolic_dimension_is_422_naming_it(client: TestClient) -> None:
-    from onnx import TensorProto, helper
+    from tests.helpers import seq_matmul_onnx
 
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 16])
-    w = helper.make_tensor("w", TensorProto.FLOAT, [16, 4], [0.0] * 64)
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
-    model = helper.make_model(helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g", [x], [y], [w]),
-                              opset_imports=[helper.make_opsetid("", 17)])
-    content = model.SerializeToString()
+    content = seq_matmul_onnx()
     up = client.post("/v1/graphs", content=content, headers={"content-type": "application/octet-stream"})
     assert up.status_code == 422 and up.json()["error"]["code"] == "unbound_dimension"
     assert up.json()["error"]["detail"]["dimension"] == "seq"
