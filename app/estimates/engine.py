@@ -37,6 +37,7 @@ from app.core.memory import MemoryFootprint, fits
 from app.core.precision import Precision, storage_precision
 from app.errors import LayercastError
 from app.graphs import service as graphs
+from app.graphs.importer import canonical_json
 from app.hardware import service as hardware_service
 from app.predictions.schemas import PredictionCreate
 from app.predictions.service import (
@@ -128,7 +129,7 @@ class GraphCache:
         if request.graph_id is not None:
             return ("id", request.graph_id)
         assert request.graph is not None
-        return ("json", graphs.canonical_json(request.graph.model_dump()))
+        return ("json", canonical_json(request.graph.model_dump()))
 
     def _bound(self, request: PredictionCreate, hardware_kind: str) -> graphs.BoundGraph:
         """The binding of ``request`` analysed for a ``hardware_kind`` device (what its stack fuses there).

@@ -22,7 +22,7 @@ from app.errors import (
     clean_validation_errors,
     validation_message,
 )
-from app.graphs import service
+from app.graphs import importer, service
 from app.graphs.models import StoredGraph
 from app.graphs.schemas import GraphLayers, GraphList, GraphRead, GraphSummary, JsonGraphCreate, LayerCostRead
 from app.graphs.spool import Spool
@@ -180,7 +180,7 @@ async def create_graph(
             fmt = "onnx"
         elif ctype == "application/json":
             parsed = await run_in_threadpool(_parse_json_graph, await request.body())
-            await spool.add(await run_in_threadpool(service.canonical_json, parsed.model_dump()))
+            await spool.add(await run_in_threadpool(importer.canonical_json, parsed.model_dump()))
             name = name or parsed.name
             fmt = "json"
         elif ctype in ("application/octet-stream", "application/onnx", ""):
@@ -281,5 +281,5 @@ def graph_layers(graph_id: str, session: SessionDep, batch_size: BatchQuery = 1,
         )
         for layer, c in zip(analysis.graph.layers, analysis.costs, strict=True)
     ]
-    summary = GraphSummary.model_validate(service.summarize(analysis))
+    summary = GraphSummary.model_validate(importer.summarize(analysis))
     return GraphLayers(graph_id=row.id, batch_size=batch_size, layers=layers, summary=summary)

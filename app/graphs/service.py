@@ -54,14 +54,7 @@ from app.errors import (
     UnknownDimension,
     UnsupportedOpset,
 )
-from app.graphs.importer import (  # noqa: F401 (build_graph, canonical_json, summarize: this module's API too)
-    ImportWorkers,
-    build_graph,
-    canonical_json,
-    content_id,
-    prepare_graph,
-    summarize,
-)
+from app.graphs.importer import ImportWorkers, build_graph, content_id, prepare_graph
 from app.graphs.models import StoredGraph
 from app.graphs.repository import GraphRepository
 
@@ -326,7 +319,7 @@ def bound_inline(
     content: bytes, *, batch_size: int, dims: Mapping[str, int] | None = None,
     software_stack: SoftwareStack | None = SoftwareStack.PYTORCH_EAGER, hardware_kind: str = "gpu",
 ) -> BoundGraph:
-    """An inline JSON graph (canonical bytes, :func:`canonical_json`) bound and analysed like
+    """An inline JSON graph (canonical bytes, :func:`app.graphs.importer.canonical_json`) bound and analysed like
     :func:`bound_graph`, cached by the sha256 of the content."""
     dims = dict(dims or {})
     kind = hardware_kind if software_stack is not None else None

@@ -62,6 +62,7 @@ from app.core.precision import (
 from app.core.vocab import SoftwareStack
 from app.errors import NoInterconnect, PrecisionNotSupportedError
 from app.graphs import service as graphs
+from app.graphs.importer import canonical_json
 from app.hardware import service as hardware_service
 from app.predictions.schemas import (
     EpochPrediction,
@@ -492,7 +493,7 @@ def predict(session: Session, predictor: Predictor, *, request: PredictionCreate
                                    dims=request.dims, software_stack=request.software_stack, hardware_kind=hw.kind)
     else:
         assert request.graph is not None
-        content = graphs.canonical_json(request.graph.model_dump())
+        content = canonical_json(request.graph.model_dump())
         bound = graphs.bound_inline(content, batch_size=request.per_device_batch_size, dims=request.dims,
                                     software_stack=request.software_stack, hardware_kind=hw.kind)
     return estimate(bound.analysis, hw, predictor, request=request, graph_id=bound.graph_id, bound=bound)

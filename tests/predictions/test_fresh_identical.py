@@ -27,6 +27,7 @@ from app.core.ir import Layer, Tensor
 from app.core.precision import Precision, PrecisionNotSupported, check_precision
 from app.core.vocab import SoftwareStack
 from app.graphs import service as graphs
+from app.graphs.importer import canonical_json
 from app.graphs.service import build_graph
 from app.hardware.catalog import load_catalog
 from app.predictions import service
@@ -50,7 +51,7 @@ def _analysis(name: str) -> GraphAnalysis:
     if name == "resnet50":
         graph = build_graph(light_model("resnet50"), "onnx", batch_size=16)
     elif name == "transformer":
-        graph = build_graph(graphs.canonical_json(TRANSFORMER), "json", batch_size=16)
+        graph = build_graph(canonical_json(TRANSFORMER), "json", batch_size=16)
     else:
         from tests.core.real_models import exported
 
