@@ -40,7 +40,7 @@ from typing import Any
 
 from app.core.costs import layer_cost
 from app.core.hardware import HardwareSpec
-from app.core.ir import OpKind
+from app.core.ir import Layer, OpKind
 from app.core.json_import import import_json
 from app.core.precision import physics_floor_ms
 from app.core.vocab import Granularity
@@ -106,8 +106,7 @@ def check_layer_config(*, op_kind: str, config: dict[str, Any], batch_size: int)
         raise InvalidLayerConfig("config.layer needs config.input_shape (one sample, no batch axis)",
                                  field="config.input_shape")
     try:
-        layers = import_json({"input_shape": config["input_shape"], "layers": [layer_spec]},
-                             batch_size=batch_size).layers
+        layers = _rebuilt_layers(config, batch_size=batch_size)
     except (LayercastError, KeyError, TypeError, ValueError) as exc:
         message = exc.message if isinstance(exc, LayercastError) else str(exc)
         raise InvalidLayerConfig(f"config does not import as a layer: {message}", field="config.layer") from exc
@@ -125,17 +124,21 @@ def check_layer_config(*, op_kind: str, config: dict[str, Any], batch_size: int)
                 f"{shape[axis] if len(shape) >= 2 else 'no such axis'}", field=f"config.layer.{key}")
 
 
+def _rebuilt_layers(config: dict[str, Any], *, batch_size: int, dtype: str = "float32") -> list[Layer]:
+    """The layers of a JSON-vocabulary measurement ``config`` (``input_shape`` + one ``layer``) at ``batch_size``
+    with ``dtype`` inputs; raises what :func:`app.core.json_import.import_json` raises for one that is no layer."""
+    doc = {"input_shape": config["input_shape"], "input_dtype": dtype, "layers": [config["layer"]]}
+    return list(import_json(doc, batch_size=batch_size).layers)
+
+
 def floor_ms(*, config: dict[str, Any], batch_size: int, spec: HardwareSpec, precision: str, pass_: str,
              optimizer: str = "none") -> float | None:  # fmt: skip
     """The roofline floor (ms) of a JSON-vocabulary layer ``config`` on ``spec``, or None when the config
     does not rebuild into exactly one layer or the precision/pass has no floor."""
-    layer_spec = config.get("layer")
-    if not isinstance(layer_spec, dict) or "input_shape" not in config:
+    if not isinstance(config.get("layer"), dict) or "input_shape" not in config:
         return None
-    doc = {"input_shape": config["input_shape"], "input_dtype": _DTYPE.get(precision, "float32"),
-           "layers": [layer_spec]}  # fmt: skip
     try:
-        layers = import_json(doc, batch_size=batch_size).layers
+        layers = _rebuilt_layers(config, batch_size=batch_size, dtype=_DTYPE.get(precision, "float32"))
         if len(layers) != 1:
             return None
         return physics_floor_ms(layers[0], layer_cost(layers[0]), spec, precision, pass_, optimizer=optimizer)
