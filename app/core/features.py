@@ -225,6 +225,7 @@ FEATURE_NAMES: tuple[str, ...] = (
     "wave_efficiency_small_tile",  # last-wave fill of those tiles
 )
 ROOFLINE_FEATURE_INDEX = 0
+_F = {name: i for i, name in enumerate(FEATURE_NAMES)}
 
 
 class FeatureInput(NamedTuple):
@@ -450,6 +451,51 @@ def raw_quantities(
     )  # fmt: skip
 
 
+#: Raw fields that are features as they are (flags, one-hot blocks), and the raw fields whose log (``_log``) is a
+#: feature as it is, each with its feature: :func:`features_from_raw` copies or logs each group in one numpy call.
+_COPIED: tuple[tuple[str, str], ...] = (
+    ("is_conv", "is_conv"), ("is_gemm", "is_gemm"), ("has_bias", "has_bias"),
+    *((f"act_{a}", f"act_{a}") for a in ACTIVATIONS), ("is_train", "is_train"),
+    *((f"opt_{o}", f"opt_{o}") for o in TRAINED_OPTIMIZERS), *((f"is_{k.value}", f"is_{k.value}") for k in EXTRA_KINDS),
+    ("needs_input_grad", "needs_input_grad"), ("is_half", "is_half"), ("is_cpu", "is_cpu"),
+    ("stack_tf1_session", "stack_tf1_session"), ("stack_kernel_time", "stack_kernel_time"),
+)
+_LOGGED: tuple[tuple[str, str], ...] = (
+    ("log_flops", "pass_flops"), ("log_bytes", "pass_bytes"), ("log_forward_flops", "forward_flops"),
+    ("log_batch", "batch"), ("log_kernel", "kernel"), ("log_stride", "stride"), ("log_c_in", "c_in"),
+    ("log_c_out", "c_out"), ("log_in_spatial", "in_spatial"), ("log_out_spatial", "out_spatial"),
+    ("hw_log_peak_flops_per_s", "peak_flops_per_s"), ("hw_log_bandwidth_bytes_per_s", "bandwidth_bytes_per_s"),
+    ("hw_log_memory_bytes", "memory_bytes"), ("hw_log_compute_units", "compute_units"),
+    ("hw_log_clock_mhz", "clock_mhz"), ("log_groups", "groups"), ("log_seq_len", "seq_len"),
+    ("log_in_elems", "in_elems"), ("log_out_elems", "out_elems"), ("hw_log_l2_cache_bytes", "l2_cache_bytes"),
+    ("log_floor_ms", "floor_ms"), ("hw_log_op_peak_flops_per_s", "op_peak_flops_per_s"), ("log_gemm_m", "gemm_m"),
+    ("log_gemm_n", "gemm_n"), ("log_gemm_k", "gemm_k"),
+)
+#: Features that are the log of a quotient ``_log(numerator / denominator * scale)``: the quotients of every row
+#: are formed as one ``[N, len(_QUOTIENTS)]`` block (each element the same float64 operations in the same order as
+#: one column at a time) and logged in one call. Denominators: a raw field, or ``"sms"`` (``max(compute_units,
+#: 1)``), ``"sm_hz"`` (``sms x clock_mhz x 1e6``: SM cycles per second, all SMs).
+_QUOTIENTS: tuple[tuple[str, str, str, float | None], ...] = (
+    ("log_compute_ms", "pass_flops", "peak_flops_per_s", 1e3),
+    ("log_memory_ms", "pass_bytes", "bandwidth_bytes_per_s", 1e3),
+    ("log_update_memory_ms", "update_bytes", "bandwidth_bytes_per_s", 1e3),
+    ("log_op_compute_ms", "pass_flops", "op_peak_flops_per_s", 1e3),
+    ("log_work_per_sm", "pass_flops", "sms", None),
+    ("log_sm_cycle_ms", "out_elems", "sm_hz", 1e3),
+    ("hw_log_flops_per_sm_cycle", "op_peak_flops_per_s", "sm_hz", None),
+    ("hw_log_bytes_per_sm_cycle", "bandwidth_bytes_per_s", "sm_hz", None),
+    ("hw_log_l2_per_sm", "l2_cache_bytes", "sms", None),
+)
+_F_COPIED = np.asarray([FEATURE_NAMES.index(f) for f, _ in _COPIED], dtype=np.intp)
+_R_COPIED = np.asarray([_R[r] for _, r in _COPIED], dtype=np.intp)
+_F_LOGGED = np.asarray([FEATURE_NAMES.index(f) for f, _ in _LOGGED], dtype=np.intp)
+_R_LOGGED = np.asarray([_R[r] for _, r in _LOGGED], dtype=np.intp)
+_L = {r: j for j, (_, r) in enumerate(_LOGGED)}  # a logged raw field's column in the block of logs
+_F_QUOTIENTS = np.asarray([FEATURE_NAMES.index(q[0]) for q in _QUOTIENTS], dtype=np.intp)
+_R_NUMERATORS = np.asarray([_R[q[1]] for q in _QUOTIENTS], dtype=np.intp)
+_Q = {q[0]: j for j, q in enumerate(_QUOTIENTS)}
+
+
 def _log(x: np.ndarray) -> np.ndarray:
     return np.log(np.maximum(x, LOG_FLOOR))
 
@@ -457,69 +503,64 @@ def _log(x: np.ndarray) -> np.ndarray:
 def features_from_raw(raw: np.ndarray) -> np.ndarray:
     """Feature matrix ``[N, len(FEATURE_NAMES)]`` (float32) from raw quantities ``[N, len(RAW_FIELDS)]``.
 
-    Vectorised; the only place where each feature is defined. Times are in milliseconds before the log.
+    Vectorised; the only place where each feature is defined (:data:`FEATURE_NAMES` names them; the copied,
+    logged and quotient features by the tables :data:`_COPIED`, :data:`_LOGGED` and :data:`_QUOTIENTS`, the
+    rest below). Times are in milliseconds before the log. Each kind of feature is computed for all its columns
+    in one numpy call (a feature's value is the same float64 arithmetic on the same raw values as on its own
+    column: ``tests/core/test_features.py`` checks it bit for bit against a column-by-column definition).
     Raises ``ValueError`` if ``raw`` has the wrong number of columns.
     """
     raw = np.asarray(raw, dtype=np.float64)
     if raw.ndim != 2 or raw.shape[1] != len(RAW_FIELDS):
         raise ValueError(f"raw must have shape [N, {len(RAW_FIELDS)}], got {raw.shape}")
+    n = raw.shape[0]
+    out = np.empty((n, len(FEATURE_NAMES)), dtype=np.float64)
+    out[:, _F_COPIED] = raw[:, _R_COPIED]
+    logs = _log(raw[:, _R_LOGGED])
+    out[:, _F_LOGGED] = logs
 
     def c(name: str) -> np.ndarray:
         return raw[:, _R[name]]
 
-    peak = c("peak_flops_per_s")
-    bw = c("bandwidth_bytes_per_s")
-    compute_ms = c("pass_flops") / peak * 1e3
-    memory_ms = c("pass_bytes") / bw * 1e3
-    update_ms = c("update_bytes") / bw * 1e3
-    cols = [
-        _log(np.maximum(compute_ms, memory_ms)),
-        _log(compute_ms),
-        _log(memory_ms),
-        _log(update_ms),
-        _log(c("pass_flops")),
-        _log(c("pass_bytes")),
-        _log(c("forward_flops")),
-        _log(c("pass_flops")) - _log(c("pass_bytes")),
-        np.log1p(np.maximum(c("params"), 0.0)),
-        _log(c("batch")),
-        c("is_conv"),
-        c("is_gemm"),
-        _log(c("kernel")),
-        _log(c("stride")),
-        _log(c("c_in")),
-        _log(c("c_out")),
-        _log(c("in_spatial")),
-        _log(c("out_spatial")),
-        c("has_bias"),
-        *(c(f"act_{a}") for a in ACTIVATIONS),
-        c("is_train"),
-        *(c(f"opt_{o}") for o in TRAINED_OPTIMIZERS),
-        _log(peak),
-        _log(bw),
-        _log(c("memory_bytes")),
-        _log(c("compute_units")),
-        _log(c("clock_mhz")),
-        # --- added after v1 ---
-        *(c(f"is_{k.value}") for k in EXTRA_KINDS),
-        _log(c("groups")),
-        ((c("groups") > 1) & (c("groups") == c("c_in"))).astype(np.float64),
-        _log(c("seq_len")),
-        _log(c("in_elems")),
-        _log(c("out_elems")),
-        c("needs_input_grad"),
-        c("is_half"),
-        c("is_cpu"),
-        _log(peak) - _log(bw),
-        _log(c("l2_cache_bytes")),
-        # --- added for v3 ---
-        *_v3_columns(raw),
-        # --- added for v4 ---
-        *_v4_columns(raw),
-    ]
-    out = np.stack(cols, axis=1).astype(np.float32)
-    assert out.shape[1] == len(FEATURE_NAMES)
-    return out
+    def lg(name: str) -> np.ndarray:
+        return logs[:, _L[name]]
+
+    sms = np.maximum(c("compute_units"), 1.0)
+    sm_hz = sms * c("clock_mhz") * 1e6
+    den = {"sms": sms, "sm_hz": sm_hz}
+    quotients = raw[:, _R_NUMERATORS] / np.stack([den[d] if d in den else c(d) for _, _, d, _ in _QUOTIENTS], axis=1)
+    scaled = [j for j, q in enumerate(_QUOTIENTS) if q[3] is not None]
+    quotients[:, scaled] *= 1e3
+    q_logs = _log(quotients)
+    out[:, _F_QUOTIENTS] = q_logs
+    compute_ms, memory_ms = quotients[:, _Q["log_compute_ms"]], quotients[:, _Q["log_memory_ms"]]
+    log_memory_ms = q_logs[:, _Q["log_memory_ms"]]
+    tiles, tiles_small = _tiles(raw), _tiles(raw, GEMM_TILE_SMALL)
+    waves, waves_small = tiles / sms, tiles_small / sms
+    ceil_waves = np.ceil(waves)
+    derived = {
+        "log_roofline_ms": _log(np.maximum(compute_ms, memory_ms)),
+        "log_intensity": lg("pass_flops") - lg("pass_bytes"),
+        "log_params": np.log1p(np.maximum(c("params"), 0.0)),
+        "is_depthwise": ((c("groups") > 1) & (c("groups") == c("c_in"))).astype(np.float64),
+        "hw_log_ridge_flops_per_byte": lg("peak_flops_per_s") - lg("bandwidth_bytes_per_s"),
+        # --- v3 (efficiency over the physics floor) ---
+        "log_floor_over_memory": lg("floor_ms") - log_memory_ms,
+        "hw_log_op_ridge_flops_per_byte": lg("op_peak_flops_per_s") - lg("bandwidth_bytes_per_s"),
+        "uses_tensor_cores": (c("op_peak_flops_per_s") > c("fp32_peak_flops_per_s") * 1.01).astype(np.float64),
+        "log_tiles": _log(tiles),
+        "log_waves": _log(waves),
+        "wave_efficiency": waves / ceil_waves,
+        "log_bytes_over_l2": lg("pass_bytes") - lg("l2_cache_bytes"),
+        # --- v4 (per-SM, per-cycle ratios: the quotients above; the wave-quantised floor) ---
+        "log_wave_floor_ms": _log(c("floor_ms") * ceil_waves / waves),
+        "log_waves_small_tile": _log(waves_small),
+        "wave_efficiency_small_tile": waves_small / np.ceil(waves_small),
+    }
+    for name, col in derived.items():
+        out[:, _F[name]] = col
+    assert len(_COPIED) + len(_LOGGED) + len(_QUOTIENTS) + len(derived) == len(FEATURE_NAMES)
+    return out.astype(np.float32)
 
 
 def _tiles(raw: np.ndarray, gemm_tile: int = GEMM_TILE) -> np.ndarray:
@@ -538,64 +579,6 @@ def _tiles(raw: np.ndarray, gemm_tile: int = GEMM_TILE) -> np.ndarray:
         np.ceil(m / ELEMENTWISE_TILE),
     )
     return np.maximum(tiles, 1.0)
-
-
-def _v3_columns(raw: np.ndarray) -> list[np.ndarray]:
-    """The v3 feature columns (see :data:`FEATURE_NAMES`), vectorised over ``raw`` ``[N, len(RAW_FIELDS)]``."""
-
-    def c(name: str) -> np.ndarray:
-        return raw[:, _R[name]]
-
-    op_peak = c("op_peak_flops_per_s")
-    bw = c("bandwidth_bytes_per_s")
-    sms = np.maximum(c("compute_units"), 1.0)
-    floor = c("floor_ms")
-    memory_ms = c("pass_bytes") / bw * 1e3
-    m, n = c("gemm_m"), c("gemm_n")
-    tiles = _tiles(raw)
-    waves = tiles / sms
-    return [
-        _log(floor),
-        _log(c("pass_flops") / op_peak * 1e3),
-        _log(floor) - _log(memory_ms),
-        _log(op_peak),
-        _log(op_peak) - _log(bw),
-        (op_peak > c("fp32_peak_flops_per_s") * 1.01).astype(np.float64),
-        _log(m),
-        _log(n),
-        _log(c("gemm_k")),
-        _log(tiles),
-        _log(waves),
-        waves / np.ceil(waves),
-        _log(c("pass_flops") / sms),
-        _log(c("pass_bytes")) - _log(c("l2_cache_bytes")),
-        c("stack_tf1_session"),
-        c("stack_kernel_time"),
-    ]
-
-
-def _v4_columns(raw: np.ndarray) -> list[np.ndarray]:
-    """The v4 feature columns (see :data:`FEATURE_NAMES`): hardware as per-SM, per-cycle ratios, which stay in
-    a narrow range across GPU generations (NeuSight, Lee et al. ASPLOS 2025, predicts per-SM utilisation from
-    such ratios so that a new GPU is an interpolation), and the wave-quantised floor (Habitat, Yu et al. ATC
-    2021: a kernel of ``w`` waves takes ``ceil(w)`` wave times). Vectorised over ``raw`` ``[N, len(RAW_FIELDS)]``."""
-
-    def c(name: str) -> np.ndarray:
-        return raw[:, _R[name]]
-
-    sms = np.maximum(c("compute_units"), 1.0)
-    waves = _tiles(raw) / sms
-    waves_small = _tiles(raw, GEMM_TILE_SMALL) / sms
-    sm_hz = np.maximum(c("compute_units"), 1.0) * c("clock_mhz") * 1e6  # SM cycles per second, all SMs
-    return [
-        _log(c("floor_ms") * np.ceil(waves) / waves),
-        _log(c("out_elems") / sm_hz * 1e3),
-        _log(c("op_peak_flops_per_s") / sm_hz),
-        _log(c("bandwidth_bytes_per_s") / sm_hz),
-        _log(c("l2_cache_bytes") / sms),
-        _log(waves_small),
-        waves_small / np.ceil(waves_small),
-    ]
 
 
 def floor_ms_from_raw(raw: np.ndarray) -> np.ndarray:
@@ -670,8 +653,6 @@ def select_features(features: np.ndarray, names: Iterable[str]) -> np.ndarray:
     idx = [feature_index(n) for n in names]
     return np.ascontiguousarray(np.asarray(features)[:, idx], dtype=np.float32)
 
-
-_F = {name: i for i, name in enumerate(FEATURE_NAMES)}
 
 
 def feature_index(name: str) -> int:
