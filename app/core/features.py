@@ -507,7 +507,7 @@ def features_from_raw(raw: np.ndarray) -> np.ndarray:
     logged and quotient features by the tables :data:`_COPIED`, :data:`_LOGGED` and :data:`_QUOTIENTS`, the
     rest below). Times are in milliseconds before the log. Each kind of feature is computed for all its columns
     in one numpy call (a feature's value is the same float64 arithmetic on the same raw values as on its own
-    column: ``tests/core/test_features.py`` checks it bit for bit against a column-by-column definition).
+    column: ``tests/core/test_features_blocks.py`` checks it bit for bit against the column-by-column definition).
     Raises ``ValueError`` if ``raw`` has the wrong number of columns.
     """
     raw = np.asarray(raw, dtype=np.float64)
