@@ -194,3 +194,113 @@ def test_weights_without_the_latency_term_load_and_keep_their_prior(tmp_path) ->
     again = load_weights(path, feature_names=MODEL_FEATURES, hidden=8, depth=1).gpu_head.members[0]
     with torch.no_grad():
         assert again.cycle_cols and torch.allclose(again(x), new(x))
+
+
+def _with_mlp_output(m, value: float):  # type: ignore[no-untyped-def]
+    """``m`` with its MLP's three outputs pinned to ``value`` (last layer weights 0, biases ``value``)."""
+    with torch.no_grad():
+        last = m.mlp[-1]
+        last.weight.zero_()
+        last.bias.fill_(value)
+    return m
+
+
+def test_host_dispatch_overhead_is_outside_the_mlp_correction_kernel_time_keeps_it_inside() -> None:
+    """``overhead_outside`` (the GPU head from v6): under PyTorch eager the MLP's correction scales the work
+    only, ``floor + work x e^MLP + overhead``; under kernel time (the GPU's own launch and drain) and without
+    the flag (v5, the CPU head) it scales the combination, ``floor + (work (+) overhead) x e^MLP``. A GEMM at
+    the initial efficiency 0.5 over a 1 ms floor has work 2 ms and overhead 10 us; a correction of ln 3."""
+    from app.training.train import KERNEL_TIME_OVERHEAD_P, LayerTimeNet
+
+    f = len(MODEL_FEATURES)
+    new = _with_mlp_output(LayerTimeNet(np.zeros(f), np.ones(f), overhead_outside=True), math.log(3.0))
+    old = _with_mlp_output(LayerTimeNet(np.zeros(f), np.ones(f)), math.log(3.0))
+    eager = _prior_rows("is_gemm", 100, 1000)
+    kernel = eager.copy()
+    kernel[:, MODEL_FEATURES.index("stack_kernel_time")] = 1.0
+    ovh = math.exp(new.ln_ovh.item())
+    with torch.no_grad():
+        t_new, t_old, k_new, k_old = (np.exp(m(torch.tensor(x))[:, 1].numpy())
+                                      for m, x in ((new, eager), (old, eager), (new, kernel), (old, kernel)))
+    assert t_new == pytest.approx(1.0 + 2.0 * 3.0 + ovh, rel=1e-4)
+    assert t_old == pytest.approx(1.0 + (2.0 + ovh) * 3.0, rel=1e-4)
+    p = KERNEL_TIME_OVERHEAD_P
+    assert k_new == pytest.approx(1.0 + (2.0**p + ovh**p) ** (1 / p) * 3.0, rel=1e-4)
+    assert k_new == pytest.approx(k_old, rel=1e-6)
+
+
+def test_an_eager_ops_dispatch_overhead_has_no_precision_shape_or_device_term() -> None:
+    """With no work left (MLP correction e^-30) every eager row of a kind costs floor + the same overhead, for
+    fp16 or fp32, any shape and any device (the MLP, which saw 16-bit rows under kernel time only, cannot
+    shrink PyTorch eager's dispatch cost of a 16-bit op); op kinds get their own offsets, and a training step's
+    overhead is its own."""
+    from app.training.train import LayerTimeNet
+
+    f = len(MODEL_FEATURES)
+    m = LayerTimeNet(np.zeros(f), np.ones(f), overhead_outside=True)
+    with torch.no_grad():
+        m.ln_ovh_kind.copy_(torch.linspace(-1.0, 1.0, len(m.ln_ovh_kind)))
+    _with_mlp_output(m, -30.0)
+    rng = np.random.default_rng(0)
+    for kind in ("is_conv", "is_elementwise", "is_norm"):
+        x = _prior_rows(kind, 100, 1000, n=64)
+        x[:, MODEL_FEATURES.index("log_floor_ms")] = np.log(1e-4)  # 0.1 us of physics: the overhead is the time
+        for name in ("is_half", "uses_tensor_cores", "log_batch", "hw_log_bandwidth_bytes_per_s"):
+            x[:, MODEL_FEATURES.index(name)] = rng.integers(0, 2, 64) if name.startswith(("is_", "uses")) \
+                else rng.normal(size=64) * 3
+        fwd = x.copy()
+        step = x.copy()
+        step[:, MODEL_FEATURES.index("is_train")] = 1.0
+        with torch.no_grad():
+            t_fwd, t_step = (np.exp(m(torch.tensor(r))[:, 1].numpy()) - 1e-4 for r in (fwd, step))
+        j = m.kind_cols.index(MODEL_FEATURES.index(kind))
+        expect = math.exp(m.ln_ovh.item() + m.ln_ovh_kind[j].item())
+        assert t_fwd == pytest.approx(expect, rel=1e-3)
+        assert t_step == pytest.approx(expect * math.exp(m.ln_ovh_train.item()), rel=1e-3)
+
+
+def test_dispatch_overhead_metadata_is_what_serving_computes(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The artifact's ``dispatch_overhead`` (the members' mean ln constants) read by the learned predictor gives,
+    for each row, the ensemble's own time of a row with no work (a TF1 session and a training step included);
+    rows under kernel time get the stack's fixed cost; weights saved before v6 have none and load with the MLP
+    correcting the overhead (their function unchanged)."""
+    from app.predictor.onnx_model import _dispatch_overhead
+    from app.training.train import Ensemble, KindHeads, LayerTimeNet, dispatch_overhead, load_weights, save_weights
+
+    f = len(MODEL_FEATURES)
+    members = []
+    for seed in range(2):
+        torch.manual_seed(seed)
+        m = LayerTimeNet(np.zeros(f), np.ones(f), overhead_outside=True)
+        with torch.no_grad():
+            for prm in (m.ln_ovh, m.ln_ovh_train, m.ln_ovh_stack, m.ln_ovh_kind):
+                prm.add_(torch.randn(prm.shape) * 0.5)
+        members.append(_with_mlp_output(m, -30.0))
+    ens = Ensemble(members)
+    meta = {"model": {"dispatch_overhead": {"gpu": dispatch_overhead(members)}}}
+    d = _dispatch_overhead(meta, MODEL_FEATURES)
+    assert d is not None
+    rows = np.concatenate([_prior_rows(k, 100, 1000, n=2) for k in ("is_conv", "is_gemm", "is_softmax")])
+    rows[:, MODEL_FEATURES.index("log_floor_ms")] = np.log(1e-5)
+    rows[1::2, MODEL_FEATURES.index("is_train")] = 1.0
+    rows[2:4, MODEL_FEATURES.index("stack_tf1_session")] = 1.0
+    with torch.no_grad():
+        own = np.exp(ens(torch.tensor(rows))[:, 1].numpy().astype(np.float64)) - 1e-5
+    assert d.ms(rows, 0.01) == pytest.approx(own, rel=1e-3)
+    kt = rows.copy()
+    kt[:, MODEL_FEATURES.index("stack_kernel_time")] = 1.0
+    assert np.all(d.ms(kt, 0.003) == 0.003)
+    old = LayerTimeNet(np.zeros(f), np.ones(f), hidden=8, depth=1)
+    assert dispatch_overhead([old]) is None and _dispatch_overhead({"model": {}}, MODEL_FEATURES) is None
+    path = tmp_path / "w.npz"
+    save_weights(KindHeads(Ensemble([old]), None), path)
+    data = dict(np.load(path))
+    legacy = {k: v for k, v in data.items() if not k.endswith(("overhead_outside", "ln_ovh_kind"))}
+    np.savez(path, **legacy)  # weights written before v6
+    back = load_weights(path, feature_names=MODEL_FEATURES, hidden=8, depth=1).gpu_head.members[0]
+    with torch.no_grad():
+        assert back.overhead_outside.item() == 0.0
+        assert torch.allclose(back(torch.tensor(rows)), old(torch.tensor(rows)))
+    bad = {"model": {"dispatch_overhead": {"gpu": {**meta["model"]["dispatch_overhead"]["gpu"], "base_ln_ms": "nan"}}}}
+    with pytest.raises(ValueError, match="not finite"):
+        _dispatch_overhead(bad, MODEL_FEATURES)
