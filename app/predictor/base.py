@@ -180,7 +180,7 @@ def backward_excess_from_ratios(ratios: Mapping[str, Any] | None) -> BackwardExc
 
 
 def backward_from_forward_ms(
-    *, forward_ms: Any, floor_forward_ms: Any, floor_backward_ms: Any, kernels: Any, kernel_ms: Any,
+    *, forward_ms: Any, floor_forward_ms: Any, floor_backward_ms: Any, kernels: Any, kernel_ms: float,
     excess: Any,
 ) -> Any:
     """Backward time (ms) of a layer from its forward time: per-kernel overhead plus scaled forward work.
@@ -190,18 +190,18 @@ def backward_from_forward_ms(
     the forward's, at the same precision: 2 for a convolution or GEMM with both gradients, 1 without the input
     gradient, the byte ratio for memory-bound ops) and by the family's measured ``excess``
     (:class:`BackwardExcess`); each backward kernel (``kernels``: input and weight gradients, or one) pays the
-    stack's fixed cost ``kernel_ms`` (a float, or per row: the learned predictor's dispatch overhead of the
-    layer). When the forward floor is 0 (no work), the backward is its floor plus its launches; with neither a
-    backward floor nor kernels it is 0. Floats or broadcastable arrays (elementwise, the learned predictor's
-    table rows); returns an array (0-d for floats). Raises ``ValueError`` for a negative input.
+    stack's fixed cost ``kernel_ms``. When the forward floor is 0 (no work), the backward is its floor plus its
+    launches; with neither a backward floor nor kernels it is 0. Floats or ``[N]`` arrays (elementwise, the
+    learned predictor's table rows); returns an array (0-d for floats). Raises ``ValueError`` for a negative
+    input.
     """
-    f, ff, fb, n, ex, k = (np.asarray(v, dtype=np.float64) for v in
-                           (forward_ms, floor_forward_ms, floor_backward_ms, kernels, excess, kernel_ms))
-    if min(float(np.min(a)) if a.size else 0.0 for a in (f, ff, fb, n, ex, k)) < 0:
+    f, ff, fb, n, ex = (np.asarray(v, dtype=np.float64) for v in
+                        (forward_ms, floor_forward_ms, floor_backward_ms, kernels, excess))
+    if min(float(np.min(a)) if a.size else 0.0 for a in (f, ff, fb, n, ex)) < 0 or kernel_ms < 0:
         raise ValueError("backward_from_forward_ms takes non-negative times, counts and ratios")
-    launches = n * k
+    launches = n * kernel_ms
     with np.errstate(divide="ignore", invalid="ignore"):
-        work = np.maximum(f - k, 0.0) * ex * fb / np.where(ff > 0, ff, 1.0)
+        work = np.maximum(f - kernel_ms, 0.0) * ex * fb / np.where(ff > 0, ff, 1.0)
     return np.where((fb == 0) & (n == 0), 0.0, np.where(ff <= 0, launches + fb, launches + work))
 
 

@@ -38,12 +38,7 @@ range of ``uses_tensor_cores`` for that hardware and op kind is 0, e.g. GPU conv
 Justus measured in strict fp32) but that runs on them under the query's precision (TF32 convolutions under
 ``fp32`` on Ampere and newer, autocast fp16/bf16) is predicted at :data:`REFERENCE_PRECISION` and carried over
 by :func:`app.predictor.base.transfer_precision_ms`: the launch cost stays, the work above it scales with
-the physics floor at the requested precision (tensor-core peak, 16-bit bytes). The launch cost is the
-artifact's learned host-side dispatch overhead of the layer's stack, pass and op kind (``dispatch_overhead``,
-v6 and later: outside the MLP's correction, so no precision, shape or device term; NeuSight's cuDNN
-convolutions sit on ~60-110 us, its element-wise ops on ~25-55 us), else the stack's fixed per-kernel cost;
-the same cost is what the backward's work is counted above. Under fp16/bf16 autocast each conv/GEMM/matmul/
-recurrent layer's forward also pays autocast's weight cast (:meth:`LearnedPredictor._autocast_casts`). It assumes the tensor-core
+the physics floor at the requested precision (tensor-core peak, 16-bit bytes). It assumes the tensor-core
 kernel reaches the strict-fp32 kernel's fraction of its floor; GEMMs measured both ways (NeuSight fp32,
 Vidur fp16) reach 0.6-0.75 of it, so the transfer leans fast for large compute-bound convolutions (the floor
 clamp still bounds it). Such layers are flagged out of distribution with a note.
@@ -65,7 +60,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,7 +73,6 @@ from app.core.features import (
     ACTIVATIONS,
     DEFAULT_STACK,
     FEATURE_NAMES,
-    HALF_PRECISIONS,
     features_from_raw,
     floor_ms_from_raw,
     precision_spec,
@@ -89,7 +82,6 @@ from app.core.fusion import FOREACH_KERNELS_PER_STEP, TENSORS_PER_LAUNCH
 from app.core.hardware import HardwareSpec, hardware_from_dict
 from app.core.ir import ConvAttrs, Layer, OpKind
 from app.core.precision import TENSOR_CORE_KINDS, Precision, op_precision
-from app.core.vocab import SoftwareStack
 from app.predictor.base import (
     PHYSICS_EXCESS,
     BackwardExcess,
@@ -109,8 +101,6 @@ RANGE_MARGIN = 0.05
 #: The precision an op kind that was never measured on tensor cores is predicted at before the physics floors
 #: carry it to the requested one: strict fp32, which every device runs and every GPU source measured.
 REFERENCE_PRECISION = Precision.FP32_STRICT
-#: DRAM bytes per parameter of autocast's weight cast (``aten::_to_copy`` fp32 -> fp16/bf16): 4 read, 2 written.
-AUTOCAST_CAST_BYTES_PER_PARAM = 6
 #: Stacks under which the training data timed whole training steps, per hardware kind, for artifacts whose
 #: ``applies_to`` does not list ``train_step_stacks``: on GPUs only the Justus et al. 2018 TensorFlow 1.x
 #: sessions time a training step (NeuSight and Vidur time forward kernels); on CPUs the project's profiler
@@ -169,7 +159,6 @@ class LearnedPredictor:
                 spec = hardware_from_dict(dict(d))
                 self._cpu_specs[_cpu_identity(spec)] = spec
         self._scope = _applies_to(metadata.get("applies_to", {}))
-        self._dispatch = _dispatch_overhead(metadata, names)
         conv_excess = backward_excess_from_ratios(metadata.get("backward_forward_ratio"))
         self._excess: dict[OpKind, BackwardExcess] = (
             {OpKind.CONV: conv_excess, OpKind.CONV_TRANSPOSE: conv_excess} if conv_excess is not None else {})
@@ -461,17 +450,10 @@ class LearnedPredictor:
         fwd_q = out_ms[0::2] if step else out_ms
         k = p.kernel_ms
         tr = p.transfer
-        # the layer's per-launch cost: the learned dispatch overhead (stack, pass, op kind) of a GPU model whose
-        # MLP does not scale it ([N, 1]), else the stack's fixed per-kernel cost; what a transfer keeps and
-        # what the backward's work is counted above
-        dispatch = self._dispatch if s.hardware.kind == "gpu" else None
-        k_fwd = (dispatch.ms(p.selected[0::2] if step else p.selected, k)[:, None] if dispatch is not None
-                 else np.asarray(k))  # fmt: skip
         if tr.any():
             fwd_q = fwd_q.copy()
             fwd_q[tr] = transfer_precision_ms(time_ms=fwd_q[tr], floor_from_ms=(row_floor[0::2] if step else row_floor)
-                                              [tr, None], floor_to_ms=p.forward_floor_ms[tr, None],
-                                              overhead_ms=k_fwd[tr] if k_fwd.ndim else k)  # fmt: skip
+                                              [tr, None], floor_to_ms=p.forward_floor_ms[tr, None], overhead_ms=k)
         suffix: dict[int, tuple[str, ...]] = {}
         if s.mode == "training" and not step:
             for ki, c in enumerate(p.rows.kinds):
@@ -480,17 +462,13 @@ class LearnedPredictor:
         notes, ood = self._notes(p, suffix)
         f10, f50, f90 = fwd_q[:, 0], fwd_q[:, 1], fwd_q[:, 2]
         n = len(idx)
-        cast = self._autocast_casts(p, dispatch)
-        if cast is not None:  # forward only: the backward reads autocast's cached 16-bit copy
-            f10, f50, f90 = f10 + cast, f50 + cast, f90 + cast
         if s.mode == "inference":
             fwd, bwd, upd, p10, p90 = f50, np.zeros(n), np.zeros(n), f10, f90
         elif step:
             step_q = out_ms[1::2]
             if tr.any():
                 step_q = step_q.copy()
-                over = (dispatch.ms(p.selected[1::2][tr], k)[:, None] if dispatch is not None
-                        else k * (1 + p.rows.backward_kernels[idx][tr, None]))  # fmt: skip
+                over = k * (1 + p.rows.backward_kernels[idx][tr, None])
                 step_q[tr] = transfer_precision_ms(time_ms=step_q[tr], floor_from_ms=row_floor[1::2][tr, None],
                                                    floor_to_ms=p.step_floor_ms[tr, None], overhead_ms=over)
             fwd, bwd, upd = self._split(p, total=step_q[:, 1], forward=f50)
@@ -505,7 +483,7 @@ class LearnedPredictor:
             bwd_q = np.asarray(backward_from_forward_ms(
                 forward_ms=fwd_q, floor_forward_ms=p.forward_floor_ms[:, None],
                 floor_backward_ms=p.backward_floor_ms[:, None], kernels=p.rows.backward_kernels[idx][:, None],
-                kernel_ms=k_fwd, excess=excess[:, None]))
+                kernel_ms=k, excess=excess[:, None]))
             fwd, bwd = f50, bwd_q[:, 1]
             # the interval is the forward's (conformal, leave-one-GPU-out) carried through the same ratio
             p10, p90 = f10 + bwd_q[:, 0] + upd, f90 + bwd_q[:, 2] + upd
@@ -513,28 +491,6 @@ class LearnedPredictor:
         return Estimates(forward_ms=fwd, backward_ms=bwd, update_ms=upd, total_ms_p10=np.minimum(p10, total),
                          total_ms_p90=np.maximum(p90, total), method=["learned"] * n, out_of_distribution=ood,
                          notes=notes)
-
-    @staticmethod
-    def _autocast_casts(p: _Prepared, dispatch: _Dispatch | None) -> np.ndarray | None:
-        """The weight casts of fp16/bf16 autocast on a GPU, ms per row ``[N]`` (None when there are none):
-        ``torch.autocast`` casts every fp32 weight a conv/GEMM/matmul/recurrent layer reads to 16 bits once per
-        forward (its weight cache lives for one autocast region: one iteration), one element-wise kernel that
-        reads 4 and writes 2 bytes per parameter (:data:`AUTOCAST_CAST_BYTES_PER_PARAM`) at
-        ``STREAM_EFFICIENCY`` of the DRAM bandwidth, plus one launch (the learned element-wise dispatch
-        overhead, else the stack's per-kernel cost). The memory footprint holds the same copies
-        (:mod:`app.core.memory`). Not counted: casts of activations between autocast's fp16 and fp32 op
-        lists. A TF1 session has no autocast (None)."""
-        s, idx = p.setting, p.idx
-        if (s.hardware.kind != "gpu" or str(s.precision) not in HALF_PRECISIONS
-                or s.software_stack is SoftwareStack.TF1_SESSION):  # fmt: skip
-            return None
-        mac = np.asarray([k in TENSOR_CORE_KINDS for k in p.rows.kinds], dtype=bool)[p.rows.kind_index[idx]]
-        params = np.where(mac, p.table.params[idx], 0.0)
-        if not (params > 0).any():
-            return None
-        launch = dispatch.kind_ms("is_elementwise", p.kernel_ms) if dispatch is not None else p.kernel_ms
-        bw = s.hardware.memory_bandwidth_bytes_per_s * STREAM_EFFICIENCY
-        return np.where(params > 0, params * AUTOCAST_CAST_BYTES_PER_PARAM / bw * 1e3 + launch, 0.0)
 
     @staticmethod
     def _update(p: _Prepared) -> np.ndarray:
@@ -752,69 +708,6 @@ class _Prepared:
 
 def _cpu_identity(hw: HardwareSpec) -> tuple[str, int, int | None]:
     return (hw.name, int(hw.compute_units), hw.vector_width_bits)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Dispatch:
-    """The GPU head's learned host-side per-launch overhead as model-input columns and ln-ms constants."""
-
-    base_ln_ms: float
-    train_col: int
-    train_ln: float
-    stack: tuple[tuple[int, float], ...]
-    kinds: tuple[tuple[int, float], ...]
-    only_without: tuple[int, ...]
-    kind_names: tuple[tuple[str, float], ...] = ()
-
-    def kind_ms(self, kind: str, kernel_ms: float) -> float:
-        """The forward overhead (ms) of one PyTorch-eager launch of op kind ``kind`` (a one-hot name such as
-        ``"is_elementwise"``); ``kernel_ms`` when the model has no offset for that kind."""
-        for name, c in self.kind_names:
-            if name == kind:
-                return math.exp(self.base_ln_ms + c)
-        return kernel_ms
-
-    def ms(self, selected: np.ndarray, kernel_ms: float) -> np.ndarray:
-        """The learned per-launch (dispatch) overhead of each row, ms ``[N]``, of model input rows ``selected``
-        ``[N, F]``: host-side, by stack, pass and op kind, no shape, precision or device term; rows under
-        kernel time (whose MLP still scales the overhead) get the stack's fixed ``kernel_ms``."""
-        ln = np.full(len(selected), self.base_ln_ms) + selected[:, self.train_col] * self.train_ln
-        for col, c in self.stack:
-            ln += selected[:, col] * c
-        if self.kinds:
-            ln += selected[:, [c for c, _ in self.kinds]] @ np.asarray([v for _, v in self.kinds])
-        out = np.exp(ln)
-        for col in self.only_without:
-            out = np.where(selected[:, col] > 0.5, kernel_ms, out)
-        return out
-
-
-def _dispatch_overhead(metadata: Mapping[str, Any], names: Sequence[str]) -> _Dispatch | None:
-    """The artifact's ``model.dispatch_overhead.gpu`` (:func:`app.training.train.dispatch_overhead`, v6 and
-    later) against the model's input columns ``names``; None for artifacts whose MLP scales the overhead (the
-    stack's fixed per-kernel cost stands in for it there). Raises ``ValueError`` for a column not among
-    ``names`` or a constant that is not finite."""
-    d = (metadata.get("model") or {}).get("dispatch_overhead", {}).get("gpu")
-    if not d:
-        return None
-    cols = list(names)
-
-    def col(name: str) -> int:
-        if name not in cols:
-            raise ValueError(f"dispatch_overhead names {name!r}, not a model input")
-        return cols.index(name)
-
-    def num(v: Any) -> float:
-        f = float(v)
-        if not math.isfinite(f):
-            raise ValueError(f"dispatch_overhead constant {v!r} is not finite")
-        return f
-
-    return _Dispatch(base_ln_ms=num(d["base_ln_ms"]), train_col=col("is_train"), train_ln=num(d["train_ln"]),
-                     stack=tuple((col(k), num(v)) for k, v in d.get("stack_ln", {}).items()),
-                     kinds=tuple((col(k), num(v)) for k, v in d.get("kind_ln", {}).items()),
-                     only_without=tuple(col(c) for c in d.get("only_without", ())),
-                     kind_names=tuple((str(k), num(v)) for k, v in d.get("kind_ln", {}).items()))  # fmt: skip
 
 
 def _applies_to(applies: Mapping[str, Any]) -> dict[str, dict[str, Any]]:

@@ -99,9 +99,6 @@ VARIANTS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     "per_sm_cycle_keep_sms": ((*PER_SM_CYCLE_FEATURES, "hw_log_compute_units"), {**_ONE, "balance": "source"}),
     # the shipped recipe (layer-time-mlp-4 and -5): one member per feature set, averaged in ln ms (train.Ensemble)
     "mixed_ensemble": (MODEL_FEATURES, {"balance": "source", "member_features": MEMBER_FEATURES}),
-    # v5's p50 form: the MLP corrects the overhead as well as the work (train.LayerTimeNet overhead_outside)
-    "overhead_inside": (MODEL_FEATURES, {"balance": "source", "member_features": MEMBER_FEATURES,
-                                         "overhead_outside": False}),
 }
 
 #: Rows per imported file of each GPU source for the quick loop (~1/4 of the shipped sample).

@@ -217,13 +217,7 @@ DEFAULTS: dict[str, Any] = {
     "member_features": MEMBER_FEATURES,  # GPU head: member k reads member_features[k % len]; None: all the same
     "logo_epochs": 20,  # epochs per leave-one-GPU-out fold
     "balance": "source",  # loss_weights: every source the same share ("source_family": families by sqrt(rows))
-    "overhead_outside": True,  # GPU head: the MLP corrects the work term only (LayerTimeNet; v6)
 }
-
-#: The per-launch overhead constants of :class:`LayerTimeNet` (parameter names) and the factor on the learning
-#: rate they train at when the overhead is outside the MLP's correction (``overhead_outside``).
-OVERHEAD_PARAMS: tuple[str, ...] = ("ln_ovh", "ln_ovh_train", "ln_ovh_stack", "ln_ovh_kind")
-OVERHEAD_LR_FACTOR = 10.0
 
 #: CPU head: ~10k rows, so smaller batches and more epochs than the GPU head.
 CPU_HEAD: dict[str, Any] = {"epochs": 50, "batch_size": 256}
@@ -256,7 +250,6 @@ class LayerTimeNet(nn.Module):
     q_scale: torch.Tensor
     input_mask: torch.Tensor
     overlap_p: torch.Tensor
-    overhead_outside: torch.Tensor
 
     def __init__(
         self,
@@ -269,7 +262,6 @@ class LayerTimeNet(nn.Module):
         active: Sequence[str] | None = None,
         latency_prior: bool = True,
         latency_kinds: Sequence[str] | None = None,
-        overhead_outside: bool = False,
     ) -> None:
         super().__init__()
         names = list(feature_names)
@@ -289,9 +281,6 @@ class LayerTimeNet(nn.Module):
         self.train_i = names.index("is_train")
         self.cpu_i = names.index("is_cpu") if "is_cpu" in names else -1
         self.stack_cols = [names.index(s) for s in ("stack_tf1_session", "stack_kernel_time") if s in names]
-        #: op-kind one-hot columns of the per-kind dispatch offsets (``overhead_outside``)
-        self.kind_cols = [names.index(k) for k in _KIND_ONE_HOTS if k in names]
-        self.register_buffer("overhead_outside", torch.tensor(float(overhead_outside)))
         self.kernel_time_i = names.index("stack_kernel_time") if "stack_kernel_time" in names else -1
         # the latency term: off for weights trained without it (load_weights), or a feature list without its columns
         have = latency_prior and all(c in names for c in _LATENCY_COLUMNS)
@@ -318,8 +307,6 @@ class LayerTimeNet(nn.Module):
         self.ln_ovh = nn.Parameter(torch.tensor(math.log(0.01)))  # ~10 µs per launch in PyTorch eager
         self.ln_ovh_train = nn.Parameter(torch.tensor(math.log(3.0)))
         self.ln_ovh_stack = nn.Parameter(torch.zeros(max(len(self.stack_cols), 1)))
-        #: ln offset of the per-launch overhead per op kind (``overhead_outside`` only; not under kernel time)
-        self.ln_ovh_kind = nn.Parameter(torch.zeros(max(len(self.kind_cols), 1)))
         if self.cycle_cols:  # ln cycles per element and SM per latency kind; their own DRAM efficiency
             init = [LATENCY_KINDS[names[c]] for c in self.cycle_cols]
             overlap = [LATENCY_OVERLAP_P[names[c]] for c in self.cycle_cols]
@@ -342,40 +329,16 @@ class LayerTimeNet(nn.Module):
         out = self.ln_ovh + train * self.ln_ovh_train + cpu * (self.cpu_ln_ovh + train * self.cpu_ln_ovh_train)
         for j, col in enumerate(self.stack_cols):
             out = out + x[:, col] * self.ln_ovh_stack[j]
-        if self.kind_cols:  # the dispatch cost of the op (cuDNN conv vs add), host-side: not under kernel time
-            out = out + self.host_overhead(x) * (x[:, self.kind_cols] @ self.ln_ovh_kind)
         return out
 
-    def host_overhead(self, x: torch.Tensor) -> torch.Tensor:
-        """1 on rows whose per-launch overhead is host-side dispatch (launch-gap stacks: PyTorch eager, a TF1
-        session), outside the MLP's correction (``overhead_outside`` and not ``stack_kernel_time``), else 0;
-        ``[N]`` or a scalar."""
-        if self.kernel_time_i < 0:
-            return self.overhead_outside
-        return self.overhead_outside * (1.0 - x[:, self.kernel_time_i])
-
     def prior(self, x: torch.Tensor) -> torch.Tensor:
-        """Physics prior of ``ln(time / floor)`` ``[N]`` (before the softplus): :meth:`combine` of
-        :meth:`prior_terms` with no MLP correction."""
-        work, ovh = self.prior_terms(x)
-        return self.combine(x, work, ovh)
-
-    def combine(self, x: torch.Tensor, work: torch.Tensor, ovh: torch.Tensor) -> torch.Tensor:
-        """``ln((e^work (+) e^ovh))`` ``[N]`` of the two ln terms over the floor ``[N]``: a sum, except for kernel
-        time (``stack_kernel_time``), where it is the smooth maximum ``(a^p + b^p)^(1/p)``,
-        p = :data:`KERNEL_TIME_OVERHEAD_P` (the launch overlaps the work)."""
-        if self.kernel_time_i < 0:
-            return _logsumexp(torch.stack([work, ovh], dim=1))
-        p = 1.0 + (KERNEL_TIME_OVERHEAD_P - 1.0) * x[:, self.kernel_time_i]
-        return _logsumexp(torch.stack([work * p, ovh * p], dim=1)) / p
-
-    def prior_terms(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The prior's two ln terms over the floor, ``[N]`` each: the work ``ln((floor / efficiency (+) cycles x
-        sm_cycle_ms) / floor)`` and the per-launch overhead ``ln(overhead_ms / floor)`` (:meth:`log_overhead_ms`),
-        which :meth:`combine` joins. The cycles term only for :data:`LATENCY_KINDS` rows
+        """Physics prior of ``ln(time / floor)`` ``[N]`` (before the softplus): ``ln((floor / efficiency +
+        cycles x sm_cycle_ms (+) overhead_ms) / floor)``. The cycles term only for :data:`LATENCY_KINDS` rows
         (``sm_cycle_ms`` = the kind's :data:`LATENCY_WORK` / (SMs x clock), ``cycles`` learned per kind), whose
         efficiency is the memory one (starts at :data:`MEMORY_EFFICIENCY`), added to the floor term or, for
-        kinds with :data:`LATENCY_OVERLAP_P` above 1, combined with it as a smooth maximum (1: a sum)."""
+        kinds with :data:`LATENCY_OVERLAP_P` above 1, combined with it as a smooth maximum. ``(+)`` is a sum,
+        except for kernel time (``stack_kernel_time``), where it is the smooth maximum ``(a^p + b^p)^(1/p)``,
+        p = :data:`KERNEL_TIME_OVERHEAD_P`."""
         floor = x[:, self.floor_i]
         ineff = self.ln_ineff + self._is_cpu(x) * self.cpu_ln_ineff
         terms = [ineff]  # ln(floor / efficiency) - ln floor
@@ -392,20 +355,17 @@ class LayerTimeNet(nn.Module):
             work = _logsumexp(torch.stack([terms[0] * p_lat, lat * p_lat], dim=1)) / p_lat
         else:
             work = terms[0]
-        return work, self.log_overhead_ms(x) - floor
+        ovh = self.log_overhead_ms(x) - floor
+        if self.kernel_time_i < 0:
+            return _logsumexp(torch.stack([work, ovh], dim=1))
+        p = 1.0 + (KERNEL_TIME_OVERHEAD_P - 1.0) * x[:, self.kernel_time_i]
+        return _logsumexp(torch.stack([work * p, ovh * p], dim=1)) / p
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         z = (x - self.mean) / self.std * self.input_mask
         out = self.mlp(z)
         floor = x[:, self.floor_i]
-        work, ovh = self.prior_terms(x)
-        # overhead_outside (GPU head, v6), launch-gap stacks: the MLP corrects the work term only, the per-launch
-        # overhead is the stack's and op kind's (host-side dispatch: no precision, shape or device feature
-        # scales it); otherwise (kernel time, whose fixed cost is the GPU's grid launch and drain; the CPU head;
-        # weights before v6) it corrects the combination: floor + (work (+) overhead) x e^MLP
-        f = self.host_overhead(x)
-        s = self.combine(x, work + f * out[:, 1], ovh) + (1.0 - f) * out[:, 1]
-        p50 = floor + nn.functional.softplus(s)
+        p50 = floor + nn.functional.softplus(self.prior(x) + out[:, 1])
         cpu = self._is_cpu(x)
         s_lo = self.q_scale[0, 0] + cpu * (self.q_scale[1, 0] - self.q_scale[0, 0])
         s_hi = self.q_scale[0, 1] + cpu * (self.q_scale[1, 1] - self.q_scale[0, 1])
@@ -426,41 +386,12 @@ class LayerTimeNet(nn.Module):
         names = [self.feature_names[c] for c in self.stack_cols]
         for j, name in enumerate(names):
             out[f"gpu_overhead_forward_ms_{name}"] = math.exp(ovh + self.ln_ovh_stack[j].item())
-        if self.overhead_outside.item() > 0.5:  # per-kind dispatch cost (PyTorch eager; TF1 x its stack factor)
-            for j, c in enumerate(self.kind_cols):
-                out[f"gpu_overhead_forward_ms_{self.feature_names[c]}"] = math.exp(ovh + self.ln_ovh_kind[j].item())
         if self.cycle_cols:
             out["memory_efficiency"] = math.exp(-self.ln_ineff_mem.item())
         for j, c in enumerate(self.cycle_cols):
             unit = "element" if LATENCY_WORK[self.feature_names[c]] == "log_out_elems" else "flop"
             out[f"cycles_per_{unit}_per_sm_{self.feature_names[c]}"] = math.exp(self.ln_cycles[j].item())
         return out
-
-
-def dispatch_overhead(members: Sequence[LayerTimeNet]) -> dict[str, Any] | None:
-    """The host-side per-launch (dispatch) overhead of a GPU ensemble whose MLP does not scale it
-    (``overhead_outside``): ``ln overhead_ms = base + train x is_train + sum stack_j x stack column j + sum
-    kind_k x kind one-hot k`` on rows under none of the ``only_without`` stack columns (kernel time: there the
-    fixed cost is the GPU's and the MLP still scales it), each constant the mean of the members' (the ensemble
-    averages ln ms, and for a row of no work every member's time is its overhead). The learned predictor
-    carries a layer over precisions, and from its forward to its backward, above this cost
-    (:mod:`app.predictor.onnx_model`). None when the members' MLP corrects the overhead (before v6)."""
-    if not members or any(m.overhead_outside.item() < 0.5 for m in members):
-        return None
-    names, m0 = members[0].feature_names, members[0]
-
-    def mean(get: Callable[[LayerTimeNet], torch.Tensor]) -> list[float]:
-        return torch.stack([get(m).detach().reshape(-1) for m in members]).mean(dim=0).tolist()
-
-    host_stacks = [j for j, c in enumerate(m0.stack_cols) if c != m0.kernel_time_i]
-    stack = mean(lambda m: m.ln_ovh_stack)
-    return {
-        "base_ln_ms": mean(lambda m: m.ln_ovh)[0],
-        "train_ln": mean(lambda m: m.ln_ovh_train)[0],
-        "stack_ln": {names[m0.stack_cols[j]]: stack[j] for j in host_stacks},
-        "kind_ln": dict(zip((names[c] for c in m0.kind_cols), mean(lambda m: m.ln_ovh_kind), strict=False)),
-        "only_without": [names[m0.kernel_time_i]] if m0.kernel_time_i >= 0 else [],
-    }
 
 
 def _logsumexp(t: torch.Tensor) -> torch.Tensor:
@@ -530,19 +461,17 @@ def train_model(
     weight_decay: float = 1e-5,
     init: LayerTimeNet | None = None,
     active: Sequence[str] | None = None,
-    overhead_outside: bool = False,
     log: Callable[[str], None] = print,
 ) -> LayerTimeNet:
     """Train a :class:`LayerTimeNet` on features ``x`` ``[N, F]`` (``feature_names`` columns) and ln ms
     targets ``y`` ``[N]`` (pinball loss, optional per-row ``weights``). ``init`` starts from a copy of an
-    existing model (its normalisation, input mask and p50 form kept: fine-tuning); ``active`` is the subset of
-    ``feature_names`` the MLP reads and ``overhead_outside`` the p50 form (:class:`LayerTimeNet`)."""
+    existing model (its normalisation and input mask kept: fine-tuning); ``active`` is the subset of
+    ``feature_names`` the MLP reads (:class:`LayerTimeNet`)."""
     torch.manual_seed(seed)
     if init is not None:
         model = LayerTimeNet(
             init.mean.numpy(), init.std.numpy(), feature_names=init.feature_names, hidden=init.hidden,
             depth=init.depth, latency_prior=bool(init.cycle_cols), latency_kinds=init.latency_kinds,
-            overhead_outside=bool(init.overhead_outside.item()),
         )  # fmt: skip
         model.load_state_dict(init.state_dict())  # input_mask included
         model.q_scale.fill_(1.0)
@@ -553,22 +482,13 @@ def train_model(
         mean = x64.mean(axis=0)
         std = x64.std(axis=0)
         std = np.where(std > 1e-3, std, 1.0)
-        model = LayerTimeNet(mean, std, feature_names=feature_names, hidden=hidden, depth=depth, active=active,
-                             overhead_outside=overhead_outside)  # fmt: skip
+        model = LayerTimeNet(mean, std, feature_names=feature_names, hidden=hidden, depth=depth, active=active)
     xt = torch.tensor(x, dtype=torch.float32)
     yt = torch.tensor(y, dtype=torch.float32)
     wt = None if weights is None else torch.tensor(weights, dtype=torch.float32)
-    # with the overhead outside the MLP, its constants learn at OVERHEAD_LR_FACTOR x the rate: at the shared rate
-    # they stayed within 10 % of their 10 us start over a full fit, and the MLP's work correction fitted
-    # NeuSight's 25-110 us floors instead (through features that also carry the precision: v6's first run)
-    fast = set(OVERHEAD_PARAMS) if model.overhead_outside.item() > 0.5 else set()
-    rates = [(lr, [p for n, p in model.named_parameters() if n not in fast]),
-             (lr * OVERHEAD_LR_FACTOR, [p for n, p in model.named_parameters() if n in fast])]
-    rates = [(r, ps) for r, ps in rates if ps]
-    opt = torch.optim.AdamW([{"params": ps, "lr": r} for r, ps in rates], lr=lr, weight_decay=weight_decay)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     steps_per_epoch = max(1, math.ceil(len(y) / batch_size))
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=[r for r, _ in rates],
-                                                total_steps=epochs * steps_per_epoch)  # fmt: skip
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=epochs * steps_per_epoch)
     gen = torch.Generator().manual_seed(seed)
     model.train()
     epochs_bar = bar(range(epochs), desc=f"train (seed {seed})", unit="epoch", leave=False)
@@ -809,7 +729,6 @@ def fit_recipe(
             feature_names=names, weights=loss_weights(t, str(r.get("balance", "source"))), epochs=int(r["epochs"]),
             hidden=int(r["hidden"]), depth=int(r["depth"]), batch_size=int(r["batch_size"]), lr=float(r["lr"]),
             weight_decay=float(r["weight_decay"]), member_features=None if cpu else r.get("member_features"),
-            overhead_outside=bool(r.get("overhead_outside", False)) and not cpu,
         )  # fmt: skip
         if len(v):
             scales[kind] = calibrate(heads[kind], model_inputs(v, names), np.log(v.time_ms), is_cpu_rows(v))[kind]
@@ -956,8 +875,6 @@ def load_weights(path: Path, *, feature_names: Sequence[str], hidden: int, depth
                              depth=depth, latency_prior="ln_cycles" in sd,
                              latency_kinds=tuple(LATENCY_KINDS)[: len(sd["ln_cycles"])] if "ln_cycles" in sd else None)  # fmt: skip  # noqa: E501
             sd.setdefault("input_mask", m.input_mask)  # artifacts before the input mask: every feature read
-            sd.setdefault("overhead_outside", torch.tensor(0.0))  # before v6: the MLP corrects the overhead too
-            sd.setdefault("ln_ovh_kind", torch.zeros_like(m.ln_ovh_kind))  # before v6: no per-kind dispatch cost
             m.load_state_dict(sd)
             m.eval()
             members.append(m)
@@ -1200,15 +1117,12 @@ def write_artifact(
         "model": {
             "architecture": f"two heads (GPU, CPU; picked by is_cpu), each an ensemble of MLPs {recipe['depth']}x"
             f"{recipe['hidden']} SiLU with quantile outputs over a floor + overhead + latency prior",
-            "prior": "GPU head (overhead_outside): ln(time/floor) = softplus(ln(((floor/eff + cycles(kind) x "
-            "work(kind) / (SMs x clock)) x e^MLP + overhead_ms(stack, pass, kind)) / floor)), the overhead not "
-            "scaled by the MLP (dispatch_overhead); CPU head: softplus(ln((floor/eff + overhead_ms(stack, pass) + "
-            "...) / floor) + MLP); the cycles term only for "
+            "prior": "ln(time/floor) = softplus(ln((floor/eff + overhead_ms(stack, pass, kind) + cycles(kind) x "
+            "work(kind) / (SMs x clock)) / floor) + MLP); the cycles term only for "
             + ", ".join(f"{k.removeprefix('is_')} (work {LATENCY_WORK[k].removeprefix('log_')})" for k in LATENCY_KINDS)
             + " kinds, with eff the memory efficiency there; under kernel time (stack_kernel_time) the overhead "
             f"and the rest combine as a smooth maximum (p = {KERNEL_TIME_OVERHEAD_P}), not a sum",
             "prior_constants_member0": {k: _members(h)[0].prior_summary() for k, h in model.heads().items()},
-            "dispatch_overhead": {"gpu": dispatch_overhead(_members(model.gpu_head))},
             "conformal_scales": {k: list(v) for k, v in scales.items()},
             "in_distribution_scales": {k: list(v) for k, v in in_distribution_scales.items()},
             "gpu_interval_logo_factor": list(logo_factor),
