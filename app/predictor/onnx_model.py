@@ -41,7 +41,9 @@ by :func:`app.predictor.base.transfer_precision_ms`: the launch cost stays, the 
 the physics floor at the requested precision (tensor-core peak, 16-bit bytes). It assumes the tensor-core
 kernel reaches the strict-fp32 kernel's fraction of its floor; GEMMs measured both ways (NeuSight fp32,
 Vidur fp16) reach 0.6-0.75 of it, so the transfer leans fast for large compute-bound convolutions (the floor
-clamp still bounds it). Such layers are flagged out of distribution with a note.
+clamp still bounds it). Such layers are flagged out of distribution with a note. Under fp16/bf16 autocast each
+conv/GEMM/matmul/recurrent layer's forward also pays autocast's weight cast
+(:meth:`LearnedPredictor._autocast_casts`).
 
 Never faster than physics: v3 predicts ``ln(time / floor)`` through a softplus, so each quantile is at
 least the physics floor :func:`app.core.features.pass_floor_ms`; the served times are also clamped to it
@@ -92,7 +94,7 @@ from app.predictor.base import (
     split_training_step,
     transfer_precision_ms,
 )
-from app.predictor.roofline import KERNEL_FLOOR_MS_BY_STACK, STREAM_EFFICIENCY
+from app.predictor.roofline import KERNEL_FLOOR_MS_BY_STACK, STREAM_EFFICIENCY, autocast_weight_cast_ms
 from app.predictor.table import Estimates, LayerTable, Setting, estimate_queries, floors_for, raw_for, update_cost
 
 _log = logging.getLogger(__name__)
@@ -462,6 +464,9 @@ class LearnedPredictor:
         notes, ood = self._notes(p, suffix)
         f10, f50, f90 = fwd_q[:, 0], fwd_q[:, 1], fwd_q[:, 2]
         n = len(idx)
+        cast = self._autocast_casts(p)
+        if cast is not None:  # forward only: the backward reads autocast's cached 16-bit copy
+            f10, f50, f90 = f10 + cast, f50 + cast, f90 + cast
         if s.mode == "inference":
             fwd, bwd, upd, p10, p90 = f50, np.zeros(n), np.zeros(n), f10, f90
         elif step:
@@ -491,6 +496,16 @@ class LearnedPredictor:
         return Estimates(forward_ms=fwd, backward_ms=bwd, update_ms=upd, total_ms_p10=np.minimum(p10, total),
                          total_ms_p90=np.maximum(p90, total), method=["learned"] * n, out_of_distribution=ood,
                          notes=notes)
+
+    @staticmethod
+    def _autocast_casts(p: _Prepared) -> np.ndarray | None:
+        """:func:`app.predictor.roofline.autocast_weight_cast_ms` of each row's conv/GEMM/matmul/recurrent weights,
+        ms ``[N]``; None when no row pays one."""
+        s, idx = p.setting, p.idx
+        mac = np.asarray([k in TENSOR_CORE_KINDS for k in p.rows.kinds], dtype=bool)[p.rows.kind_index[idx]]
+        cast = autocast_weight_cast_ms(np.where(mac, p.table.params[idx], 0.0), precision=str(s.precision),
+                                       hardware=s.hardware, stack=s.software_stack, kernel_ms=p.kernel_ms)
+        return cast if cast.any() else None
 
     @staticmethod
     def _update(p: _Prepared) -> np.ndarray:

@@ -54,6 +54,7 @@ import numpy as np
 
 from app.core.costs import LayerCost, optimizer_update_cost
 from app.core.fusion import update_kernel_launches
+from app.core.hardware import HardwareSpec
 from app.core.ir import OpKind
 from app.core.precision import UPDATE_BYTES_PER_PARAM, cost_at_precision, op_precision
 from app.core.roofline import roofline_time_s
@@ -169,6 +170,30 @@ def fit_roofline_constants(
 
 
 
+#: DRAM bytes per parameter of autocast's weight cast (``aten::_to_copy`` fp32 -> fp16/bf16): 4 read, 2 written.
+AUTOCAST_CAST_BYTES_PER_PARAM = 6
+
+
+def autocast_weight_cast_ms(params: Any, *, precision: str, hardware: HardwareSpec, stack: SoftwareStack,
+                            kernel_ms: float) -> np.ndarray:
+    """Autocast's weight casts (ms, same shape as ``params``; 0 where none): under fp16/bf16 ``torch.autocast``
+    on a GPU every fp32 weight a conv/GEMM/matmul/recurrent layer reads (``params``: its parameter count, 0
+    for other layers) is cast to 16 bits once per forward (autocast's weight cache lives for one autocast
+    region, one iteration; the backward reads the cached copy): one element-wise kernel reading 4 and writing
+    2 bytes per parameter (:data:`AUTOCAST_CAST_BYTES_PER_PARAM`) at :data:`STREAM_EFFICIENCY` of the DRAM
+    bandwidth plus one launch at ``kernel_ms``. The memory footprint holds the same copies
+    (:mod:`app.core.memory`). All 0 on CPUs, at other precisions and under ``tf1-session`` (no autocast). Not
+    counted: casts of activations between autocast's fp16 and fp32 op lists. Raises ``ValueError`` for a
+    negative parameter count."""
+    n = np.asarray(params, dtype=np.float64)
+    if n.size and float(n.min()) < 0:
+        raise ValueError("parameter counts must be >= 0")
+    if hardware.kind != "gpu" or precision not in ("fp16", "bf16") or stack is SoftwareStack.TF1_SESSION:
+        return np.zeros_like(n)
+    bw = float(hardware.memory_bandwidth_bytes_per_s) * STREAM_EFFICIENCY
+    return np.where(n > 0, n * AUTOCAST_CAST_BYTES_PER_PARAM / bw * 1e3 + kernel_ms, 0.0)
+
+
 def streaming_update_ms(q: LayerTimeQuery) -> float:
     """The optimizer step over ``q``'s parameters (ms) as PyTorch's foreach optimizers run it: a streaming
     kernel over the fp32 master weights, gradients and state (``max(F / P, B / (W · STREAM_EFFICIENCY))`` at
@@ -234,7 +259,12 @@ class RooflinePredictor:
                      f"{kernel_ms * 1e3:.0f} us per kernel"]
         if ood:
             notes.append("floor and efficiency were fitted on GPUs; CPU estimate is indicative only")
+        cast = float(autocast_weight_cast_ms(c.params, precision=str(q.precision), hardware=hw, stack=stack,
+                                             kernel_ms=kernel_ms))  # fmt: skip
+        if cast:
+            notes.append(f"+ autocast weight cast ({cast * 1e3:.1f} us: {c.params} parameters to 16 bits, one kernel)")
         fwd = roof_ms(c.forward_flops, c.forward_bytes) / k.efficiency + (k.floor_forward_ms if tf1 else kernel_ms)
+        fwd += cast
         if q.mode == "inference":
             total, f, b, u = fwd, fwd, 0.0, 0.0
         elif q.mode == "training":
@@ -246,7 +276,7 @@ class RooflinePredictor:
             else:  # one forward kernel, one per backward product, the layer's share of the foreach launches
                 n_bwd = int(c.backward_input_flops > 0) + int(c.backward_weight_flops > 0)
                 upd += kernel_ms * update_kernel_launches(len(q.layer.weights), q.optimizer)
-                total = fb + upd + kernel_ms * (1 + n_bwd)
+                total = fb + upd + kernel_ms * (1 + n_bwd) + cast
             bwd_min = roof_ms(c.backward_flops, c.backward_bytes) if c.backward_flops or c.backward_bytes else 0.0
             f, b, u = split_training_step(total_ms=total, forward_ms=fwd, update_ms=upd, backward_min_ms=bwd_min)
         else:
