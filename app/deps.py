@@ -10,10 +10,13 @@ from collections.abc import Iterator
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
+from fastapi.dependencies.models import Dependant
+from fastapi.routing import APIRoute
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.config import Settings
 from app.db import session_scope
+from app.errors import InvalidRequest
 
 
 def get_settings(request: Request) -> Settings:
@@ -35,6 +38,35 @@ def get_predictor(request: Request) -> Any:
     """The production predictor, taken once at the start of the request so that one request never mixes
     versions (:class:`app.predictors.service.PredictorHolder`: re-read every ``predictor_poll_s``)."""
     return request.app.state.predictors.current()
+
+
+_QUERY_NAMES: dict[int, frozenset[str]] = {}
+
+
+def _query_names(dependant: Dependant) -> set[str]:
+    """The query parameter names (aliases) a route's dependency tree declares."""
+    names = {p.alias for p in dependant.query_params}
+    for sub in dependant.dependencies:
+        names |= _query_names(sub)
+    return names
+
+
+def refuse_unknown_query(request: Request) -> None:
+    """Raises :class:`InvalidRequest` (422 ``invalid_request``, ``detail.unknown`` and ``detail.allowed``)
+    when the query string names a parameter the matched route does not declare: a typo such as
+    ``GET /v1/graphs/{id}/layers?batchsize=64`` was ignored and answered at the default batch size 1."""
+    route = request.scope.get("route")
+    if not isinstance(route, APIRoute):
+        return
+    allowed = _QUERY_NAMES.get(id(route))
+    if allowed is None:
+        allowed = frozenset(_query_names(route.dependant))
+        _QUERY_NAMES[id(route)] = allowed
+    unknown = sorted(set(request.query_params) - allowed)
+    if unknown:
+        raise InvalidRequest(
+            f"unknown query parameter(s) {', '.join(repr(u) for u in unknown)}; this route takes "
+            f"{', '.join(sorted(allowed)) or 'none'}", detail={"unknown": unknown, "allowed": sorted(allowed)})
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]

@@ -60,6 +60,7 @@ from app.auth import Scope as AccessScope
 from app.config import Settings, is_loopback
 from app.core.limits import Limits, json_bytes_depth, use_limits
 from app.db import make_engine, make_sessionmaker, write_intent
+from app.deps import refuse_unknown_query
 from app.errors import LayercastError, LimitExceeded, PayloadTooLarge, clean_validation_errors, validation_message
 from app.migrate import ensure_sqlite_dir
 from app.observability import RequestContext
@@ -71,6 +72,10 @@ logger = logging.getLogger("layercast")
 #: Routers included by :func:`create_app`, as ``(module, attribute)``; every one but the probes
 #: (:data:`OPEN_ROUTERS`) runs :func:`app.auth.authorize` (key, scope, rate limit) before its routes.
 OPEN_ROUTERS: tuple[tuple[str, str], ...] = (("app.observability", "router"),)
+#: Routers whose query string :func:`app.deps.refuse_unknown_query` does not check: the page reads its own
+#: and refuses unknown names itself; the probes and metrics take none and answer whatever a prober appends.
+#: Every other route refuses a query name it does not declare.
+_OWN_QUERY_CHECK = frozenset({"app.web.router", "app.observability"})
 ROUTERS: tuple[tuple[str, str], ...] = (
     *OPEN_ROUTERS,
     ("app.web.router", "router"),
@@ -648,6 +653,8 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = False
 
     for module_name, attribute in ROUTERS:
         guard = [] if (module_name, attribute) in OPEN_ROUTERS else [Depends(authorize)]
+        if module_name not in _OWN_QUERY_CHECK:
+            guard.append(Depends(refuse_unknown_query))
         app.include_router(getattr(importlib.import_module(module_name), attribute), dependencies=guard)
     app.state.route_table = [*module_routes(), *(r for r in app.routes if isinstance(r, Route))]
     _document_common_errors(app)

@@ -181,3 +181,21 @@ def test_startup_objects_are_frozen_out_of_the_collector_while_serving(settings:
         frozen = gc.get_freeze_count()
         assert frozen > 10_000, frozen  # modules, the ORM, onnx, the predictor
     assert gc.get_freeze_count() == 0
+
+
+def test_unknown_query_parameter_is_refused_on_api_routes(client: TestClient) -> None:
+    """A misspelt query name (``batchsize`` for ``batch_size``) is a 422 naming it, not silently the default."""
+    graph = client.post("/v1/graphs", json={"input_shape": [8], "layers": [{"op": "linear", "out_features": 4}]})
+    assert graph.status_code == 201
+    layers = f"/v1/graphs/{graph.json()['id']}/layers"
+    assert client.get(layers, params={"batch_size": 3}).json()["batch_size"] == 3
+    for path, params in [(layers, {"batchsize": 3}), ("/v1/graphs", {"limt": 5}),
+                         ("/v1/hardware", {"vendor": "NVIDIA"}), ("/v1/measurements", {"hardware": "p100"})]:
+        response = client.get(path, params=params)
+        assert response.status_code == 422, (path, response.text)
+        _assert_problem(response.json(), "invalid_request")
+        assert response.json()["error"]["detail"]["unknown"] == list(params)
+    posted = client.post("/v1/graphs", params={"batchsize": 2},
+                         json={"input_shape": [8], "layers": [{"op": "relu"}]})
+    assert posted.status_code == 422 and posted.json()["error"]["detail"]["unknown"] == ["batchsize"]
+    assert client.get("/healthz", params={"probe": 1}).status_code == 200
