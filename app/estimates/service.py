@@ -411,7 +411,7 @@ def compare(session: Session, predictor: Predictor, *, request: ComparisonCreate
     unavailable: list[Unavailable] = []
     scenarios: list[Scenario] = []
     for hw_id in dict.fromkeys(hardware_ids):
-        for n in request.device_counts:
+        for n in dict.fromkeys(request.device_counts):  # a count given twice is one row, as an id given twice
             job = base.model_copy(update={"hardware_id": hw_id, "device_count": n, **_spread(request, n)})
             s = _attempt(partial(_job_scenario, cache, job, price_usd_per_hour=request.price_usd_per_hour.get(hw_id),
                                  **extra))

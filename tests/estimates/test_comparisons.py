@@ -121,3 +121,10 @@ def test_prices_for_devices_not_compared_and_an_empty_device_list_are_422(client
     rows = _compare(client, resnet_id, hardware_ids=["a100-sxm4-40gb"],
                     price_usd_per_hour={"a100-sxm4-40gb": 2.0})["rows"]
     assert rows[0]["cost_usd"] == pytest.approx(rows[0]["job_s"] / 3600 * 2.0)
+
+
+def test_a_repeated_device_or_device_count_is_one_row(client: TestClient, resnet_id: str) -> None:
+    # a repeated device count used to answer the same row twice, both marked Pareto (ids were de-duplicated)
+    rows = _compare(client, resnet_id, hardware_ids=["t4", "a100-sxm4-40gb", "t4"], device_counts=[2, 1, 2])["rows"]
+    assert sorted((r["hardware_id"], r["device_count"]) for r in rows) == [
+        ("a100-sxm4-40gb", 1), ("a100-sxm4-40gb", 2), ("t4", 1), ("t4", 2)]
