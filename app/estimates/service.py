@@ -51,14 +51,12 @@ from app.graphs import service as graphs
 from app.hardware import service as hardware_service
 from app.measurements.models import Measurement, PredictorVersion
 from app.measurements.repository import MeasurementRepository
+from app.measurements.service import ACTUALS_SOURCE  # source of POST /v1/job-estimates/actuals rows
 from app.predictions.schemas import PredictionCreate
 from app.predictions.service import estimate
 from app.predictor.base import Predictor
 from app.predictor.metadata import JobCalibrationFit, RatioStatsModel
 from app.predictor.table import Estimates
-
-#: ``source`` of the whole-job measurements recorded by ``POST /v1/job-estimates/actuals``.
-ACTUALS_SOURCE = "scheduler"
 
 T = TypeVar("T")
 

@@ -21,6 +21,7 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.core.hardware import HardwareSpec
+from app.core.vocab import Granularity
 from app.errors import Conflict, HardwareNotFound, InvalidRequest, LayercastError
 from app.hardware.service import get_spec
 from app.measurements.importers import IMPORT_SOURCES, MeasurementRecord, RecordStream
@@ -182,6 +183,12 @@ def batch_sha256(data: MeasurementBatchCreate) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+#: ``source`` of the whole-job rows ``POST /v1/job-estimates/actuals`` records (``app.estimates.service``): only
+#: that route may store job rows of it, since later job estimates are calibrated by them (against the
+#: ``predicted_s`` it records, after its plausibility check).
+ACTUALS_SOURCE = "scheduler"
+
+
 def _row_errors(session: Session, repo: MeasurementRepository, rows: Sequence[MeasurementCreate]) -> list[RowError]:
     """Every row a stored measurement cannot be made of: a reserved import source, an ``op_kind`` or layer
     config that is no layer (``invalid_layer_config``: :func:`app.measurements.validation.check_layer_config`),
@@ -194,6 +201,10 @@ def _row_errors(session: Session, repo: MeasurementRepository, rows: Sequence[Me
         if row.source in IMPORT_SOURCES:
             errors.append(RowError(index=i, code="reserved_source", field="source",
                                    message=f"source {row.source!r} is reserved for imported data sets"))  # fmt: skip
+        elif row.source == ACTUALS_SOURCE and row.granularity == Granularity.JOB:
+            errors.append(RowError(index=i, code="reserved_source", field="source", message=(
+                f"job rows of source {ACTUALS_SOURCE!r} calibrate job estimates: report them through "
+                "POST /v1/job-estimates/actuals, which checks them against the model")))
         try:
             check_layer_config(op_kind=row.op_kind, config=dict(row.config), batch_size=row.batch_size)
         except InvalidLayerConfig as exc:  # no layer, no floor: it must not be stored unchecked

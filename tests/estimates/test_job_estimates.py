@@ -161,6 +161,26 @@ def test_implausible_actuals_are_refused_and_cannot_poison_later_estimates(clien
     assert math.isfinite(est["p90_s"]) and est["p90_s"] > est["p50_s"]
 
 
+def test_job_rows_of_the_actuals_source_cannot_be_posted_as_measurements(client: TestClient, resnet_id: str) -> None:
+    """A job row of source ``scheduler`` with a made-up ``predicted_s`` sent to POST /v1/measurements skipped
+    the actuals route's plausibility check and multiplied the next estimate by ~80: it is a reserved source."""
+    job = _job(resnet_id)
+    before = _estimate(client, [job])[0]
+    spoof = {"hardware_id": A100, "source": "scheduler", "op_kind": "job", "pass": "train_step",
+             "software_stack": "pytorch-eager", "granularity": "job", "batch_size": 64,
+             "config": {**job, "predicted_s": 1e-6, "predictor_version": "layer-time-mlp-5"},
+             "time_ms_median": 1e6}
+    r = client.post("/v1/measurements", json={"measurements": [spoof]})
+    assert r.status_code == 422, r.text
+    assert [(e["code"], e["field"]) for e in r.json()["error"]["detail"]["errors"]] == [("reserved_source", "source")]
+    after = _estimate(client, [job])[0]
+    assert after["actuals"] == 0 and after["p50_s"] == before["p50_s"]
+    # iteration rows of that source, and job rows of another, are still ordinary measurements
+    for row in ({**spoof, "op_kind": "iteration", "granularity": "iteration", "time_ms_median": 300.0},
+                {**spoof, "source": "my-cluster"}):
+        assert client.post("/v1/measurements", json={"measurements": [row]}).status_code == 201
+
+
 def test_calibrate_clips_stored_ratios_that_bypassed_the_check() -> None:
     cal = calibrate([700.0, -700.0, float("nan")])
     assert cal.actuals == 2 and math.isfinite(cal.factor) and math.isfinite(cal.log_sd)
