@@ -49,8 +49,9 @@ DimsQuery = Annotated[
 
 
 def parse_dims(raw: str | None) -> dict[str, int]:
-    """Parse ``'a=1,b=2'`` into ``{"a": 1, "b": 2}``; raises :class:`InvalidRequest` (422) for bad syntax
-    and :class:`LimitExceeded` (422) for a value over 2³¹−1."""
+    """Parse ``'a=1,b=2'`` into ``{"a": 1, "b": 2}``; raises :class:`InvalidRequest` (422) for bad syntax,
+    a name given twice (``seq=8,seq=9``: the last silently won) or a value below 1, and
+    :class:`LimitExceeded` (422) for a value over 2³¹−1."""
     if not raw:
         return {}
     out: dict[str, int] = {}
@@ -59,7 +60,13 @@ def parse_dims(raw: str | None) -> dict[str, int]:
         try:
             if not sep or not key.strip():
                 raise ValueError
+            if key.strip() in out:
+                raise InvalidRequest(f"dims binds {key.strip()!r} more than once in {raw!r}; bind each name once",
+                                     detail={"dims": raw, "repeated": key.strip()})
             out[key.strip()] = int(value)
+            if out[key.strip()] < 1:
+                raise InvalidRequest(f"dims binds {key.strip()!r} to {value.strip()}; a dimension is at least 1",
+                                     detail={"dims": raw, "dimension": key.strip()})
             if out[key.strip()] > INT32_MAX:
                 raise LimitExceeded("dimension", out[key.strip()], INT32_MAX,
                                     f"dims binds '{key.strip()}' to {value}; the limit is {INT32_MAX}")

@@ -56,6 +56,20 @@ def test_unknown_dims_key_is_a_422_that_names_it(client: TestClient) -> None:
     assert fixed.status_code == 422 and fixed.json()["error"]["detail"]["graph_dims"] == []
 
 
+def test_dims_query_binding_a_name_twice_or_below_one_is_a_422(client: TestClient) -> None:
+    """``dims=seq=8,seq=9`` silently took 9; ``dims=seq=0`` was an ``unbound_dimension`` though it was bound."""
+    gid = _post(client, _gpt_like().SerializeToString(), dims="seq=8").json()["id"]
+    assert client.get(f"/v1/graphs/{gid}/layers", params={"dims": "seq=9"}).status_code == 200
+    for dims, detail in [("seq=8,seq=9", {"repeated": "seq"}), ("seq=0", {"dimension": "seq"}),
+                         ("seq=-3", {"dimension": "seq"})]:
+        for r in (client.get(f"/v1/graphs/{gid}/layers", params={"dims": dims}),
+                  _post(client, _gpt_like().SerializeToString(), dims=dims)):
+            assert r.status_code == 422, (dims, r.text)
+            err = r.json()["error"]
+            assert err["code"] == "invalid_request" and err["detail"] == {"dims": dims, **detail}, (dims, err)
+            assert "'seq'" in err["message"]
+
+
 def test_created_at_is_timezone_aware_in_the_api(client: TestClient) -> None:
     body = _post(client, _gpt_like().SerializeToString(), dims="seq=8").json()
     created = datetime.fromisoformat(body["created_at"])
