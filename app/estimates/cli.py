@@ -291,11 +291,17 @@ def layer_deltas(baseline: dict[str, Any], candidate: dict[str, Any]) -> list[La
 
 
 def parse_fraction(text: str) -> float:
-    """``"5%"`` → 0.05, ``"0.05"`` → 0.05; raises ``argparse.ArgumentTypeError`` for anything else."""
+    """``"5%"`` → 0.05, ``"0.05"`` → 0.05; raises ``argparse.ArgumentTypeError`` for anything else, and for a
+    bare number of 1 or more (``--max-increase 5`` read as 500 %, a gate that never fires for someone who
+    meant 5 %: write ``5%``, or ``500%`` for 500 %)."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(%?)\s*", text)
     if not m:
         raise argparse.ArgumentTypeError(f"expected a fraction like 5% or 0.05, got {text!r}")
     value = float(m.group(1))
+    if not m.group(2) and value >= 1:
+        raise argparse.ArgumentTypeError(
+            f"{text.strip()!r} without '%' would be {value * 100:g} %; write {text.strip()}% for "
+            f"{text.strip()} %, or a fraction below 1 such as 0.05")
     return value / 100 if m.group(2) else value
 
 

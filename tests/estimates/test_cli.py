@@ -203,6 +203,11 @@ def test_parse_fraction() -> None:
     assert ci.parse_fraction("0.1") == pytest.approx(0.1)
     with pytest.raises(Exception, match="fraction"):
         ci.parse_fraction("five")
+    # a bare 5 was 500 %: a gate that never fires for whoever meant 5 %
+    assert ci.parse_fraction("150%") == pytest.approx(1.5)
+    for bare in ("5", "1", "2.5"):
+        with pytest.raises(Exception, match=f"write {re.escape(bare)}%"):
+            ci.parse_fraction(bare)
 
 
 def _readme_ci_block() -> str:
