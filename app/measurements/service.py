@@ -39,6 +39,7 @@ from app.measurements.schemas import (
 from app.measurements.validation import (
     ImplausibleMeasurement,
     InvalidLayerConfig,
+    check_granularity,
     check_layer_config,
     check_plausible,
 )
@@ -207,6 +208,7 @@ def _row_errors(session: Session, repo: MeasurementRepository, rows: Sequence[Me
                 "POST /v1/job-estimates/actuals, which checks them against the model")))
         try:
             check_layer_config(op_kind=row.op_kind, config=dict(row.config), batch_size=row.batch_size)
+            check_granularity(op_kind=row.op_kind, granularity=row.granularity)
         except InvalidLayerConfig as exc:  # no layer, no floor: it must not be stored unchecked
             errors.append(RowError(index=i, code=exc.code, field=exc.field, message=exc.message))
             continue

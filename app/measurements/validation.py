@@ -87,6 +87,19 @@ WHOLE_KINDS = frozenset({"iteration", "job"})
 _DECLARED_INPUT = {"in_features": -1, "in_channels": 1}
 
 
+def check_granularity(*, op_kind: str, granularity: Granularity | str) -> None:
+    """Raise :class:`InvalidLayerConfig` (422, field ``granularity``) when ``granularity`` contradicts
+    ``op_kind``: a cost family is timed as a ``kernel`` or a ``layer``, ``iteration`` as an iteration, ``job``
+    as a job. A ``gemm`` row sent as granularity ``job`` took a job's bound (a year) instead of a layer's
+    (an hour), and an ``iteration`` row sent as ``layer`` was trained on as a layer."""
+    value = Granularity(granularity).value
+    expected = {"iteration": {"iteration"}, "job": {"job"}}.get(op_kind, {"kernel", "layer"})
+    if value not in expected:
+        raise InvalidLayerConfig(
+            f"granularity {value!r} contradicts op_kind {op_kind!r}, which is timed as "
+            f"{' or '.join(repr(e) for e in sorted(expected))}", field="granularity")
+
+
 def check_layer_config(*, op_kind: str, config: dict[str, Any], batch_size: int) -> None:
     """Raise :class:`InvalidLayerConfig` (422) when ``op_kind`` is no cost family nor ``iteration``/``job``,
     or when ``config`` is in the JSON layer vocabulary (has ``layer``) but does not import into a layer of

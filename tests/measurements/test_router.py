@@ -127,7 +127,8 @@ def test_concurrent_retries_with_one_key_store_once(client: TestClient) -> None:
 
 
 def test_list_filters_and_paging(client: TestClient) -> None:
-    rows = [{**BODY, "hardware_id": hw, "op_kind": kind, "precision": prec, "pass": pass_, "measured_at": at}
+    rows = [{**BODY, "hardware_id": hw, "op_kind": kind, "granularity": "layer", "precision": prec, "pass": pass_,
+             "measured_at": at}
             for hw, kind, prec, pass_, at in (
                 ("a100-sxm4-40gb", "conv", "bf16", "train_step", "2026-11-01T00:00:00Z"),
                 ("a100-sxm4-40gb", "gemm", "fp32", "forward", "2026-11-10T00:00:00Z"),
@@ -142,7 +143,7 @@ def test_list_filters_and_paging(client: TestClient) -> None:
     assert total() == 3
     assert total(hardware_id="a100-sxm4-40gb") == 2
     assert total(op_kind="conv") == 2 and total(precision="fp32") == 2 and total(**{"pass": "forward"}) == 2
-    assert total(source="scheduler", granularity="iteration") == 3 and total(source="ci") == 0
+    assert total(source="scheduler", granularity="layer") == 3 and total(source="ci") == 0
     assert total(measured_from="2026-11-05T00:00:00Z") == 2
     assert total(measured_from="2026-11-05T00:00:00Z", measured_to="2026-11-20T00:00:00Z") == 1
     page = client.get("/v1/measurements", params={"limit": 1, "offset": 1}).json()

@@ -113,6 +113,11 @@ def test_api_refuses_implausible_rows_and_stores_nothing(client: TestClient) -> 
     ({"config": {"layer": CONV["layer"]}}, "config.input_shape"),
     ({"op_kind": "whatever"}, "op_kind"),
     ({"op_kind": "gemm"}, "op_kind"),  # a conv config labelled a GEMM
+    # a layer timed as a job took a job's bound (a year), a whole iteration timed as a layer was a layer row
+    ({"granularity": "job", "time_ms_median": 3e10}, "granularity"),
+    ({"granularity": "iteration"}, "granularity"),
+    ({"op_kind": "iteration", "granularity": "layer", "config": {"model": "resnet50"}}, "granularity"),
+    ({"op_kind": "job", "granularity": "kernel", "config": {"model": "resnet50"}}, "granularity"),
 ])
 def test_api_refuses_rows_whose_config_is_not_a_layer(client: TestClient, change: dict[str, Any], field: str) -> None:
     """Such rows used to skip the physics floor (no layer, no floor) and be stored for retraining (201)."""
