@@ -54,7 +54,8 @@ def _query_names(dependant: Dependant) -> set[str]:
 def refuse_unknown_query(request: Request) -> None:
     """Raises :class:`InvalidRequest` (422 ``invalid_request``, ``detail.unknown`` and ``detail.allowed``)
     when the query string names a parameter the matched route does not declare: a typo such as
-    ``GET /v1/graphs/{id}/layers?batchsize=64`` was ignored and answered at the default batch size 1."""
+    ``GET /v1/graphs/{id}/layers?batchsize=64`` was ignored and answered at the default batch size 1; and
+    :func:`refuse_repeated_query`."""
     route = request.scope.get("route")
     if not isinstance(route, APIRoute):
         return
@@ -67,6 +68,18 @@ def refuse_unknown_query(request: Request) -> None:
         raise InvalidRequest(
             f"unknown query parameter(s) {', '.join(repr(u) for u in unknown)}; this route takes "
             f"{', '.join(sorted(allowed)) or 'none'}", detail={"unknown": unknown, "allowed": sorted(allowed)})
+    refuse_repeated_query(request)
+
+
+def refuse_repeated_query(request: Request) -> None:
+    """Raises :class:`InvalidRequest` (422 ``invalid_request``, ``detail.repeated``) when a query parameter is
+    given more than once: every parameter of the API and the page is one value, and
+    ``?batch_size=4&batch_size=64`` silently used the last."""
+    names = [name for name, _ in request.query_params.multi_items()]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise InvalidRequest(f"query parameter(s) {', '.join(repr(r) for r in repeated)} given more than once; "
+                             "give each once", detail={"repeated": repeated})
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]

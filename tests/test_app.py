@@ -199,3 +199,14 @@ def test_unknown_query_parameter_is_refused_on_api_routes(client: TestClient) ->
                          json={"input_shape": [8], "layers": [{"op": "relu"}]})
     assert posted.status_code == 422 and posted.json()["error"]["detail"]["unknown"] == ["batchsize"]
     assert client.get("/healthz", params={"probe": 1}).status_code == 200
+
+
+def test_a_repeated_query_parameter_is_refused_on_api_routes(client: TestClient) -> None:
+    """``?batch_size=4&batch_size=64`` silently answered for the last value."""
+    graph = client.post("/v1/graphs", json={"input_shape": [8], "layers": [{"op": "linear", "out_features": 4}]})
+    layers = f"/v1/graphs/{graph.json()['id']}/layers"
+    response = client.get(f"{layers}?batch_size=4&batch_size=64")
+    assert response.status_code == 422, response.text
+    _assert_problem(response.json(), "invalid_request")
+    assert response.json()["error"]["detail"] == {"repeated": ["batch_size"]}
+    assert client.get(f"{layers}?batch_size=4&dims=").status_code == 200

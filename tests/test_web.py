@@ -126,6 +126,10 @@ def test_an_unknown_query_parameter_is_refused_not_ignored(client: TestClient) -
         r = client.get(path, params={**params, "dataset_size": 8, "epochs": 1})
         assert r.status_code == 422, (path, r.text)
         assert r.json()["error"]["code"] == "invalid_request" and r.json()["error"]["detail"]["unknown"] == ["precison"]
+    # a parameter given twice is refused too: the page used the last value
+    repeated = client.get(f"/?graph_id={graph['id']}&hardware_id=p100&batch_size=4&batch_size=64")
+    assert repeated.status_code == 422 and 'data-code="invalid_request"' in repeated.text
+    assert "batch_size" in repeated.text and "more than once" in repeated.text
 
 
 @pytest.mark.parametrize(("field", "typed", "says"), [

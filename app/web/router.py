@@ -19,7 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, RedirectResponse
 from pydantic import Field, ValidationError
 
-from app.deps import PredictorDep, SessionDep, SettingsDep
+from app.deps import PredictorDep, SessionDep, SettingsDep, refuse_repeated_query
 from app.errors import InvalidRequest, LayercastError, clean_validation_errors, validation_message
 from app.estimates import service as estimates
 from app.estimates.schemas import ComparisonCreate, ComparisonRead
@@ -45,12 +45,13 @@ PAGE_PARAMETERS: frozenset[str] = frozenset({
 
 def _refuse_unknown(request: Request, allowed: frozenset[str] = PAGE_PARAMETERS) -> None:
     """Raises :class:`InvalidRequest` (422 ``invalid_request``, ``detail.unknown``) when the query string has
-    a parameter the page does not take."""
+    a parameter the page does not take, ``detail.repeated`` when it has one twice."""
     unknown = sorted(set(request.query_params) - allowed)
     if unknown:
         raise InvalidRequest(
             f"unknown query parameter(s) {', '.join(repr(u) for u in unknown)}; the page takes "
             f"{', '.join(sorted(allowed))}", detail={"unknown": unknown})
+    refuse_repeated_query(request)
 
 
 def _query(
