@@ -194,3 +194,52 @@ def test_weights_without_the_latency_term_load_and_keep_their_prior(tmp_path) ->
     again = load_weights(path, feature_names=MODEL_FEATURES, hidden=8, depth=1).gpu_head.members[0]
     with torch.no_grad():
         assert again.cycle_cols and torch.allclose(again(x), new(x))
+
+
+def test_the_overhead_correction_reads_no_precision_column_under_launch_gap_stacks(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``blind_overhead`` (the GPU head from v6): with no work left (floor e^-30 ms), a PyTorch-eager row's time is
+    its per-launch overhead times the MLP's correction from the input with PRECISION_COLUMNS masked, so a 16-bit
+    row and its 32-bit twin cost the same while other columns (the device) still move it; under kernel time, and
+    for a model without the flag, the precision columns still reach it. Weights saved before v6 load without it."""
+    from app.training.train import PRECISION_COLUMNS, Ensemble, KindHeads, LayerTimeNet, load_weights, save_weights
+
+    f = len(MODEL_FEATURES)
+    torch.manual_seed(0)
+    blind = LayerTimeNet(np.zeros(f), np.ones(f), blind_overhead=True)
+    torch.manual_seed(0)
+    plain = LayerTimeNet(np.zeros(f), np.ones(f))
+    with torch.no_grad():  # an MLP whose corrections are O(1), as a trained one's are (init scales them by 0.1)
+        for m in (blind, plain):
+            m.mlp[-1].weight.mul_(100.0)
+    rng = np.random.default_rng(0)
+    fp32 = rng.normal(size=(16, f)).astype(np.float32)
+    for c in ("stack_kernel_time", "stack_tf1_session", "is_cpu", *(k for k in MODEL_FEATURES if k.startswith("is_"))):
+        fp32[:, MODEL_FEATURES.index(c)] = 0.0
+    fp32[:, MODEL_FEATURES.index("is_conv")] = 1.0
+    fp32[:, MODEL_FEATURES.index("log_floor_ms")] = -30.0
+    fp16 = fp32.copy()
+    for c in PRECISION_COLUMNS - {"log_floor_ms"}:
+        fp16[:, MODEL_FEATURES.index(c)] += 2.0
+    fp16[:, MODEL_FEATURES.index("is_half")] = 1.0
+    other_device = fp32.copy()
+    other_device[:, MODEL_FEATURES.index("hw_log_compute_units")] += 2.0
+    kt32, kt16 = fp32.copy(), fp16.copy()
+    kt32[:, MODEL_FEATURES.index("stack_kernel_time")] = kt16[:, MODEL_FEATURES.index("stack_kernel_time")] = 1.0
+
+    def p50(m, x):  # type: ignore[no-untyped-def]
+        with torch.no_grad():
+            return m(torch.tensor(x))[:, 1].numpy()
+
+    assert np.allclose(p50(blind, fp32), p50(blind, fp16), atol=1e-5)
+    assert not np.allclose(p50(blind, fp32), p50(blind, other_device), atol=1e-3)
+    assert not np.allclose(p50(blind, kt32), p50(blind, kt16), atol=1e-3)
+    assert not np.allclose(p50(plain, fp32), p50(plain, fp16), atol=1e-3)
+    path = tmp_path / "w.npz"
+    save_weights(KindHeads(Ensemble([plain]), None), path)
+    legacy = {k: v for k, v in dict(np.load(path)).items() if not k.endswith(("blind_overhead", "blind_mask"))}
+    np.savez(path, **legacy)  # weights written before v6
+    back = load_weights(path, feature_names=MODEL_FEATURES, hidden=128, depth=3).gpu_head.members[0]
+    assert back.blind_overhead.item() == 0.0 and np.allclose(p50(back, fp16), p50(plain, fp16), atol=1e-6)
+    save_weights(KindHeads(Ensemble([blind]), None), path)
+    again = load_weights(path, feature_names=MODEL_FEATURES, hidden=128, depth=3).gpu_head.members[0]
+    assert again.blind_overhead.item() == 1.0 and np.allclose(p50(again, fp16), p50(blind, fp16), atol=1e-6)
