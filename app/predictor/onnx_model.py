@@ -103,9 +103,6 @@ RANGE_MARGIN = 0.05
 #: The precision an op kind that was never measured on tensor cores is predicted at before the physics floors
 #: carry it to the requested one: strict fp32, which every device runs and every GPU source measured.
 REFERENCE_PRECISION = Precision.FP32_STRICT
-#: ln ms of the floor a dispatch probe row gets (:meth:`LearnedPredictor._prepare`): e^-30 ms of work, nothing
-#: next to any launch cost, while the precision-blind overhead correction does not read the floor.
-DISPATCH_PROBE_LOG_FLOOR = -30.0
 #: Stacks under which the training data timed whole training steps, per hardware kind, for artifacts whose
 #: ``applies_to`` does not list ``train_step_stacks``: on GPUs only the Justus et al. 2018 TensorFlow 1.x
 #: sessions time a training step (NeuSight and Vidur time forward kernels); on CPUs the project's profiler
@@ -154,9 +151,6 @@ class LearnedPredictor:
                          "as ORT_ROW_BLOCK predicts; every feature row is run (same answers, slower)", onnx_path.name)
         self.metadata = metadata
         self.version = f"{metadata['name']}-{metadata['version']}"
-        # v6: the GPU head corrects the per-launch overhead from precision-blind inputs, so the overhead of a
-        # transferred row is the model's own answer for it with no work (DISPATCH_PROBE_LOG_FLOOR)
-        self._blind_overhead = bool((metadata.get("model") or {}).get("recipe", {}).get("blind_overhead", False))
         self._ranges = _feature_ranges(metadata)
         train_hw: dict[str, Any] = dict(metadata.get("training_hardware", {}))
         self._train_hw = frozenset(train_hw)
@@ -365,18 +359,11 @@ class LearnedPredictor:
             raw_all[0::2], raw_all[1::2] = raw_f, raw_t
         else:
             raw_all = raw_f
-        selected = select_features(features_from_raw(raw_all), self.feature_names)
-        dispatch = None
-        if self._blind_overhead and transfer.any() and not learned_step:
-            # the transferred rows with no work left (floor e^-30 ms): p50 is their per-launch overhead, which the
-            # model corrects from precision-blind inputs (the floor among them), so it stays at any precision
-            dispatch = np.ascontiguousarray(selected[transfer])
-            dispatch[:, self.feature_names.index("log_floor_ms")] = DISPATCH_PROBE_LOG_FLOOR
         return _Prepared(table=table, idx=idx, setting=s, rows=rows, seen=seen, transfer=transfer,
                          learned_step=learned_step, forward_floor_ms=floors.forward[idx],
                          backward_floor_ms=floors.backward[idx] if training else np.zeros(len(idx)),
                          step_floor_ms=step_floor, kernel_ms=KERNEL_FLOOR_MS_BY_STACK[s.software_stack],
-                         raw=raw_all, selected=selected, dispatch=dispatch)
+                         raw=raw_all, selected=select_features(features_from_raw(raw_all), self.feature_names))
 
     def estimate_tables(self, items: Sequence[tuple[LayerTable, np.ndarray, Setting]]) -> list[Estimates]:
         """Estimates of rows ``idx`` of each ``(table, idx, setting)`` (stages: plan and featurise, run,
@@ -385,17 +372,13 @@ class LearnedPredictor:
         preps = [self._prepare(t, idx, s) for t, idx, s in items]
         if not preps:
             return []
-        parts = [a for p in preps for a in (p.selected, p.dispatch) if a is not None]
-        x = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        x = np.concatenate([p.selected for p in preps]) if len(preps) > 1 else preps[0].selected
         out = self._run_selected(x)
         results, start = [], 0
         for p in preps:
             stop = start + len(p.selected)
-            disp = None
-            if p.dispatch is not None:
-                disp, stop_d = out[stop:stop + len(p.dispatch)], stop + len(p.dispatch)
-            results.append(self._assemble(p, out[start:stop], disp))
-            start = stop if p.dispatch is None else stop_d
+            results.append(self._assemble(p, out[start:stop]))
+            start = stop
         return results
 
     def estimate(self, queries: Sequence[LayerTimeQuery]) -> list[LayerTimeEstimate]:
@@ -458,10 +441,9 @@ class LearnedPredictor:
         which = which.reshape(len(idx))
         return [built[u] for u in which.tolist()], ood[which]
 
-    def _assemble(self, p: _Prepared, out_ln: np.ndarray, dispatch_ln: np.ndarray | None = None) -> Estimates:
+    def _assemble(self, p: _Prepared, out_ln: np.ndarray) -> Estimates:
         """Estimates of a :meth:`_prepare` from the model's ln-ms quantiles ``out_ln`` ``[rows, 3]`` of its features
-        (``[N]`` numpy per pass; see the module docstring) and ``dispatch_ln`` ``[transferred rows, 3]``, those of
-        its ``dispatch`` rows (the per-launch overhead the transfer keeps; None: the stack's fixed cost)."""
+        (``[N]`` numpy per pass; see the module docstring)."""
         s, idx = p.setting, p.idx
         # never below the physics floor of the row (the graph guarantees it up to float32 rounding; this in float64)
         row_floor = floor_ms_from_raw(p.raw)
@@ -472,10 +454,8 @@ class LearnedPredictor:
         tr = p.transfer
         if tr.any():
             fwd_q = fwd_q.copy()
-            launch = k if dispatch_ln is None else np.exp(dispatch_ln[:, 1:2].astype(np.float64))
             fwd_q[tr] = transfer_precision_ms(time_ms=fwd_q[tr], floor_from_ms=(row_floor[0::2] if step else row_floor)
-                                              [tr, None], floor_to_ms=p.forward_floor_ms[tr, None],
-                                              overhead_ms=np.minimum(launch, fwd_q[tr]))  # fmt: skip
+                                              [tr, None], floor_to_ms=p.forward_floor_ms[tr, None], overhead_ms=k)
         suffix: dict[int, tuple[str, ...]] = {}
         if s.mode == "training" and not step:
             for ki, c in enumerate(p.rows.kinds):
@@ -739,9 +719,6 @@ class _Prepared:
     kernel_ms: float
     raw: np.ndarray
     selected: np.ndarray
-    #: model inputs whose p50 is each transferred row's per-launch overhead (:meth:`LearnedPredictor._prepare`;
-    #: None without transferred rows or for a model whose overhead correction sees the precision)
-    dispatch: np.ndarray | None = None
 
 
 def _cpu_identity(hw: HardwareSpec) -> tuple[str, int, int | None]:

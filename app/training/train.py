@@ -196,17 +196,6 @@ MEMORY_EFFICIENCY = 0.9
 #: / 1e6 s, the work a column of :data:`LATENCY_WORK`.
 _LATENCY_COLUMNS = ("hw_log_compute_units", "hw_log_clock_mhz", *sorted(set(LATENCY_WORK.values())))
 
-#: Model inputs whose value depends on the request's precision (peak at the precision, bytes at its dtype and
-#: what is derived from them, the 16-bit and tensor-core flags). The GPU head's correction of the per-launch
-#: overhead reads the input with these masked (``blind_overhead``, :class:`LayerTimeNet`): a host-side
-#: dispatch costs the same for a 16-bit op as for its 32-bit twin, and the training rows show 16-bit ops only
-#: under kernel time (Vidur), where the MLP learned ~2 us kernels that it otherwise carries to PyTorch eager.
-PRECISION_COLUMNS: frozenset[str] = frozenset({
-    "log_floor_ms", "log_op_compute_ms", "log_memory_ms", "log_floor_over_memory", "log_bytes", "log_intensity",
-    "is_half", "uses_tensor_cores", "hw_log_op_peak_flops_per_s", "hw_log_op_ridge_flops_per_byte",
-    "hw_log_flops_per_sm_cycle", "log_bytes_over_l2",
-})
-
 #: Sources ``layercast train`` reads (measurement ``source`` values).
 V3_SOURCES: tuple[str, ...] = (SOURCE_JUSTUS, SOURCE_NEUSIGHT, SOURCE_VIDUR, SOURCE_PROFILER)
 
@@ -228,7 +217,6 @@ DEFAULTS: dict[str, Any] = {
     "member_features": MEMBER_FEATURES,  # GPU head: member k reads member_features[k % len]; None: all the same
     "logo_epochs": 20,  # epochs per leave-one-GPU-out fold
     "balance": "source",  # loss_weights: every source the same share ("source_family": families by sqrt(rows))
-    "blind_overhead": True,  # GPU head: the overhead's MLP correction reads no precision column (LayerTimeNet; v6)
 }
 
 #: CPU head: ~10k rows, so smaller batches and more epochs than the GPU head.
@@ -262,8 +250,6 @@ class LayerTimeNet(nn.Module):
     q_scale: torch.Tensor
     input_mask: torch.Tensor
     overlap_p: torch.Tensor
-    blind_mask: torch.Tensor
-    blind_overhead: torch.Tensor
 
     def __init__(
         self,
@@ -276,7 +262,6 @@ class LayerTimeNet(nn.Module):
         active: Sequence[str] | None = None,
         latency_prior: bool = True,
         latency_kinds: Sequence[str] | None = None,
-        blind_overhead: bool = False,
     ) -> None:
         super().__init__()
         names = list(feature_names)
@@ -292,10 +277,6 @@ class LayerTimeNet(nn.Module):
         self.register_buffer("q_scale", torch.ones(2, 2, dtype=torch.float32))
         keep = set(names if active is None else active)
         self.register_buffer("input_mask", torch.tensor([float(n in keep) for n in names], dtype=torch.float32))
-        #: the MLP input of the overhead's correction (``blind_overhead``): PRECISION_COLUMNS masked as well
-        self.register_buffer("blind_mask", torch.tensor([float(n not in PRECISION_COLUMNS) for n in names],
-                                                        dtype=torch.float32))  # fmt: skip
-        self.register_buffer("blind_overhead", torch.tensor(float(blind_overhead)))
         self.floor_i = names.index("log_floor_ms")
         self.train_i = names.index("is_train")
         self.cpu_i = names.index("is_cpu") if "is_cpu" in names else -1
@@ -352,17 +333,12 @@ class LayerTimeNet(nn.Module):
 
     def prior(self, x: torch.Tensor) -> torch.Tensor:
         """Physics prior of ``ln(time / floor)`` ``[N]`` (before the softplus): ``ln((floor / efficiency +
-        cycles x sm_cycle_ms (+) overhead_ms) / floor)``, the :meth:`combine` of :meth:`prior_terms`. The cycles
-        term only for :data:`LATENCY_KINDS` rows (``sm_cycle_ms`` = the kind's :data:`LATENCY_WORK` / (SMs x
-        clock), ``cycles`` learned per kind), whose efficiency is the memory one (starts at
-        :data:`MEMORY_EFFICIENCY`), added to the floor term or, for kinds with :data:`LATENCY_OVERLAP_P` above
-        1, combined with it as a smooth maximum. ``(+)`` is a sum, except for kernel time (``stack_kernel_time``),
-        where it is the smooth maximum ``(a^p + b^p)^(1/p)``, p = :data:`KERNEL_TIME_OVERHEAD_P`."""
-        return self.combine(x, *self.prior_terms(x))
-
-    def prior_terms(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The prior's two ln terms over the floor, ``[N]`` each: the work (floor / efficiency and the latency
-        term) and the per-launch overhead (:meth:`log_overhead_ms`)."""
+        cycles x sm_cycle_ms (+) overhead_ms) / floor)``. The cycles term only for :data:`LATENCY_KINDS` rows
+        (``sm_cycle_ms`` = the kind's :data:`LATENCY_WORK` / (SMs x clock), ``cycles`` learned per kind), whose
+        efficiency is the memory one (starts at :data:`MEMORY_EFFICIENCY`), added to the floor term or, for
+        kinds with :data:`LATENCY_OVERLAP_P` above 1, combined with it as a smooth maximum. ``(+)`` is a sum,
+        except for kernel time (``stack_kernel_time``), where it is the smooth maximum ``(a^p + b^p)^(1/p)``,
+        p = :data:`KERNEL_TIME_OVERHEAD_P`."""
         floor = x[:, self.floor_i]
         ineff = self.ln_ineff + self._is_cpu(x) * self.cpu_ln_ineff
         terms = [ineff]  # ln(floor / efficiency) - ln floor
@@ -379,38 +355,17 @@ class LayerTimeNet(nn.Module):
             work = _logsumexp(torch.stack([terms[0] * p_lat, lat * p_lat], dim=1)) / p_lat
         else:
             work = terms[0]
-        return work, self.log_overhead_ms(x) - floor
-
-    def combine(self, x: torch.Tensor, work: torch.Tensor, ovh: torch.Tensor) -> torch.Tensor:
-        """``ln(e^work (+) e^ovh)`` ``[N]``: a sum, except for kernel time (``stack_kernel_time``), where it is the
-        smooth maximum ``(a^p + b^p)^(1/p)``, p = :data:`KERNEL_TIME_OVERHEAD_P`."""
+        ovh = self.log_overhead_ms(x) - floor
         if self.kernel_time_i < 0:
             return _logsumexp(torch.stack([work, ovh], dim=1))
         p = 1.0 + (KERNEL_TIME_OVERHEAD_P - 1.0) * x[:, self.kernel_time_i]
         return _logsumexp(torch.stack([work * p, ovh * p], dim=1)) / p
 
-    def host_rows(self, x: torch.Tensor) -> torch.Tensor:
-        """1 on rows whose overhead the MLP corrects from a precision-blind input (``blind_overhead``, launch-gap
-        stacks: not ``stack_kernel_time``), else 0; ``[N]`` or a scalar."""
-        if self.kernel_time_i < 0:
-            return self.blind_overhead
-        return self.blind_overhead * (1.0 - x[:, self.kernel_time_i])
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         z = (x - self.mean) / self.std * self.input_mask
         out = self.mlp(z)
         floor = x[:, self.floor_i]
-        s = self.prior(x) + out[:, 1]
-        if self.blind_overhead.item() > 0.5:
-            # blind_overhead (GPU head, v6): under launch-gap stacks the MLP corrects the work from the full input
-            # and the per-launch overhead from a precision-blind one, floor + work x e^MLP(z) + overhead x
-            # e^MLP(z_blind): host-side dispatch costs the same for a 16-bit op as for its 32-bit twin, while the
-            # MLP still carries it between devices and shapes as v5 did (kernel time keeps v5's form)
-            work, ovh = self.prior_terms(x)
-            out_b = self.mlp(z * self.blind_mask)
-            host = self.host_rows(x)
-            s = host * self.combine(x, work + out[:, 1], ovh + out_b[:, 1]) + (1.0 - host) * s
-        p50 = floor + nn.functional.softplus(s)
+        p50 = floor + nn.functional.softplus(self.prior(x) + out[:, 1])
         cpu = self._is_cpu(x)
         s_lo = self.q_scale[0, 0] + cpu * (self.q_scale[1, 0] - self.q_scale[0, 0])
         s_hi = self.q_scale[0, 1] + cpu * (self.q_scale[1, 1] - self.q_scale[0, 1])
@@ -506,19 +461,17 @@ def train_model(
     weight_decay: float = 1e-5,
     init: LayerTimeNet | None = None,
     active: Sequence[str] | None = None,
-    blind_overhead: bool = False,
     log: Callable[[str], None] = print,
 ) -> LayerTimeNet:
     """Train a :class:`LayerTimeNet` on features ``x`` ``[N, F]`` (``feature_names`` columns) and ln ms
     targets ``y`` ``[N]`` (pinball loss, optional per-row ``weights``). ``init`` starts from a copy of an
-    existing model (its normalisation, input mask and p50 form kept: fine-tuning); ``active`` is the subset of
-    ``feature_names`` the MLP reads and ``blind_overhead`` the p50 form (:class:`LayerTimeNet`)."""
+    existing model (its normalisation and input mask kept: fine-tuning); ``active`` is the subset of
+    ``feature_names`` the MLP reads (:class:`LayerTimeNet`)."""
     torch.manual_seed(seed)
     if init is not None:
         model = LayerTimeNet(
             init.mean.numpy(), init.std.numpy(), feature_names=init.feature_names, hidden=init.hidden,
             depth=init.depth, latency_prior=bool(init.cycle_cols), latency_kinds=init.latency_kinds,
-            blind_overhead=bool(init.blind_overhead.item()),
         )  # fmt: skip
         model.load_state_dict(init.state_dict())  # input_mask included
         model.q_scale.fill_(1.0)
@@ -529,8 +482,7 @@ def train_model(
         mean = x64.mean(axis=0)
         std = x64.std(axis=0)
         std = np.where(std > 1e-3, std, 1.0)
-        model = LayerTimeNet(mean, std, feature_names=feature_names, hidden=hidden, depth=depth, active=active,
-                             blind_overhead=blind_overhead)  # fmt: skip
+        model = LayerTimeNet(mean, std, feature_names=feature_names, hidden=hidden, depth=depth, active=active)
     xt = torch.tensor(x, dtype=torch.float32)
     yt = torch.tensor(y, dtype=torch.float32)
     wt = None if weights is None else torch.tensor(weights, dtype=torch.float32)
@@ -777,7 +729,6 @@ def fit_recipe(
             feature_names=names, weights=loss_weights(t, str(r.get("balance", "source"))), epochs=int(r["epochs"]),
             hidden=int(r["hidden"]), depth=int(r["depth"]), batch_size=int(r["batch_size"]), lr=float(r["lr"]),
             weight_decay=float(r["weight_decay"]), member_features=None if cpu else r.get("member_features"),
-            blind_overhead=bool(r.get("blind_overhead", False)) and not cpu,
         )  # fmt: skip
         if len(v):
             scales[kind] = calibrate(heads[kind], model_inputs(v, names), np.log(v.time_ms), is_cpu_rows(v))[kind]
@@ -924,8 +875,6 @@ def load_weights(path: Path, *, feature_names: Sequence[str], hidden: int, depth
                              depth=depth, latency_prior="ln_cycles" in sd,
                              latency_kinds=tuple(LATENCY_KINDS)[: len(sd["ln_cycles"])] if "ln_cycles" in sd else None)  # fmt: skip  # noqa: E501
             sd.setdefault("input_mask", m.input_mask)  # artifacts before the input mask: every feature read
-            sd.setdefault("blind_mask", m.blind_mask)
-            sd.setdefault("blind_overhead", torch.tensor(0.0))  # before v6: the overhead corrected from the full input
             m.load_state_dict(sd)
             m.eval()
             members.append(m)
@@ -1169,9 +1118,7 @@ def write_artifact(
             "architecture": f"two heads (GPU, CPU; picked by is_cpu), each an ensemble of MLPs {recipe['depth']}x"
             f"{recipe['hidden']} SiLU with quantile outputs over a floor + overhead + latency prior",
             "prior": "ln(time/floor) = softplus(ln((floor/eff + overhead_ms(stack, pass, kind) + cycles(kind) x "
-            "work(kind) / (SMs x clock)) / floor) + MLP) (GPU head with blind_overhead, launch-gap stacks: "
-            "softplus(ln((work x e^MLP(z) + overhead_ms x e^MLP(z with PRECISION_COLUMNS masked)) / floor))); "
-            "the cycles term only for "
+            "work(kind) / (SMs x clock)) / floor) + MLP); the cycles term only for "
             + ", ".join(f"{k.removeprefix('is_')} (work {LATENCY_WORK[k].removeprefix('log_')})" for k in LATENCY_KINDS)
             + " kinds, with eff the memory efficiency there; under kernel time (stack_kernel_time) the overhead "
             f"and the rest combine as a smooth maximum (p = {KERNEL_TIME_OVERHEAD_P}), not a sum",
