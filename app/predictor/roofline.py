@@ -53,6 +53,7 @@ from typing import Any
 import numpy as np
 
 from app.core.costs import LayerCost, optimizer_update_cost
+from app.core.features import HALF_PRECISIONS
 from app.core.fusion import update_kernel_launches
 from app.core.hardware import HardwareSpec
 from app.core.ir import OpKind
@@ -188,7 +189,7 @@ def autocast_weight_cast_ms(params: Any, *, precision: str, hardware: HardwareSp
     n = np.asarray(params, dtype=np.float64)
     if n.size and float(n.min()) < 0:
         raise ValueError("parameter counts must be >= 0")
-    if hardware.kind != "gpu" or precision not in ("fp16", "bf16") or stack is SoftwareStack.TF1_SESSION:
+    if hardware.kind != "gpu" or precision not in HALF_PRECISIONS or stack is SoftwareStack.TF1_SESSION:
         return np.zeros_like(n)
     bw = float(hardware.memory_bandwidth_bytes_per_s) * STREAM_EFFICIENCY
     return np.where(n > 0, n * AUTOCAST_CAST_BYTES_PER_PARAM / bw * 1e3 + kernel_ms, 0.0)

@@ -13,14 +13,13 @@ import pytest
 from app.core.analysis import analyze
 from app.core.features import (
     ACTIVATIONS,
-    ELEMENTWISE_TILE,
     EXTRA_KINDS,
     FEATURE_NAMES,
-    GEMM_TILE,
     GEMM_TILE_SMALL,
     LOG_FLOOR,
     RAW_FIELDS,
     TRAINED_OPTIMIZERS,
+    _tiles,
     features_from_raw,
     raw_index,
 )
@@ -106,24 +105,6 @@ def reference_features(raw: np.ndarray) -> np.ndarray:
     return out
 
 
-def _tiles_ref(raw: np.ndarray, gemm_tile: int = GEMM_TILE) -> np.ndarray:
-    """Thread blocks of each row's op ``[N]`` (>= 1): ``gemm_tile``² output tiles of the implicit GEMM for
-    multiply-accumulate ops, ``ELEMENTWISE_TILE`` output elements per block otherwise."""
-
-    def c(name: str) -> np.ndarray:
-        return raw[:, raw_index(name)]
-
-    mac = sum(c(name) for name in ("is_conv", "is_gemm", "is_conv_transpose", "is_matmul", "is_recurrent",
-                                   "is_attention")) > 0.5  # fmt: skip
-    m, n = c("gemm_m"), c("gemm_n")
-    tiles = np.where(
-        mac,
-        c("gemm_batch") * np.ceil(m / gemm_tile) * np.ceil(n / gemm_tile),
-        np.ceil(m / ELEMENTWISE_TILE),
-    )
-    return np.maximum(tiles, 1.0)
-
-
 def _v3_ref(raw: np.ndarray) -> list[np.ndarray]:
     """The v3 feature columns (see :data:`FEATURE_NAMES`), vectorised over ``raw`` ``[N, len(RAW_FIELDS)]``."""
 
@@ -136,7 +117,7 @@ def _v3_ref(raw: np.ndarray) -> list[np.ndarray]:
     floor = c("floor_ms")
     memory_ms = c("pass_bytes") / bw * 1e3
     m, n = c("gemm_m"), c("gemm_n")
-    tiles = _tiles_ref(raw)
+    tiles = _tiles(raw)
     waves = tiles / sms
     return [
         _log_ref(floor),
@@ -168,8 +149,8 @@ def _v4_ref(raw: np.ndarray) -> list[np.ndarray]:
         return raw[:, raw_index(name)]
 
     sms = np.maximum(c("compute_units"), 1.0)
-    waves = _tiles_ref(raw) / sms
-    waves_small = _tiles_ref(raw, GEMM_TILE_SMALL) / sms
+    waves = _tiles(raw) / sms
+    waves_small = _tiles(raw, GEMM_TILE_SMALL) / sms
     sm_hz = np.maximum(c("compute_units"), 1.0) * c("clock_mhz") * 1e6  # SM cycles per second, all SMs
     return [
         _log_ref(c("floor_ms") * np.ceil(waves) / waves),
