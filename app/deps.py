@@ -40,9 +40,6 @@ def get_predictor(request: Request) -> Any:
     return request.app.state.predictors.current()
 
 
-_QUERY_NAMES: dict[int, frozenset[str]] = {}
-
-
 def _query_names(dependant: Dependant) -> set[str]:
     """The query parameter names (aliases) a route's dependency tree declares."""
     names = {p.alias for p in dependant.query_params}
@@ -59,10 +56,12 @@ def refuse_unknown_query(request: Request) -> None:
     route = request.scope.get("route")
     if not isinstance(route, APIRoute):
         return
-    allowed = _QUERY_NAMES.get(id(route))
+    # kept on the route itself: a module-level cache keyed by id(route) would hand a later app's route, built at
+    # a freed route's address, the old route's names
+    allowed: frozenset[str] | None = getattr(route, "_layercast_query_names", None)
     if allowed is None:
         allowed = frozenset(_query_names(route.dependant))
-        _QUERY_NAMES[id(route)] = allowed
+        route._layercast_query_names = allowed  # type: ignore[attr-defined]
     unknown = sorted(set(request.query_params) - allowed)
     if unknown:
         raise InvalidRequest(
