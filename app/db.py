@@ -119,7 +119,20 @@ def session_scope(factory: sessionmaker[Session]) -> Iterator[Session]:
     session = factory()
     try:
         yield session
-        session.commit()
+    except BaseException:
+        end_session(session, commit=False)
+        raise
+    end_session(session, commit=True)
+
+
+def end_session(session: Session, *, commit: bool) -> None:
+    """Commit ``session`` (``commit``; rolled back, and the error re-raised, when the commit fails) or roll it
+    back, then close it: the end of :func:`session_scope` and of the API's per-request session."""
+    try:
+        if commit:
+            session.commit()
+        else:
+            session.rollback()
     except BaseException:
         session.rollback()
         raise
