@@ -129,12 +129,13 @@ def end_session(session: Session, *, commit: bool) -> None:
     """Commit ``session`` (``commit``; rolled back, and the error re-raised, when the commit fails) or roll it
     back, then close it: the end of :func:`session_scope` and of the API's per-request session."""
     try:
-        if commit:
-            session.commit()
-        else:
+        if not commit:
             session.rollback()
-    except BaseException:
-        session.rollback()
-        raise
+            return
+        try:
+            session.commit()
+        except BaseException:
+            session.rollback()
+            raise
     finally:
         session.close()
