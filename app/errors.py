@@ -114,6 +114,17 @@ class PrecisionNotSupportedError(LayercastError):
     code = "precision_not_supported"
 
 
+class StackNotSupportedError(LayercastError):
+    """The software stack cannot run on the device's kind (a CUDA graph or a CUDA library on a CPU:
+    :data:`app.core.vocab.GPU_ONLY_STACKS`): never answered silently as another stack.
+
+    ``detail``: ``software_stack``, ``hardware_id``, ``hardware_kind`` and ``supported_kinds``.
+    """
+
+    status_code = 422
+    code = "stack_not_supported"
+
+
 class LimitExceeded(LayercastError):
     """A request or an upload crosses one of the configured bounds of :class:`app.core.limits.Limits`.
 

@@ -24,8 +24,9 @@ from app.schemas import ErrorResponse
 
 router = APIRouter(prefix="/v1")
 
-_ITEMS = "per-item failures (graph_not_found, hardware_not_found, precision_not_supported, invalid_graph, " \
-         "unbound_dimension, unknown_dimension, invalid_request) are answered in the item, not as the status"
+_ITEMS = "per-item failures (graph_not_found, hardware_not_found, precision_not_supported, stack_not_supported, " \
+         "invalid_graph, unbound_dimension, unknown_dimension, invalid_request) are answered in the item, not as " \
+         "the status"
 _BATCH_ERRORS: dict[int | str, dict[str, Any]] = {
     413: {"model": ErrorResponse, "description": "too_many_items, payload_too_large"},
     422: {"model": ErrorResponse, "description": f"validation_error; {_ITEMS}"},
@@ -33,7 +34,8 @@ _BATCH_ERRORS: dict[int | str, dict[str, Any]] = {
 _COMPARE_ERRORS: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorResponse, "description": "graph_not_found"},
     422: {"model": ErrorResponse, "description": "validation_error, invalid_graph, unbound_dimension, "
-                                                 "unknown_dimension, invalid_request (sweep)"},
+                                                 "unknown_dimension, invalid_request; for the sweep's device also "
+                                                 "precision_not_supported, stack_not_supported"},
 }
 
 

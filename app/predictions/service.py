@@ -59,8 +59,8 @@ from app.core.precision import (
     check_precision,
     storage_precision,
 )
-from app.core.vocab import SoftwareStack
-from app.errors import NoInterconnect, PrecisionNotSupportedError
+from app.core.vocab import GPU_ONLY_STACKS, SoftwareStack
+from app.errors import NoInterconnect, PrecisionNotSupportedError, StackNotSupportedError
 from app.graphs import service as graphs
 from app.graphs.importer import canonical_json
 from app.hardware import service as hardware_service
@@ -450,6 +450,19 @@ def checked_precision(hw: HardwareSpec, precision: Precision) -> Precision:
         ) from exc
 
 
+def check_stack(hw: HardwareSpec, software_stack: SoftwareStack) -> None:
+    """Raise :class:`StackNotSupportedError` (422 ``stack_not_supported``) when ``software_stack`` cannot run
+    on ``hw``'s kind of device: a GPU-only stack (:data:`app.core.vocab.GPU_ONLY_STACKS`: CUDA graphs, CUDA
+    libraries) on a CPU. Never answered as another stack."""
+    if hw.kind != "gpu" and software_stack in GPU_ONLY_STACKS:
+        raise StackNotSupportedError(
+            f"software stack {software_stack.value!r} runs on GPUs only; {hw.id!r} is a {hw.kind.upper()} "
+            f"(CPU devices take {', '.join(s.value for s in SoftwareStack if s not in GPU_ONLY_STACKS)})",
+            detail={"software_stack": software_stack.value, "hardware_id": hw.id, "hardware_kind": hw.kind,
+                    "supported_kinds": ["gpu"]},
+        )
+
+
 _RULE_TEXT: dict[str, str] = {
     "attention": "the attention core (Q.K^T, scale, mask, softmax, dropout, .V) as one flash / memory-efficient "
                  "SDPA kernel",
@@ -480,13 +493,15 @@ def predict(session: Session, predictor: Predictor, *, request: PredictionCreate
 
     Raises :class:`GraphNotFound`/:class:`HardwareNotFound` (404) for unknown ids,
     :class:`InvalidGraph`/:class:`UnboundDimension` (422) for graphs that cannot be imported at the
-    requested binding, :class:`PrecisionNotSupportedError` (422) for a precision the device lacks.
+    requested binding, :class:`PrecisionNotSupportedError` (422) for a precision the device lacks,
+    :class:`StackNotSupportedError` (422) for a GPU-only software stack on a CPU.
     """
     if request.hardware_id is not None:
         hw = hardware_service.get_spec(session, hardware_id=request.hardware_id)
     else:
         assert request.hardware is not None
         hw = hardware_service.spec_from_inline(request.hardware)
+    check_stack(hw, request.software_stack)  # before the import: a refused request costs no analysis
     # analysed for the device's kind: what the stack fuses on a GPU and on a CPU differs (app.core.fusion)
     if request.graph_id is not None:
         bound = graphs.bound_graph(session, graph_id=request.graph_id, batch_size=request.per_device_batch_size,
@@ -517,13 +532,15 @@ def estimate(
     endpoint), else they come from :func:`memo_estimates` (the predictor is asked on the first request of a
     binding, device, precision, mode and optimizer only).
 
-    Raises :class:`PrecisionNotSupportedError` (422) when ``hw`` lacks the requested precision and
+    Raises :class:`PrecisionNotSupportedError` (422) when ``hw`` lacks the requested precision,
+    :class:`StackNotSupportedError` (422) for a GPU-only software stack on a CPU and
     :class:`NoInterconnect` (422) for several devices on hardware without an interconnect; ``ValueError`` when
     ``analysis`` was fused for another kind of device than ``hw`` (a caller's bug: what is fused depends on it).
     """
     if analysis.fusion_hardware_kind is not None and analysis.fusion_hardware_kind != hw.kind:
         raise ValueError(f"analysis fused for a {analysis.fusion_hardware_kind} answers a {hw.kind} device")
     precision = checked_precision(hw, request.precision)
+    check_stack(hw, request.software_stack)
     check_interconnect(hw, request)
     training = request.mode == "training"
     optimizer = request.optimizer if training else "none"

@@ -97,6 +97,18 @@ def test_per_item_errors_do_not_fail_the_batch(client: TestClient, resnet_id: st
     assert body["failed"] == 4 and body["items"][4]["summary"]["iteration_ms"] > 0
 
 
+def test_gpu_only_stack_on_a_cpu_fails_its_item_only(client: TestClient, resnet_id: str) -> None:
+    items = [
+        {"graph_id": resnet_id, "hardware_id": "local", "batch_size": 8, "software_stack": "pytorch-cuda-graph"},
+        {"graph_id": resnet_id, "hardware_id": "p100", "batch_size": 8, "software_stack": "pytorch-cuda-graph"},
+        {"graph_id": resnet_id, "hardware_id": "local", "batch_size": 8, "software_stack": "pytorch-compiled"},
+    ]
+    body = client.post("/v1/predictions/batch", json={"items": items, "detail": "layers"}).json()
+    codes = [(a["error"] or {}).get("code") for a in body["items"]]
+    assert codes == ["stack_not_supported", None, None]
+    assert "pytorch-cuda-graph" in body["items"][0]["error"]["message"]
+
+
 def test_limits(client: TestClient) -> None:
     item = {"graph": CNN, "hardware_id": "p100", "batch_size": 1}
     r = client.post("/v1/predictions/batch", json={"items": [item] * (MAX_BATCH_ITEMS + 1)})
