@@ -26,7 +26,8 @@ _CREATE_ERRORS: dict[int | str, dict[str, Any]] = {
           "invalid_measurements (detail.errors[]: index, code hardware_not_found | reserved_source (an "
           "import's source; a job row of source scheduler: POST /v1/job-estimates/actuals) | "
           "implausible_measurement (below 100 ns, above the bound of its granularity, below 0.25x the layer's "
-          "roofline floor), field), "
+          "roofline floor; time_ms_std above what repetitions within that bound can spread, or above 0 from 1 "
+          "repetition; measured_at more than 1 day in the future), field), "
           "invalid_idempotency_key"},
 }
 _LIST_ERRORS: dict[int | str, dict[str, Any]] = {

@@ -52,10 +52,13 @@ class MeasurementCreate(Schema):
     batch_size: PositiveInt32 = Field(description="samples per batch")
     config: JsonObject = Field(min_length=1, description="what was measured (layer, model or job)")
     time_ms_median: PositiveMs
-    time_ms_std: Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)] | None = None
+    time_ms_std: Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)] | None = Field(
+        default=None, description="sample std of the repetitions (ms); at most what repetitions within the "
+        "granularity's time bound can spread, 0 from one repetition (else implausible_measurement)")
     repetitions: PositiveInt32 | None = None
     context: JsonObject = Field(default_factory=dict, description="framework, driver, threads, clocks, ...")
-    measured_at: AwareDatetime | None = None
+    measured_at: AwareDatetime | None = Field(
+        default=None, description="when it was measured, with its zone; at most 1 day past the server's clock")
 
 
 #: Most measurements one ``POST /v1/measurements`` accepts (a profiler shard is uploaded in chunks of this).

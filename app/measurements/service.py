@@ -41,7 +41,9 @@ from app.measurements.validation import (
     InvalidLayerConfig,
     check_granularity,
     check_layer_config,
+    check_measured_at,
     check_plausible,
+    check_spread,
 )
 
 MAX_PAGE = 1000
@@ -193,12 +195,22 @@ ACTUALS_SOURCE = "scheduler"
 def _row_errors(session: Session, repo: MeasurementRepository, rows: Sequence[MeasurementCreate]) -> list[RowError]:
     """Every row a stored measurement cannot be made of: a reserved import source, an ``op_kind`` or layer
     config that is no layer (``invalid_layer_config``: :func:`app.measurements.validation.check_layer_config`),
-    an unknown device, a time the device cannot have taken (``implausible_measurement``:
-    :func:`app.measurements.validation.check_plausible`)."""
+    an unknown device, a time the device cannot have taken, a spread no repetitions have or a date in the
+    future (``implausible_measurement``: :func:`app.measurements.validation.check_plausible`,
+    :func:`~app.measurements.validation.check_spread`, :func:`~app.measurements.validation.check_measured_at`)."""
     known = repo.hardware_ids()
     specs: dict[str, HardwareSpec] = {}
     errors: list[RowError] = []
+    now = datetime.now(UTC)
     for i, row in enumerate(rows):
+        try:
+            check_spread(time_ms_std=row.time_ms_std, granularity=row.granularity, repetitions=row.repetitions)
+        except ImplausibleMeasurement as exc:
+            errors.append(RowError(index=i, code=exc.code, field="time_ms_std", message=exc.message))
+        try:
+            check_measured_at(measured_at=row.measured_at, now=now)
+        except ImplausibleMeasurement as exc:
+            errors.append(RowError(index=i, code=exc.code, field="measured_at", message=exc.message))
         if row.source in IMPORT_SOURCES:
             errors.append(RowError(index=i, code="reserved_source", field="source",
                                    message=f"source {row.source!r} is reserved for imported data sets"))  # fmt: skip
