@@ -72,6 +72,18 @@ class InvalidRequest(LayercastError):
     code = "invalid_request"
 
 
+class ConflictingName(LayercastError):
+    """A graph upload names itself twice, differently: the ``?name=`` query parameter and the JSON body's
+    ``name`` (or the multipart ``name`` field). Neither silently wins; the same name twice is fine.
+
+    ``detail``: ``query`` (the parameter's name), ``body`` (the document's or form field's) and ``field``
+    (``name`` for a JSON body, ``form.name`` for multipart).
+    """
+
+    status_code = 422
+    code = "conflicting_name"
+
+
 class NoInterconnect(LayercastError):
     """Several devices were asked for on hardware whose spec lists no interconnect."""
 
