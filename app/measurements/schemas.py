@@ -28,7 +28,8 @@ class MeasurementCreate(Schema):
     """A measured time reported by a client (a profiler run, a CI job, a cluster scheduler).
 
     ``time_ms_median`` must be positive (ms); ``hardware_id`` must name a stored device (otherwise the batch
-    is refused: 422 ``invalid_measurements`` with row code ``hardware_not_found``).
+    is refused: 422 ``invalid_measurements`` with row code ``hardware_not_found``); a job row's
+    ``config.graph_id``, when given, must name a stored graph (row code ``graph_not_found``).
     ``config`` describes what ran: a layer (``{"input_shape": [...], "layer": {"op": ...}}`` in the JSON
     layer vocabulary), a model, or a whole job. ``context`` holds the measurement conditions (framework
     and version, driver, threads, clocks, host): a measurement without its context cannot be trusted.
@@ -86,8 +87,9 @@ class MeasurementBatchRead(Schema):
 
 class RowError(Schema):
     """One bad row of a batch (``detail.errors`` of 422 ``invalid_measurements``): its 0-based ``index``
-    in ``measurements``, a machine-readable ``code`` (``hardware_not_found``, ``reserved_source``,
-    ``implausible_measurement``, ``invalid_layer_config``), the ``field`` at fault and a message."""
+    in ``measurements``, a machine-readable ``code`` (``hardware_not_found``, ``graph_not_found``,
+    ``reserved_source``, ``implausible_measurement``, ``invalid_layer_config``), the ``field`` at fault and a
+    message."""
 
     index: int
     code: str
