@@ -84,6 +84,21 @@ class ConflictingName(LayercastError):
     code = "conflicting_name"
 
 
+class MalformedJson(LayercastError):
+    """A JSON body that ``json.loads`` refuses with something other than a ``JSONDecodeError`` (bytes that are
+    not UTF-8/16/32 text, an integer literal over Python's digit limit: :func:`app.core.limits.json_text_problem`),
+    answered like every other malformed body: 422 ``validation_error`` with one ``json_invalid`` error (FastAPI
+    said 400 ``bad_request`` for these two)."""
+
+    status_code = 422
+    code = "validation_error"
+
+    def __init__(self, reason: str, *, offset: int | None) -> None:
+        errors = [{"type": "json_invalid", "loc": ["body"] if offset is None else ["body", offset],
+                   "msg": "JSON decode error", "ctx": {"error": reason}}]
+        super().__init__(validation_message("request validation failed", errors), detail={"errors": errors})
+
+
 class NoInterconnect(LayercastError):
     """Several devices were asked for on hardware whose spec lists no interconnect."""
 
