@@ -43,7 +43,8 @@ _COMPARE_ERRORS: dict[int | str, dict[str, Any]] = {
              tags=["predictions"], summary="Many predictions in one call (NAS loops)")
 def predict_batch(body: BatchPredictionCreate, session: SessionDep, predictor: PredictorDep) -> BatchPredictionRead:
     """Up to 10,000 (graph, hardware, batch, precision, mode) items; the layers of all items go through one
-    batched predictor call. Summaries only unless ``detail=layers``."""
+    batched predictor call. Summaries only unless the body says ``"detail": "layers"`` (a body field, not a
+    query parameter)."""
     answer = service.predict_batch(session, predictor, request=body)
     methods: Counter[str] = Counter()
     for item in answer.items:

@@ -109,6 +109,17 @@ def test_gpu_only_stack_on_a_cpu_fails_its_item_only(client: TestClient, resnet_
     assert "pytorch-cuda-graph" in body["items"][0]["error"]["message"]
 
 
+def test_detail_is_documented_and_read_as_a_body_field(client: TestClient, resnet_id: str) -> None:
+    spec = client.get("/openapi.json").json()
+    op = spec["paths"]["/v1/predictions/batch"]["post"]
+    assert not [p for p in op.get("parameters", []) if p["name"] == "detail"]
+    field = spec["components"]["schemas"]["BatchPredictionCreate"]["properties"]["detail"]
+    assert "not a query parameter" in field["description"] and "body" in op["description"]
+    item = {"graph_id": resnet_id, "hardware_id": "p100", "batch_size": 8}
+    r = client.post("/v1/predictions/batch", json={"items": [item]}, params={"detail": "layers"})
+    assert r.status_code == 422, r.text  # a query detail is refused, not silently ignored
+
+
 def test_limits(client: TestClient) -> None:
     item = {"graph": CNN, "hardware_id": "p100", "batch_size": 1}
     r = client.post("/v1/predictions/batch", json={"items": [item] * (MAX_BATCH_ITEMS + 1)})
