@@ -79,6 +79,9 @@ class BatchSummary(Schema):
     layers: int
     layers_unsupported: int
     energy_j: float | None = Field(description="estimated device energy of one iteration (null without a TDP)")
+    warnings: list[str] = Field(default_factory=list,
+                                description="the warnings POST /v1/predictions gives for this item (unsupported or "
+                                            "out-of-distribution layers, no TDP, peak over the memory...)")
 
 
 class BatchItemRead(Schema):
