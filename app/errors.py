@@ -72,6 +72,33 @@ class InvalidRequest(LayercastError):
     code = "invalid_request"
 
 
+class ConflictingName(LayercastError):
+    """A graph upload names itself twice, differently: the ``?name=`` query parameter and the JSON body's
+    ``name`` (or the multipart ``name`` field). Neither silently wins; the same name twice is fine.
+
+    ``detail``: ``query`` (the parameter's name), ``body`` (the document's or form field's) and ``field``
+    (``name`` for a JSON body, ``form.name`` for multipart).
+    """
+
+    status_code = 422
+    code = "conflicting_name"
+
+
+class MalformedJson(LayercastError):
+    """A JSON body that ``json.loads`` refuses with something other than a ``JSONDecodeError`` (bytes that are
+    not UTF-8/16/32 text, an integer literal over Python's digit limit: :func:`app.core.limits.json_text_problem`),
+    answered like every other malformed body: 422 ``validation_error`` with one ``json_invalid`` error (FastAPI
+    said 400 ``bad_request`` for these two)."""
+
+    status_code = 422
+    code = "validation_error"
+
+    def __init__(self, reason: str, *, offset: int | None) -> None:
+        errors = [{"type": "json_invalid", "loc": ["body"] if offset is None else ["body", offset],
+                   "msg": "JSON decode error", "ctx": {"error": reason}}]
+        super().__init__(validation_message("request validation failed", errors), detail={"errors": errors})
+
+
 class NoInterconnect(LayercastError):
     """Several devices were asked for on hardware whose spec lists no interconnect."""
 
@@ -112,6 +139,17 @@ class PrecisionNotSupportedError(LayercastError):
 
     status_code = 422
     code = "precision_not_supported"
+
+
+class StackNotSupportedError(LayercastError):
+    """The software stack cannot run on the device's kind (a CUDA graph or a CUDA library on a CPU:
+    :data:`app.core.vocab.GPU_ONLY_STACKS`): never answered silently as another stack.
+
+    ``detail``: ``software_stack``, ``hardware_id``, ``hardware_kind`` and ``supported_kinds``.
+    """
+
+    status_code = 422
+    code = "stack_not_supported"
 
 
 class LimitExceeded(LayercastError):

@@ -19,7 +19,9 @@ query is 400 ``bad_request``; the import limits of the settings are made active
 (:func:`app.core.limits.use_limits`), SQLite transactions of GET/HEAD/OPTIONS begin deferred and all
 others ``BEGIN IMMEDIATE`` (:data:`app.db.write_intent`), and a JSON body is read whole (up to
 ``max_json_bytes``, else 413) and its nesting measured (over ``max_json_depth``: 422
-``limit_exceeded``) before anything parses it.
+``limit_exceeded``) before anything parses it; a body that is not UTF-8/16/32 text or holds an integer literal
+over Python's 4,300-digit limit is 422 ``validation_error`` (``json_invalid``), as any other malformed JSON
+body is (FastAPI answers those two with a 400): :func:`app.core.limits.json_text_problem`.
 """
 
 from __future__ import annotations
@@ -58,10 +60,17 @@ from app.auth import (
 )
 from app.auth import Scope as AccessScope
 from app.config import Settings, is_loopback
-from app.core.limits import Limits, json_bytes_depth, use_limits
+from app.core.limits import Limits, json_bytes_depth, json_text_problem, use_limits
 from app.db import make_engine, make_sessionmaker, write_intent
 from app.deps import refuse_unknown_query
-from app.errors import LayercastError, LimitExceeded, PayloadTooLarge, clean_validation_errors, validation_message
+from app.errors import (
+    LayercastError,
+    LimitExceeded,
+    MalformedJson,
+    PayloadTooLarge,
+    clean_validation_errors,
+    validation_message,
+)
 from app.migrate import ensure_sqlite_dir
 from app.observability import RequestContext
 from app.predictors.service import PredictorUnavailable
@@ -318,7 +327,7 @@ class RequestGuard:
                 ):
                     await self.app(scope, receive, send)
                     return
-                body, error = await self._read_json_body(receive)
+                body, error = await self._read_json_body(receive, raw=scope.get("path") in self.raw_paths)
                 if error is not None:
                     await ProblemResponse(error.to_problem(), status_code=error.status_code)(scope, receive, send)
                     return
@@ -335,7 +344,7 @@ class RequestGuard:
         finally:
             write_intent.reset(token)
 
-    async def _read_json_body(self, receive: Receive) -> tuple[bytes, LayercastError | None]:
+    async def _read_json_body(self, receive: Receive, *, raw: bool) -> tuple[bytes, LayercastError | None]:
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -360,6 +369,10 @@ class RequestGuard:
         if depth > self.limits.max_json_depth:
             return body, LimitExceeded("json_depth", depth, self.limits.max_json_depth,
                                        f"JSON body nests {depth} deep; the limit is {self.limits.max_json_depth}")
+        if not raw:  # a graph upload parses its own body (any malformed JSON there is 422 invalid_graph)
+            problem = await run_in_threadpool(json_text_problem, body) if size > 1 << 20 else json_text_problem(body)
+            if problem is not None:
+                return body, MalformedJson(problem[1], offset=problem[0])
         return body, None
 
 

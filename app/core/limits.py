@@ -124,3 +124,50 @@ def json_bytes_depth(body: bytes) -> int:
     step = (((arr == ord("[")) | (arr == ord("{"))).astype(np.int32)
             - ((arr == ord("]")) | (arr == ord("}"))).astype(np.int32))
     return int(np.cumsum(step).max()) if step.size else 0
+
+
+_JSON_STRING = r'"[^"\\]*(?:\\.[^"\\]*)*"'
+
+
+def _longest_digit_run(data: bytes) -> int:
+    """Length of the longest run of ASCII digits in ``data`` (numpy: ~30 ms for 30 MB, where a regular
+    expression takes 0.4 s)."""
+    import numpy as np
+
+    arr = np.frombuffer(data, dtype=np.uint8)
+    edges = np.diff(np.concatenate(([0], ((arr >= 0x30) & (arr <= 0x39)).view(np.int8), [0])))
+    starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+    return int((ends - starts).max()) if starts.size else 0
+
+
+def json_text_problem(body: bytes) -> tuple[int | None, str] | None:
+    """Why ``json.loads(body)`` would fail with an error that is not a ``json.JSONDecodeError`` (which FastAPI
+    answers with a 400 instead of the 422 ``json_invalid`` of every other malformed body), or None.
+
+    Two such failures: bytes that are not text in the encoding ``json`` detects for them
+    (:func:`json.detect_encoding`: UTF-8, or UTF-16/32 by their zero-byte pattern; ``UnicodeDecodeError``),
+    and an integer literal of more digits than :func:`sys.get_int_max_str_digits` (Python's 4,300-digit
+    guard against quadratic ``int()`` parsing, CVE-2020-10735; ``ValueError``). Returns ``(offset, reason)``:
+    the byte offset of the bad bytes, or None for a literal (its offset in the text, strings left out, is not
+    one in the body). Linear time: one decode and two regular-expression passes."""
+    import json
+    import re
+    import sys
+
+    encoding = json.detect_encoding(body)
+    try:
+        text = body.decode(encoding, "surrogatepass")
+    except UnicodeDecodeError as exc:
+        return exc.start, f"the body is not valid {exc.encoding} text: {exc.reason} at byte {exc.start}"
+    limit = sys.get_int_max_str_digits()
+    if limit == 0:  # no guard: int() parses any length
+        return None
+    # an integer literal: digits not part of a fraction or an exponent (a float of any length parses)
+    if _longest_digit_run(body if encoding.startswith("utf-8") else text.encode()) <= limit:
+        return None  # no run of digits that long anywhere (the usual case): strings need not be stripped
+    literal = re.compile(r"(?<![0-9.eE+\-])-?[0-9]{" + str(limit + 1) + r",}(?![0-9.eE])")
+    found = literal.search(re.sub(_JSON_STRING, '""', text))
+    if found is None:
+        return None
+    digits = len(found.group().lstrip("-"))
+    return None, f"an integer literal has {digits} digits; the most that is parsed is {limit}"

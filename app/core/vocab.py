@@ -31,6 +31,14 @@ class SoftwareStack(StrEnum):
     CUDA_LIBRARY = "cuda-library"
 
 
+#: The stacks that exist on GPUs only: a CUDA graph is a CUDA construct (``torch.cuda.CUDAGraph``) and a
+#: ``cuda-library`` kernel is a cuDNN / cuBLAS / NCCL call; neither can launch work on a CPU, so an answer for
+#: a CPU device under them is refused (HTTP 422 ``stack_not_supported``), never silently costed as another
+#: stack. ``tf1-session``, ``pytorch-eager`` and ``pytorch-compiled`` all run on CPUs (TensorFlow's CPU
+#: kernels; PyTorch eager CPU ops; Inductor's C++/OpenMP CPU backend) and stay accepted there.
+GPU_ONLY_STACKS: frozenset[SoftwareStack] = frozenset({SoftwareStack.PYTORCH_CUDA_GRAPH, SoftwareStack.CUDA_LIBRARY})
+
+
 class Granularity(StrEnum):
     """What one measured time covers.
 

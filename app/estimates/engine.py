@@ -43,6 +43,7 @@ from app.predictions.schemas import PredictionCreate
 from app.predictions.service import (
     aggregation_input,
     check_interconnect,
+    check_stack,
     checked_precision,
     estimates_key,
     memo_footprint,
@@ -172,10 +173,12 @@ class GraphCache:
 
     def scenario(self, request: PredictionCreate) -> Scenario:
         """Bind ``request`` (a ``hardware_id`` request): raises the errors ``POST /v1/predictions`` would
-        (404 graph/hardware not found, 422 precision_not_supported, no_interconnect, graph import errors)."""
+        (404 graph/hardware not found, 422 precision_not_supported, stack_not_supported, no_interconnect, graph
+        import errors)."""
         assert request.hardware_id is not None
         hw = self.spec(request.hardware_id)
         precision = checked_precision(hw, request.precision)
+        check_stack(hw, request.software_stack)
         check_interconnect(hw, request)
         r = request
         key = (self._graph_key(r), r.per_device_batch_size, tuple(sorted(r.dims.items())), r.software_stack,

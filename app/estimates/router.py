@@ -24,8 +24,9 @@ from app.schemas import ErrorResponse
 
 router = APIRouter(prefix="/v1")
 
-_ITEMS = "per-item failures (graph_not_found, hardware_not_found, precision_not_supported, invalid_graph, " \
-         "unbound_dimension, unknown_dimension, invalid_request) are answered in the item, not as the status"
+_ITEMS = "per-item failures (graph_not_found, hardware_not_found, precision_not_supported, stack_not_supported, " \
+         "invalid_graph, unbound_dimension, unknown_dimension, invalid_request) are answered in the item, not as " \
+         "the status"
 _BATCH_ERRORS: dict[int | str, dict[str, Any]] = {
     413: {"model": ErrorResponse, "description": "too_many_items, payload_too_large"},
     422: {"model": ErrorResponse, "description": f"validation_error; {_ITEMS}"},
@@ -33,7 +34,8 @@ _BATCH_ERRORS: dict[int | str, dict[str, Any]] = {
 _COMPARE_ERRORS: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorResponse, "description": "graph_not_found"},
     422: {"model": ErrorResponse, "description": "validation_error, invalid_graph, unbound_dimension, "
-                                                 "unknown_dimension, invalid_request (sweep)"},
+                                                 "unknown_dimension, invalid_request; for the sweep's device also "
+                                                 "precision_not_supported, stack_not_supported"},
 }
 
 
@@ -41,7 +43,8 @@ _COMPARE_ERRORS: dict[int | str, dict[str, Any]] = {
              tags=["predictions"], summary="Many predictions in one call (NAS loops)")
 def predict_batch(body: BatchPredictionCreate, session: SessionDep, predictor: PredictorDep) -> BatchPredictionRead:
     """Up to 10,000 (graph, hardware, batch, precision, mode) items; the layers of all items go through one
-    batched predictor call. Summaries only unless ``detail=layers``."""
+    batched predictor call. Summaries only unless the body says ``"detail": "layers"`` (a body field, not a
+    query parameter)."""
     answer = service.predict_batch(session, predictor, request=body)
     methods: Counter[str] = Counter()
     for item in answer.items:

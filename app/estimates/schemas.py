@@ -54,10 +54,14 @@ class BatchItem(Schema):
 
 
 class BatchPredictionCreate(Schema):
-    """Up to :data:`MAX_BATCH_ITEMS` items; ``detail=layers`` adds each item's full prediction."""
+    """Up to :data:`MAX_BATCH_ITEMS` items; the body field ``"detail": "layers"`` adds each item's full
+    prediction."""
 
     items: list[BatchItem] = Field(min_length=1)
-    detail: Literal["summary", "layers"] = "summary"
+    detail: Literal["summary", "layers"] = Field(
+        default="summary", description='a field of this JSON body, not a query parameter: "summary" answers '
+        'each item\'s summary only; "layers" adds its full POST /v1/predictions answer (per-layer rows) as '
+        "prediction")
 
 
 class BatchSummary(Schema):
@@ -75,13 +79,16 @@ class BatchSummary(Schema):
     layers: int
     layers_unsupported: int
     energy_j: float | None = Field(description="estimated device energy of one iteration (null without a TDP)")
+    warnings: list[str] = Field(default_factory=list,
+                                description="the warnings POST /v1/predictions gives for this item (unsupported or "
+                                            "out-of-distribution layers, no TDP, peak over the memory...)")
 
 
 class BatchItemRead(Schema):
     index: int
     error: ItemError | None = None
     summary: BatchSummary | None = None
-    prediction: PredictionRead | None = Field(default=None, description="only with detail=layers")
+    prediction: PredictionRead | None = Field(default=None, description='only with "detail": "layers" in the body')
 
 
 class BatchPredictionRead(Schema):

@@ -53,7 +53,7 @@ from app.measurements.models import Measurement, PredictorVersion
 from app.measurements.repository import MeasurementRepository
 from app.measurements.service import ACTUALS_SOURCE  # source of POST /v1/job-estimates/actuals rows
 from app.predictions.schemas import PredictionCreate
-from app.predictions.service import estimate
+from app.predictions.service import answer_warnings, estimate, loss_ms
 from app.predictor.base import Predictor
 from app.predictor.metadata import JobCalibrationFit, RatioStatsModel
 from app.predictor.table import Estimates
@@ -94,13 +94,17 @@ def _item_request(item: BatchItem) -> PredictionCreate:
         dims=item.dims)
 
 
-def _summary(cache: GraphCache, s: Scenario, agg: Aggregate) -> BatchSummary:
+def _summary(cache: GraphCache, s: Scenario, agg: Aggregate, estimates: Estimates) -> BatchSummary:
     it = agg.iteration
+    fp = cache.footprint(s)
+    warnings = answer_warnings(s.analysis, s.hardware, s.request, estimates=estimates, agg=agg, fp=fp,
+                               loss=loss_ms(s.bound, s.training, estimates))
     return BatchSummary(
         iteration_ms=it.time_ms, iteration_ms_p10=it.time_ms_p10, iteration_ms_p90=it.time_ms_p90,
         forward_ms=it.forward_ms, backward_ms=it.backward_ms, update_ms=it.update_ms,
         samples_per_s=it.samples_per_s, peak_memory_bytes=cache.footprint(s).total_bytes, fits=cache.fits(s),
         layers=s.analysis.layer_count, layers_unsupported=s.analysis.unsupported_layer_count, energy_j=it.energy_j,
+        warnings=warnings,
     )
 
 
@@ -122,7 +126,7 @@ def predict_batch(session: Session, predictor: Predictor, *, request: BatchPredi
         def answer(i: int = i, s: Scenario = s, estimates: Estimates = estimates,
                    sums: LayerSums = sums) -> BatchItemRead:
             agg = engine.scenario_aggregate(cache, s, sums)
-            read = BatchItemRead(index=i, summary=_summary(cache, s, agg))
+            read = BatchItemRead(index=i, summary=_summary(cache, s, agg, estimates))
             if request.detail == "layers":
                 read.prediction = estimate(s.analysis, s.hardware, predictor, request=s.request,
                                            graph_id=s.request.graph_id, bound=s.bound, estimates=estimates)

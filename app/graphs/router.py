@@ -14,6 +14,7 @@ from app.auth import PrincipalDep, get_principal
 from app.core.ir import Tensor
 from app.deps import SessionDep, SettingsDep
 from app.errors import (
+    ConflictingName,
     ImportWorkerFailed,
     InvalidGraph,
     InvalidRequest,
@@ -37,7 +38,8 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     413: {"model": ErrorResponse, "description": "payload_too_large"},
     422: {
         "model": ErrorResponse,
-        "description": "invalid_graph, unbound_dimension, unknown_dimension, validation_error",
+        "description": "invalid_graph, unbound_dimension, unknown_dimension, validation_error; on upload also "
+                       "conflicting_name (?name= and the body's or form's name differ), invalid_request",
     },
 }
 
@@ -86,6 +88,18 @@ def _parse_json_graph(raw: bytes) -> JsonGraphCreate:
         raise InvalidGraph(validation_message("JSON graph is not valid", errors), detail={"errors": errors}) from None
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
         raise InvalidGraph(f"JSON graph is not valid: {str(exc).splitlines()[0]}", detail={"errors": []}) from None
+
+
+def _one_name(query: str | None, given: str | None, *, field: str) -> str | None:
+    """The upload's name from the ``?name=`` parameter ``query`` and the name ``given`` in the body (JSON
+    ``name``: ``field`` ``name``) or the form (``field`` ``form.name``): either one, or both when equal; raises
+    :class:`ConflictingName` (422) when both are given and differ (the parameter used to win silently)."""
+    if query is not None and given is not None and query != given:
+        where = "the form field 'name'" if field == "form.name" else "the JSON body's name"
+        raise ConflictingName(
+            f"the upload is named twice: ?name={query!r} and {where} {given!r}; give one name, or the same in both",
+            detail={"query": query, "body": given, "field": field})
+    return query if query is not None else given
 
 
 def _read(row: StoredGraph, *, notices: list[str] | None = None) -> GraphRead:
@@ -180,15 +194,17 @@ async def create_graph(
             form_name = form.get("name")
             if isinstance(form_name, str) and form_name:
                 try:
-                    name = name or check_name(form_name[:200])
+                    checked = check_name(form_name[:200])
                 except ValueError as exc:
                     raise InvalidRequest(f"form field 'name': {exc}", detail={"field": "name"}) from None
+                name = _one_name(name, checked, field="form.name")
             name = name or clean_name(upload.filename or "")
             fmt = "onnx"
         elif ctype == "application/json":
             parsed = await run_in_threadpool(_parse_json_graph, await request.body())
             await spool.add(await run_in_threadpool(importer.canonical_json, parsed.model_dump()))
-            name = name or parsed.name
+            name = _one_name(name, parsed.name if "name" in parsed.model_fields_set else None,
+                             field="name") or parsed.name
             fmt = "json"
         elif ctype in ("application/octet-stream", "application/onnx", ""):
             async for chunk in request.stream():

@@ -28,7 +28,8 @@ class MeasurementCreate(Schema):
     """A measured time reported by a client (a profiler run, a CI job, a cluster scheduler).
 
     ``time_ms_median`` must be positive (ms); ``hardware_id`` must name a stored device (otherwise the batch
-    is refused: 422 ``invalid_measurements`` with row code ``hardware_not_found``).
+    is refused: 422 ``invalid_measurements`` with row code ``hardware_not_found``); a job row's
+    ``config.graph_id``, when given, must name a stored graph (row code ``graph_not_found``).
     ``config`` describes what ran: a layer (``{"input_shape": [...], "layer": {"op": ...}}`` in the JSON
     layer vocabulary), a model, or a whole job. ``context`` holds the measurement conditions (framework
     and version, driver, threads, clocks, host): a measurement without its context cannot be trusted.
@@ -52,10 +53,13 @@ class MeasurementCreate(Schema):
     batch_size: PositiveInt32 = Field(description="samples per batch")
     config: JsonObject = Field(min_length=1, description="what was measured (layer, model or job)")
     time_ms_median: PositiveMs
-    time_ms_std: Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)] | None = None
+    time_ms_std: Annotated[float, Field(strict=True, ge=0, allow_inf_nan=False)] | None = Field(
+        default=None, description="sample std of the repetitions (ms); at most what repetitions within the "
+        "granularity's time bound can spread, 0 from one repetition (else implausible_measurement)")
     repetitions: PositiveInt32 | None = None
     context: JsonObject = Field(default_factory=dict, description="framework, driver, threads, clocks, ...")
-    measured_at: AwareDatetime | None = None
+    measured_at: AwareDatetime | None = Field(
+        default=None, description="when it was measured, with its zone; at most 1 day past the server's clock")
 
 
 #: Most measurements one ``POST /v1/measurements`` accepts (a profiler shard is uploaded in chunks of this).
@@ -83,8 +87,9 @@ class MeasurementBatchRead(Schema):
 
 class RowError(Schema):
     """One bad row of a batch (``detail.errors`` of 422 ``invalid_measurements``): its 0-based ``index``
-    in ``measurements``, a machine-readable ``code`` (``hardware_not_found``, ``reserved_source``,
-    ``implausible_measurement``, ``invalid_layer_config``), the ``field`` at fault and a message."""
+    in ``measurements``, a machine-readable ``code`` (``hardware_not_found``, ``graph_not_found``,
+    ``reserved_source``, ``implausible_measurement``, ``invalid_layer_config``), the ``field`` at fault and a
+    message."""
 
     index: int
     code: str

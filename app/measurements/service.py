@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.core.hardware import HardwareSpec
 from app.core.vocab import Granularity
 from app.errors import Conflict, HardwareNotFound, InvalidRequest, LayercastError
+from app.graphs.repository import GraphRepository
 from app.hardware.service import get_spec
 from app.measurements.importers import IMPORT_SOURCES, MeasurementRecord, RecordStream
 from app.measurements.models import Measurement, MeasurementBatch
@@ -41,7 +42,9 @@ from app.measurements.validation import (
     InvalidLayerConfig,
     check_granularity,
     check_layer_config,
+    check_measured_at,
     check_plausible,
+    check_spread,
 )
 
 MAX_PAGE = 1000
@@ -193,12 +196,25 @@ ACTUALS_SOURCE = "scheduler"
 def _row_errors(session: Session, repo: MeasurementRepository, rows: Sequence[MeasurementCreate]) -> list[RowError]:
     """Every row a stored measurement cannot be made of: a reserved import source, an ``op_kind`` or layer
     config that is no layer (``invalid_layer_config``: :func:`app.measurements.validation.check_layer_config`),
-    an unknown device, a time the device cannot have taken (``implausible_measurement``:
-    :func:`app.measurements.validation.check_plausible`)."""
+    an unknown device, a job row whose ``config.graph_id`` is no stored graph (``graph_not_found``, field
+    ``config.graph_id``: the job's model must be one the service can predict), a time the device cannot have
+    taken, a spread no repetitions have or a date in the future (``implausible_measurement``:
+    :func:`app.measurements.validation.check_plausible`, :func:`~app.measurements.validation.check_spread`,
+    :func:`~app.measurements.validation.check_measured_at`)."""
     known = repo.hardware_ids()
+    graph_repo = GraphRepository(session)
     specs: dict[str, HardwareSpec] = {}
     errors: list[RowError] = []
+    now = datetime.now(UTC)
     for i, row in enumerate(rows):
+        try:
+            check_spread(time_ms_std=row.time_ms_std, granularity=row.granularity, repetitions=row.repetitions)
+        except ImplausibleMeasurement as exc:
+            errors.append(RowError(index=i, code=exc.code, field="time_ms_std", message=exc.message))
+        try:
+            check_measured_at(measured_at=row.measured_at, now=now)
+        except ImplausibleMeasurement as exc:
+            errors.append(RowError(index=i, code=exc.code, field="measured_at", message=exc.message))
         if row.source in IMPORT_SOURCES:
             errors.append(RowError(index=i, code="reserved_source", field="source",
                                    message=f"source {row.source!r} is reserved for imported data sets"))  # fmt: skip
@@ -212,6 +228,11 @@ def _row_errors(session: Session, repo: MeasurementRepository, rows: Sequence[Me
         except InvalidLayerConfig as exc:  # no layer, no floor: it must not be stored unchecked
             errors.append(RowError(index=i, code=exc.code, field=exc.field, message=exc.message))
             continue
+        if row.granularity == Granularity.JOB and "graph_id" in row.config:
+            graph_id = row.config["graph_id"]
+            if not isinstance(graph_id, str) or not graph_repo.exists(graph_id):
+                errors.append(RowError(index=i, code="graph_not_found", field="config.graph_id",
+                                       message=f"no graph with id {graph_id!r}: upload it first (POST /v1/graphs)"))
         if row.hardware_id not in known:
             errors.append(RowError(index=i, code="hardware_not_found", field="hardware_id",
                                    message=f"unknown hardware id {row.hardware_id!r}: register it first"))  # fmt: skip

@@ -25,6 +25,18 @@ bound), which ``POST /v1/measurements`` reports as row code ``implausible_measur
   Configs in other vocabularies (the profiler's ``graph``/``shapes``, whole models, jobs) and precisions or
   passes without a floor (``fp8``, ``backward_input``) get only the first two bounds.
 
+Two more checks of the same code (:func:`check_spread`, :func:`check_measured_at`), on the fields around
+the time (issue: ``time_ms_std`` 1e300 and ``measured_at`` in the year 2999 were stored):
+
+* ``spread_above_maximum`` (field ``time_ms_std``): every repetition is itself a time of the row's
+  granularity, so none is above :data:`MAX_TIME_MS` ``M``; the sample standard deviation of ``n`` values in
+  ``[0, M]`` is at most ``(M / 2) * sqrt(n / (n - 1))`` (Popoviciu's bound on the variance, ``(M - 0)² / 4``,
+  times Bessel's ``n / (n - 1)``), ``M / sqrt(2)`` at worst (``n = 2``, used when ``repetitions`` is not
+  given). A bound relative to the median is not used: real profiler rows have a std up to 328x their median
+  (one preempted repetition of 11 at a few ms over a 4 µs median; ``/work/coord/m.db``, 2026-12-02).
+* ``spread_of_one_sample`` (field ``time_ms_std``): a std above 0 from ``repetitions`` 1.
+* ``measured_in_future`` (field ``measured_at``): later than the server's clock plus :data:`MAX_CLOCK_SKEW`.
+
 Before any bound, :func:`check_layer_config` refuses (:class:`InvalidLayerConfig`, row code
 ``invalid_layer_config``) a row that claims to be a layer it cannot be: an ``op_kind`` that is no cost
 family (:class:`app.core.ir.OpKind`) nor ``iteration``/``job``; or a JSON-vocabulary config (it has a
@@ -36,6 +48,8 @@ retraining with times of layers that do not exist.
 
 from __future__ import annotations
 
+import math
+from datetime import datetime, timedelta
 from typing import Any
 
 from app.core.costs import layer_cost
@@ -58,6 +72,10 @@ MAX_TIME_MS: dict[Granularity, float] = {
 }
 #: A layer time under this fraction of its roofline floor is refused (module doc).
 FLOOR_TOLERANCE = 0.25
+#: How far past the server's clock a reported ``measured_at`` may be: a client's clock that drifts, or a
+#: batch uploaded while its last rows were being timed; a later date is a wrong date (2999, a swapped
+#: day and month), not skew. The aware datetime carries its zone, so zones need no allowance.
+MAX_CLOCK_SKEW = timedelta(days=1)
 
 _DTYPE = {"fp16": "float16", "bf16": "bfloat16", "fp64": "float64"}
 
@@ -181,3 +199,43 @@ def check_plausible(*, time_ms: float, granularity: Granularity | str, config: d
             f"time_ms_median {time_ms:g} ms is below the roofline floor of this layer on {spec.id} "
             f"({floor:.4g} ms; at most a factor {1 / FLOOR_TOLERANCE:g} below it is accepted)",
             detail={**detail, "reason": "below_physics_floor", "floor_ms": floor, "tolerance": FLOOR_TOLERANCE})
+
+
+def max_std_ms(*, granularity: Granularity | str, repetitions: int | None) -> float:
+    """Largest sample standard deviation (ms) of ``repetitions`` times of ``granularity`` that are each
+    within :data:`MAX_TIME_MS` (module doc: Popoviciu's bound with Bessel's correction; ``n = 2`` when
+    ``repetitions`` is unknown)."""
+    n = repetitions if repetitions is not None and repetitions >= 2 else 2
+    return MAX_TIME_MS[Granularity(granularity)] / 2 * math.sqrt(n / (n - 1))
+
+
+def check_spread(*, time_ms_std: float | None, granularity: Granularity | str, repetitions: int | None) -> None:
+    """Raise :class:`ImplausibleMeasurement` (422) when ``time_ms_std`` (ms, finite and ≥ 0 by the schema)
+    is a spread no repetitions of the row could have: above :func:`max_std_ms`, or above 0 from one
+    repetition (module doc)."""
+    if time_ms_std is None:
+        return
+    detail: dict[str, Any] = {"time_ms_std": time_ms_std, "repetitions": repetitions}
+    if repetitions == 1 and time_ms_std > 0:
+        raise ImplausibleMeasurement(
+            f"time_ms_std {time_ms_std:g} ms from 1 repetition: one time has no spread",
+            detail={**detail, "reason": "spread_of_one_sample"})
+    bound = max_std_ms(granularity=granularity, repetitions=repetitions)
+    if time_ms_std > bound:
+        raise ImplausibleMeasurement(
+            f"time_ms_std {time_ms_std:g} ms is above {bound:.6g} ms, the most that repetitions each within "
+            f"{MAX_TIME_MS[Granularity(granularity)]:g} ms (the bound for a {Granularity(granularity).value}) "
+            "can spread",
+            detail={**detail, "reason": "spread_above_maximum", "max_ms": bound})
+
+
+def check_measured_at(*, measured_at: datetime | None, now: datetime) -> None:
+    """Raise :class:`ImplausibleMeasurement` (422) when the aware ``measured_at`` is later than the aware
+    ``now`` (the server's clock) plus :data:`MAX_CLOCK_SKEW`: a measurement cannot come from the future."""
+    if measured_at is None or measured_at <= now + MAX_CLOCK_SKEW:
+        return
+    raise ImplausibleMeasurement(
+        f"measured_at {measured_at.isoformat()} is in the future (server time {now.isoformat(timespec='seconds')},"
+        f" {MAX_CLOCK_SKEW.days} day of clock skew allowed)",
+        detail={"measured_at": measured_at.isoformat(), "now": now.isoformat(), "reason": "measured_in_future",
+                "max_skew_s": MAX_CLOCK_SKEW.total_seconds()})

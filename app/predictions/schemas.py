@@ -36,7 +36,9 @@ class PredictionCreate(Schema):
     )
     software_stack: SoftwareStack = Field(
         default=SoftwareStack.PYTORCH_EAGER,
-        description="what launches the kernels; sets the fixed per-kernel and per-layer overheads",
+        description="what launches the kernels; sets the fixed per-kernel and per-layer overheads. "
+                    "pytorch-cuda-graph and cuda-library run on GPUs only: on a CPU device they are a 422 "
+                    "stack_not_supported.",
     )
     activation_checkpointing: bool = Field(
         default=False, description="training only: keep one input per segment of sqrt(layers) layers and "

@@ -59,8 +59,8 @@ from app.core.precision import (
     check_precision,
     storage_precision,
 )
-from app.core.vocab import SoftwareStack
-from app.errors import NoInterconnect, PrecisionNotSupportedError
+from app.core.vocab import GPU_ONLY_STACKS, SoftwareStack
+from app.errors import NoInterconnect, PrecisionNotSupportedError, StackNotSupportedError
 from app.graphs import service as graphs
 from app.graphs.importer import canonical_json
 from app.hardware import service as hardware_service
@@ -450,6 +450,19 @@ def checked_precision(hw: HardwareSpec, precision: Precision) -> Precision:
         ) from exc
 
 
+def check_stack(hw: HardwareSpec, software_stack: SoftwareStack) -> None:
+    """Raise :class:`StackNotSupportedError` (422 ``stack_not_supported``) when ``software_stack`` cannot run
+    on ``hw``'s kind of device: a GPU-only stack (:data:`app.core.vocab.GPU_ONLY_STACKS`: CUDA graphs, CUDA
+    libraries) on a CPU. Never answered as another stack."""
+    if hw.kind != "gpu" and software_stack in GPU_ONLY_STACKS:
+        raise StackNotSupportedError(
+            f"software stack {software_stack.value!r} runs on GPUs only; {hw.id!r} is a {hw.kind.upper()} "
+            f"(CPU devices take {', '.join(s.value for s in SoftwareStack if s not in GPU_ONLY_STACKS)})",
+            detail={"software_stack": software_stack.value, "hardware_id": hw.id, "hardware_kind": hw.kind,
+                    "supported_kinds": ["gpu"]},
+        )
+
+
 _RULE_TEXT: dict[str, str] = {
     "attention": "the attention core (Q.K^T, scale, mask, softmax, dropout, .V) as one flash / memory-efficient "
                  "SDPA kernel",
@@ -480,13 +493,15 @@ def predict(session: Session, predictor: Predictor, *, request: PredictionCreate
 
     Raises :class:`GraphNotFound`/:class:`HardwareNotFound` (404) for unknown ids,
     :class:`InvalidGraph`/:class:`UnboundDimension` (422) for graphs that cannot be imported at the
-    requested binding, :class:`PrecisionNotSupportedError` (422) for a precision the device lacks.
+    requested binding, :class:`PrecisionNotSupportedError` (422) for a precision the device lacks,
+    :class:`StackNotSupportedError` (422) for a GPU-only software stack on a CPU.
     """
     if request.hardware_id is not None:
         hw = hardware_service.get_spec(session, hardware_id=request.hardware_id)
     else:
         assert request.hardware is not None
         hw = hardware_service.spec_from_inline(request.hardware)
+    check_stack(hw, request.software_stack)  # before the import: a refused request costs no analysis
     # analysed for the device's kind: what the stack fuses on a GPU and on a CPU differs (app.core.fusion)
     if request.graph_id is not None:
         bound = graphs.bound_graph(session, graph_id=request.graph_id, batch_size=request.per_device_batch_size,
@@ -497,6 +512,59 @@ def predict(session: Session, predictor: Predictor, *, request: PredictionCreate
         bound = graphs.bound_inline(content, batch_size=request.per_device_batch_size, dims=request.dims,
                                     software_stack=request.software_stack, hardware_kind=hw.kind)
     return estimate(bound.analysis, hw, predictor, request=request, graph_id=bound.graph_id, bound=bound)
+
+
+def answer_warnings(analysis: GraphAnalysis, hw: HardwareSpec, request: PredictionCreate, *, estimates: Estimates,
+                    agg: Aggregate, fp: MemoryFootprint, loss: float) -> list[str]:
+    """The ``warnings`` of the answer to ``request`` on ``hw``: the graph's own (an eval-mode export only in
+    training), then nothing costable, unsupported layers, out-of-distribution layers (of ``estimates``), an
+    assumed inter-node network, no TDP, no price for a job, activation checkpointing's recomputation, and a
+    peak ``fp`` over the usable memory. ``agg``: the aggregate of the answer; ``loss``: its loss layer's ms
+    (:func:`loss_ms`). Shared by ``POST /v1/predictions`` and the batch summaries, so both say the same."""
+    training = request.mode == "training"
+    # an eval-mode export (BatchNorm folded or in inference form) only matters when training it
+    warnings: list[str] = [
+        w for w in analysis.graph.warnings if training or not w.startswith(EVAL_EXPORT_WARNING)
+    ]
+    it = agg.iteration
+    if it.layers_ms - loss <= 0:
+        # never a silent zero: a graph with nothing costable is an error the caller must see (in training the
+        # loss layer after the graph is always costed, so it alone does not make the graph's time meaningful)
+        warnings.append("no layer of this graph could be costed; the iteration time is not meaningful")
+    if analysis.unsupported:
+        warnings.append(
+            f"{analysis.unsupported_layer_count} layer(s) of op types "
+            f"{', '.join(u.op_type for u in analysis.unsupported)} have no cost formula; totals exclude them"
+        )
+    ood_layers, _ = _layer_stats(analysis, estimates)
+    if ood_layers:
+        warnings.append(
+            f"{ood_layers} layer(s) lie outside the learned predictor's training data (hardware or shape "
+            "range); their intervals are wider"
+        )
+    if request.nodes > 1 and (request.inter_node_bandwidth_bytes_per_s is None
+                              or request.inter_node_latency_s is None):
+        net = network_link(request)
+        assert net is not None
+        warnings.append(
+            f"{request.nodes} nodes: inter-node network assumed {net.bandwidth_bytes_per_s / 1e9:.3g} GB/s per node "
+            f"and {net.step_latency_s * 1e6:.3g} us per step (default: one InfiniBand HDR 200 Gb/s NIC per node); "
+            "give inter_node_bandwidth_bytes_per_s and inter_node_latency_s for yours")
+    if it.energy_j is None:
+        warnings.append(f"hardware {hw.id!r} lists no tdp_w: energy and CO2 are not estimated")
+    if agg.job is not None and _price(request, hw)[0] is None:
+        warnings.append(f"hardware {hw.id!r} has no list price: give price_usd_per_hour for a cost")
+    if request.activation_checkpointing:
+        warnings.append(
+            f"activation checkpointing recomputes the forward pass in backward: about {it.forward_ms:.1f} ms more "
+            "per iteration, not included in the times above"
+        )
+    if not fits(fp, hw.memory_bytes):
+        warnings.append(
+            f"estimated peak {fp.total_bytes / 2**30:.1f} GiB exceeds {HEADROOM:.0%} of the device's "
+            f"{hw.memory_bytes / 2**30:.1f} GiB"
+        )
+    return warnings
 
 
 def estimate(
@@ -517,20 +585,18 @@ def estimate(
     endpoint), else they come from :func:`memo_estimates` (the predictor is asked on the first request of a
     binding, device, precision, mode and optimizer only).
 
-    Raises :class:`PrecisionNotSupportedError` (422) when ``hw`` lacks the requested precision and
+    Raises :class:`PrecisionNotSupportedError` (422) when ``hw`` lacks the requested precision,
+    :class:`StackNotSupportedError` (422) for a GPU-only software stack on a CPU and
     :class:`NoInterconnect` (422) for several devices on hardware without an interconnect; ``ValueError`` when
     ``analysis`` was fused for another kind of device than ``hw`` (a caller's bug: what is fused depends on it).
     """
     if analysis.fusion_hardware_kind is not None and analysis.fusion_hardware_kind != hw.kind:
         raise ValueError(f"analysis fused for a {analysis.fusion_hardware_kind} answers a {hw.kind} device")
     precision = checked_precision(hw, request.precision)
+    check_stack(hw, request.software_stack)
     check_interconnect(hw, request)
     training = request.mode == "training"
     optimizer = request.optimizer if training else "none"
-    # an eval-mode export (BatchNorm folded or in inference form) only matters when training it
-    warnings: list[str] = [
-        w for w in analysis.graph.warnings if training or not w.startswith(EVAL_EXPORT_WARNING)
-    ]
     if bound is None:
         bound = graphs.BoundGraph(key=None, analysis=analysis, graph_id=graph_id, nbytes=0)
     setting = Setting(hardware=hw, mode=request.mode, optimizer=optimizer, precision=precision,
@@ -542,7 +608,7 @@ def estimate(
         estimates, sums = memo_estimates(bound, predictor, setting, key=key)
     else:
         sums = sums_of(table, setting, estimates)
-    ood_layers, methods = _layer_stats(analysis, estimates)
+    _, methods = _layer_stats(analysis, estimates)
     rows: list[LayerPrediction] = []
     if request.detail == "layers":
         est = estimates
@@ -558,36 +624,7 @@ def estimate(
                                 "activation_checkpointing": request.activation_checkpointing}
     fp = memo_footprint(bound, mem_opts)
     agg = aggregate(aggregation_input(request, hw, (), fp, training=training, sums=sums))
-    it = agg.iteration
-    fwd = it.forward_ms
     loss = loss_ms(bound, training, estimates)
-    if it.layers_ms - loss <= 0:
-        # never a silent zero: a graph with nothing costable is an error the caller must see (in training the
-        # loss layer after the graph is always costed, so it alone does not make the graph's time meaningful)
-        warnings.append("no layer of this graph could be costed; the iteration time is not meaningful")
-    if analysis.unsupported:
-        warnings.append(
-            f"{analysis.unsupported_layer_count} layer(s) of op types "
-            f"{', '.join(u.op_type for u in analysis.unsupported)} have no cost formula; totals exclude them"
-        )
-    if ood_layers:
-        warnings.append(
-            f"{ood_layers} layer(s) lie outside the learned predictor's training data (hardware or shape "
-            "range); their intervals are wider"
-        )
-    price, price_source = _price(request, hw)
-    if request.nodes > 1 and (request.inter_node_bandwidth_bytes_per_s is None
-                              or request.inter_node_latency_s is None):
-        net = network_link(request)
-        assert net is not None
-        warnings.append(
-            f"{request.nodes} nodes: inter-node network assumed {net.bandwidth_bytes_per_s / 1e9:.3g} GB/s per node "
-            f"and {net.step_latency_s * 1e6:.3g} us per step (default: one InfiniBand HDR 200 Gb/s NIC per node); "
-            "give inter_node_bandwidth_bytes_per_s and inter_node_latency_s for yours")
-    if it.energy_j is None:
-        warnings.append(f"hardware {hw.id!r} lists no tdp_w: energy and CO2 are not estimated")
-    if agg.job is not None and price is None:
-        warnings.append(f"hardware {hw.id!r} has no list price: give price_usd_per_hour for a cost")
     gradient_bytes = fp.gradients_bytes if training and request.device_count > 1 else 0
     iteration, epoch, job = _totals_read(agg, request, hw, gradient_bytes=gradient_bytes, loss_ms=loss)
     memory = MemoryPrediction(
@@ -606,16 +643,7 @@ def estimate(
         fits=fits(fp, hw.memory_bytes),
         largest_batch_size_that_fits=memo_largest_batch(bound, mem_opts),
     )
-    if request.activation_checkpointing:
-        warnings.append(
-            f"activation checkpointing recomputes the forward pass in backward: about {fwd:.1f} ms more per "
-            "iteration, not included in the times above"
-        )
-    if not memory.fits:
-        warnings.append(
-            f"estimated peak {fp.total_bytes / 2**30:.1f} GiB exceeds {HEADROOM:.0%} of the device's "
-            f"{hw.memory_bytes / 2**30:.1f} GiB"
-        )
+    warnings = answer_warnings(analysis, hw, request, estimates=estimates, agg=agg, fp=fp, loss=loss)
     n_uns = analysis.unsupported_layer_count
     loss_row = _loss_row(bound, training, estimates)
     return PredictionRead(

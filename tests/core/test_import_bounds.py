@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
@@ -9,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 from app.config import Settings
 from app.core.analysis import analyze
 from app.core.json_import import import_json
-from app.core.limits import Limits, json_bytes_depth, json_depth, use_limits
+from app.core.limits import Limits, json_bytes_depth, json_depth, json_text_problem, use_limits
 from app.core.onnx_import import import_onnx
 from app.errors import GraphTooLarge, LimitExceeded
 
@@ -101,3 +103,23 @@ def test_json_depth_measures_without_recursing() -> None:
     assert json_depth(deep, 64) == 65  # stops early, no RecursionError
     assert json_bytes_depth(b'{"a": "[[[\\"[", "b": [1, {"c": []}]}') == 4
     assert json_bytes_depth(b"[" * 100_000) == 100_000
+
+
+@pytest.mark.parametrize("body", [
+    b'{"a": "\xff"}', b'{"a": ' + b"9" * 4301 + b"}", b'[1, -' + b"9" * 5000 + b"]",
+])
+def test_json_text_problem_finds_what_json_loads_refuses_without_a_decode_error(body: bytes) -> None:
+    assert json_text_problem(body) is not None
+    with pytest.raises(ValueError) as exc:
+        json.loads(body)
+    assert not isinstance(exc.value, json.JSONDecodeError)
+
+
+@pytest.mark.parametrize("body", [
+    b'{"a": ' + b"9" * 4300 + b"}", b'{"a": ' + b"9" * 5000 + b".5}", b'{"a": 1e' + b"9" * 5000 + b"}",
+    b'{"a": 0.' + b"9" * 5000 + b"}", b'{"a": "' + b"9" * 5000 + b'"}', b'{"' + b"9" * 5000 + b'": 1}',
+    b'{"a": "\\"' + b"9" * 5000 + b'"}', '{"a": "\u00e9"}'.encode("utf-16-le"), '{"a": "é"}'.encode(),
+])
+def test_json_text_problem_passes_what_json_loads_reads(body: bytes) -> None:
+    json.loads(body)
+    assert json_text_problem(body) is None

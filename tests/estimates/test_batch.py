@@ -97,6 +97,42 @@ def test_per_item_errors_do_not_fail_the_batch(client: TestClient, resnet_id: st
     assert body["failed"] == 4 and body["items"][4]["summary"]["iteration_ms"] > 0
 
 
+def test_gpu_only_stack_on_a_cpu_fails_its_item_only(client: TestClient, resnet_id: str) -> None:
+    items = [
+        {"graph_id": resnet_id, "hardware_id": "local", "batch_size": 8, "software_stack": "pytorch-cuda-graph"},
+        {"graph_id": resnet_id, "hardware_id": "p100", "batch_size": 8, "software_stack": "pytorch-cuda-graph"},
+        {"graph_id": resnet_id, "hardware_id": "local", "batch_size": 8, "software_stack": "pytorch-compiled"},
+    ]
+    body = client.post("/v1/predictions/batch", json={"items": items, "detail": "layers"}).json()
+    codes = [(a["error"] or {}).get("code") for a in body["items"]]
+    assert codes == ["stack_not_supported", None, None]
+    assert "pytorch-cuda-graph" in body["items"][0]["error"]["message"]
+
+
+def test_items_carry_the_warnings_of_their_single_prediction(client: TestClient, resnet_id: str) -> None:
+    items = [
+        {"graph_id": resnet_id, "hardware_id": "t4", "batch_size": 4096},  # peak over the T4's 16 GB
+        {"graph_id": resnet_id, "hardware_id": "local", "batch_size": 8},  # a CPU: outside the learned data
+        {"graph_id": resnet_id, "hardware_id": "a100-sxm4-40gb", "batch_size": 32},
+    ]
+    body = client.post("/v1/predictions/batch", json={"items": items}).json()
+    summaries = [item["summary"] for item in body["items"]]
+    singles = [client.post("/v1/predictions", json=item).json() for item in items]
+    assert [s["warnings"] for s in summaries] == [p["warnings"] for p in singles]
+    assert any("exceeds" in w for w in summaries[0]["warnings"])
+
+
+def test_detail_is_documented_and_read_as_a_body_field(client: TestClient, resnet_id: str) -> None:
+    spec = client.get("/openapi.json").json()
+    op = spec["paths"]["/v1/predictions/batch"]["post"]
+    assert not [p for p in op.get("parameters", []) if p["name"] == "detail"]
+    field = spec["components"]["schemas"]["BatchPredictionCreate"]["properties"]["detail"]
+    assert "not a query parameter" in field["description"] and "body" in op["description"]
+    item = {"graph_id": resnet_id, "hardware_id": "p100", "batch_size": 8}
+    r = client.post("/v1/predictions/batch", json={"items": [item]}, params={"detail": "layers"})
+    assert r.status_code == 422, r.text  # a query detail is refused, not silently ignored
+
+
 def test_limits(client: TestClient) -> None:
     item = {"graph": CNN, "hardware_id": "p100", "batch_size": 1}
     r = client.post("/v1/predictions/batch", json={"items": [item] * (MAX_BATCH_ITEMS + 1)})

@@ -79,6 +79,20 @@ def test_batch_sweep(client: TestClient, resnet_id: str) -> None:
     assert all(s["fits"] == (s["batch_size"] <= largest) for s in sweep)
 
 
+def test_gpu_only_stack_lists_cpus_as_unavailable_like_a_missing_precision(client: TestClient,
+                                                                           resnet_id: str) -> None:
+    body = _compare(client, resnet_id, hardware_ids=["local", "p100"], software_stack="pytorch-cuda-graph")
+    assert [r["hardware_id"] for r in body["rows"]] == ["p100"]
+    [u] = body["unavailable"]
+    assert (u["hardware_id"], u["device_count"], u["code"]) == ("local", 1, "stack_not_supported")
+    assert "pytorch-cuda-graph" in u["reason"] and "CPU" in u["reason"]
+    # the sweep is on one named device: it fails the call, as a precision that device lacks does
+    r = client.post("/v1/comparisons", json={"graph_id": resnet_id, **JOB, "hardware_ids": ["p100"],
+                                             "software_stack": "pytorch-cuda-graph",
+                                             "sweep": {"hardware_id": "local", "batch_sizes": [8]}})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "stack_not_supported", r.text
+
+
 def test_errors(client: TestClient, resnet_id: str) -> None:
     r = client.post("/v1/comparisons", json={"graph_id": "0" * 64, **JOB})
     assert r.status_code == 404 and r.json()["error"]["code"] == "graph_not_found"

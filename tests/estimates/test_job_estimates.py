@@ -50,6 +50,17 @@ def test_per_job_errors(client: TestClient, resnet_id: str, lonely: str) -> None
     assert codes == ["no_interconnect", "validation_error", "graph_not_found", "precision_not_supported", None]
 
 
+def test_gpu_only_stack_on_a_cpu_fails_its_job(client: TestClient, resnet_id: str) -> None:
+    est = _estimate(client, [_job(resnet_id, hardware_id="local", software_stack="cuda-library"),
+                             _job(resnet_id, software_stack="cuda-library")])
+    codes = [(e["error"] or {}).get("code") for e in est]  # type: ignore[union-attr]
+    assert codes == ["stack_not_supported", None]
+    r = client.post("/v1/job-estimates/actuals", json={"actuals": [
+        {**_job(resnet_id, hardware_id="local", software_stack="pytorch-cuda-graph"), "measured_s": 100.0}]})
+    assert r.status_code == 201, r.text
+    assert r.json()["recorded"] == 0 and r.json()["actuals"][0]["error"]["code"] == "stack_not_supported"
+
+
 def test_devices_are_read_in_one_query_and_unknown_ones_still_fail(client: TestClient, resnet_id: str) -> None:
     from sqlalchemy import event
 

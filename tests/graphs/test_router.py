@@ -68,6 +68,30 @@ def test_json_layer_list_upload_and_get(client: TestClient) -> None:
     assert listing["count"] == 1 and listing["items"][0]["id"] == gid
 
 
+def test_a_query_name_that_contradicts_the_body_name_is_422_and_stores_nothing(client: TestClient) -> None:
+    r = client.post("/v1/graphs", json=JSON_GRAPH, params={"name": "other"})
+    assert r.status_code == 422, r.text
+    err = r.json()["error"]
+    assert err["code"] == "conflicting_name"
+    assert err["detail"] == {"query": "other", "body": "small-cnn", "field": "name"}
+    r = client.post("/v1/graphs", files={"file": ("squeezenet.onnx", light_model("squeezenet"),
+                                                  "application/octet-stream")},
+                    data={"name": "form-name"}, params={"name": "query-name"})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "conflicting_name", r.text
+    assert r.json()["error"]["detail"]["field"] == "form.name"
+    assert client.get("/v1/graphs").json()["items"] == []
+    # one name, or the same name twice, is fine; a query name names a body that gives none
+    r = client.post("/v1/graphs", json=JSON_GRAPH, params={"name": "small-cnn"})
+    assert r.status_code == 201 and r.json()["name"] == "small-cnn", r.text
+    unnamed = {k: v for k, v in JSON_GRAPH.items() if k != "name"} | {"input_shape": [3, 16, 16]}
+    r = client.post("/v1/graphs", json=unnamed, params={"name": "from-query"})
+    assert r.status_code == 201 and r.json()["name"] == "from-query", r.text
+    r = client.post("/v1/graphs", files={"file": ("squeezenet.onnx", light_model("squeezenet"),
+                                                  "application/octet-stream")},
+                    data={"name": "same"}, params={"name": "same"})
+    assert r.status_code == 201 and r.json()["name"] == "same", r.text
+
+
 def test_layers_endpoint_at_requested_batch(client: TestClient) -> None:
     gid = _upload(client, "resnet50").json()["id"]
     one = client.get(f"/v1/graphs/{gid}/layers", params={"batch_size": 1}).json()

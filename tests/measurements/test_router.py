@@ -77,6 +77,22 @@ def test_bad_rows_are_named_and_nothing_is_stored(client: TestClient) -> None:
     assert client.get("/v1/measurements").json()["total"] == 0
 
 
+def test_a_job_row_naming_a_graph_that_is_not_stored_is_refused(client: TestClient) -> None:
+    graph = client.post("/v1/graphs", json={"input_shape": [8], "layers": [{"op": "linear", "out_features": 4}]})
+    assert graph.status_code == 201, graph.text
+    job = {**BODY, "source": "cluster", "op_kind": "job", "granularity": "job", "time_ms_median": 3.6e6}
+    rows = [{**job, "config": {"graph_id": graph.json()["id"]}}, {**job, "config": {"graph_id": "0" * 64}},
+            {**job, "config": {"graph_id": 12}}, {**job, "config": {"model": "resnet50"}}]
+    response = _post(client, *rows)
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["code"] == "invalid_measurements"
+    assert [(e["index"], e["code"], e["field"]) for e in error["detail"]["errors"]] == [
+        (1, "graph_not_found", "config.graph_id"), (2, "graph_not_found", "config.graph_id")]
+    assert client.get("/v1/measurements").json()["total"] == 0
+    assert _post(client, rows[0], rows[3]).status_code == 201  # a stored graph, or none named
+
+
 def test_schema_errors_name_the_row_index(client: TestClient) -> None:
     for bad in ({"time_ms_median": 0}, {"time_ms_median": -3.0}, {"batch_size": 0}, {"pass": "sideways"},
                 {"software_stack": "tf2-keras"}, {"granularity": "epoch"}, {"software_stack": None},

@@ -4,6 +4,7 @@ poisoned rows (1e-12 ms, 1e300 ms, 18x faster than physics) with nothing stored.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -98,6 +99,30 @@ def test_api_refuses_implausible_rows_and_stores_nothing(client: TestClient) -> 
         (i, "implausible_measurement", "time_ms_median") for i in (1, 2, 3)]
     assert client.get("/v1/measurements", params={"source": "ci"}).json()["total"] == 0
     assert client.post("/v1/measurements", json={"measurements": rows[:1]}).status_code == 201
+
+
+def test_api_refuses_spreads_no_repetitions_have_and_dates_in_the_future(client: TestClient) -> None:
+    floor = floor_ms(config=CONV, batch_size=64, spec=A100, precision="fp32", pass_="forward")
+    assert floor is not None
+    ok = {**LAYER, "time_ms_median": floor * 3}
+    soon = (datetime.now(UTC) + timedelta(hours=20)).isoformat()  # inside the allowed clock skew
+    late = (datetime.now(UTC) + timedelta(days=2)).isoformat()
+    rows = [{**ok, "time_ms_std": 1e300}, {**ok, "time_ms_std": 3e6, "repetitions": 2},
+            {**ok, "time_ms_std": 0.5, "repetitions": 1}, {**ok, "measured_at": "2999-01-01T00:00:00Z"},
+            {**ok, "measured_at": late},
+            {**ok, "time_ms_std": 2.5e6, "repetitions": 2, "measured_at": soon},  # within M / sqrt(2): accepted
+            {**ok, "time_ms_std": 100 * floor, "repetitions": 11}]  # 30x the median: one preempted repetition
+    r = client.post("/v1/measurements", json={"measurements": rows})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_measurements", r.text
+    errors = r.json()["error"]["detail"]["errors"]
+    assert [(e["index"], e["code"], e["field"]) for e in errors] == [
+        (0, "implausible_measurement", "time_ms_std"), (1, "implausible_measurement", "time_ms_std"),
+        (2, "implausible_measurement", "time_ms_std"), (3, "implausible_measurement", "measured_at"),
+        (4, "implausible_measurement", "measured_at")]
+    assert "2999" in errors[3]["message"] and "future" in errors[3]["message"]
+    assert client.get("/v1/measurements", params={"source": "ci"}).json()["total"] == 0
+    r = client.post("/v1/measurements", json={"measurements": rows[5:]})
+    assert r.status_code == 201, r.text
 
 
 @pytest.mark.parametrize(("change", "field"), [

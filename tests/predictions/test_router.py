@@ -263,6 +263,30 @@ def test_precision_the_device_lacks_is_a_422_not_a_silent_fp32_answer(client: Te
     assert _predict(client, graph_id=resnet_id, hardware_id="t4", batch_size=8, precision="tf32").status_code == 422
 
 
+@pytest.mark.parametrize("stack", ["pytorch-cuda-graph", "cuda-library"])
+def test_gpu_only_stack_on_a_cpu_is_a_422_not_a_silent_answer(client: TestClient, resnet_id: str, stack: str) -> None:
+    r = _predict(client, graph_id=resnet_id, hardware_id="local", batch_size=8, software_stack=stack)
+    assert r.status_code == 422, r.text
+    err = r.json()["error"]
+    assert err["code"] == "stack_not_supported"
+    assert err["detail"] == {"software_stack": stack, "hardware_id": "local", "hardware_kind": "cpu",
+                             "supported_kinds": ["gpu"]}
+    assert stack in err["message"] and "CPU" in err["message"]
+    inline_cpu = {"id": "my-cpu", "name": "my CPU", "vendor": "x", "kind": "cpu", "compute_units": 8,
+                  "memory_bytes": 64 * 2**30, "memory_bandwidth_bytes_per_s": 100e9, "peak_flops_per_s": {"fp32": 2e12}}
+    r = _predict(client, graph_id=resnet_id, hardware=inline_cpu, batch_size=8, software_stack=stack)
+    assert r.status_code == 422 and r.json()["error"]["code"] == "stack_not_supported", r.text
+    # the same stack on a GPU is answered
+    r = _predict(client, graph_id=resnet_id, hardware_id="p100", batch_size=8, software_stack=stack)
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("stack", ["pytorch-eager", "pytorch-compiled", "tf1-session"])
+def test_stacks_that_run_on_cpus_are_answered_there(client: TestClient, resnet_id: str, stack: str) -> None:
+    r = _predict(client, graph_id=resnet_id, hardware_id="local", batch_size=8, software_stack=stack)
+    assert r.status_code == 200, r.text
+
+
 def test_answer_names_its_precision_semantics_and_floors(client: TestClient, resnet_id: str) -> None:
     bodies = {
         p: _predict(client, graph_id=resnet_id, hardware_id="a100-sxm4-40gb", batch_size=64, precision=p).json()

@@ -283,6 +283,17 @@ CASES = [
          "invalid_request"),
     Case("malformed-json-body", "POST", "/v1/measurements", lambda: raw_json('{"hardware_id": '), 422,
          "validation_error"),
+    # json.loads raises UnicodeDecodeError / ValueError (not JSONDecodeError) for these: FastAPI said 400
+    *[
+        Case(f"non-utf8-json-body-{path.rsplit('/', 1)[-1]}", "POST", path,
+             lambda path=path: {"content": b'{"hardware_id": "\xff\xfe"}',
+                                "headers": {"content-type": "application/json"}}, 422, "validation_error")
+        for path in ("/v1/predictions", "/v1/measurements", "/v1/hardware", "/v1/predictions/batch")
+    ],
+    Case("int-literal-4301-digits", "POST", "/v1/predictions",
+         lambda: raw_json('{"batch_size": ' + "9" * 4301 + "}"), 422, "validation_error"),
+    Case("negative-int-literal-5000-digits", "POST", "/v1/measurements",
+         lambda: raw_json('{"measurements": [{"batch_size": -' + "9" * 5000 + "}]}"), 422, "validation_error"),
     Case("non-utf8-json-graph", "POST", "/v1/graphs",
          lambda: {"content": b'{"input_shape":[3],"layers":[{"op":"\xff"}]}',
                   "headers": {"content-type": "application/json"}}, 422, "invalid_graph"),
