@@ -273,8 +273,10 @@ class ImportWorkers:
                 "the import worker included); nothing was stored") from None
         except BrokenProcessPool:
             raise ImportWorkerFailed(
-                "the import worker process ended before finishing this upload (killed or out of memory); "
-                "nothing was stored"
+                "the import worker process ended before finishing this upload (killed or out of memory, or it "
+                "could not start: a program that runs the app in process must guard its entry point with "
+                "`if __name__ == \"__main__\":`, because the worker is a spawned interpreter that imports the "
+                "program's main module); nothing was stored"
             ) from None
         if status == "error":
             raise _rebuild(*value)
