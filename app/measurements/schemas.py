@@ -88,8 +88,8 @@ class MeasurementBatchRead(Schema):
 class RowError(Schema):
     """One bad row of a batch (``detail.errors`` of 422 ``invalid_measurements``): its 0-based ``index``
     in ``measurements``, a machine-readable ``code`` (``hardware_not_found``, ``graph_not_found``,
-    ``reserved_source``, ``implausible_measurement``, ``invalid_layer_config``), the ``field`` at fault and a
-    message."""
+    ``reserved_source``, ``implausible_measurement``, ``invalid_layer_config``, ``precision_not_supported``,
+    ``stack_not_supported``), the ``field`` at fault and a message."""
 
     index: int
     code: str

@@ -93,6 +93,24 @@ def test_a_job_row_naming_a_graph_that_is_not_stored_is_refused(client: TestClie
     assert _post(client, rows[0], rows[3]).status_code == 201  # a stored graph, or none named
 
 
+def test_a_row_the_device_cannot_have_run_is_refused(client: TestClient) -> None:
+    """A precision the device has no arithmetic for (bf16 on a K80) or a GPU-only stack on a CPU is refused
+    with the code a prediction of it answers: such a time was not measured as labelled, and stored it would
+    train the predictor on a configuration that cannot exist."""
+    rows = [{**BODY, "hardware_id": "k80"},                                            # bf16 on Kepler
+            {**BODY, "hardware_id": "local", "precision": "fp32", "software_stack": "cuda-library"},
+            {**BODY, "hardware_id": "local", "precision": "fp32"},                       # fine
+            {**BODY, "hardware_id": "k80", "precision": "fp32"}]                          # fine
+    response = _post(client, *rows)
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["code"] == "invalid_measurements"
+    assert [(e["index"], e["code"], e["field"]) for e in error["detail"]["errors"]] == [
+        (0, "precision_not_supported", "precision"), (1, "stack_not_supported", "software_stack")]
+    assert client.get("/v1/measurements").json()["total"] == 0
+    assert _post(client, rows[2], rows[3]).status_code == 201
+
+
 def test_schema_errors_name_the_row_index(client: TestClient) -> None:
     for bad in ({"time_ms_median": 0}, {"time_ms_median": -3.0}, {"batch_size": 0}, {"pass": "sideways"},
                 {"software_stack": "tf2-keras"}, {"granularity": "epoch"}, {"software_stack": None},
