@@ -152,6 +152,14 @@ class StackNotSupportedError(LayercastError):
     code = "stack_not_supported"
 
 
+class NoCostedLayers(LayercastError):
+    """No layer of the graph has a cost formula (every op unsupported): a job or comparison row of it would be
+    0 s and $0, which a scheduler or a ranking would take at face value (422)."""
+
+    status_code = 422
+    code = "no_costed_layers"
+
+
 class LimitExceeded(LayercastError):
     """A request or an upload crosses one of the configured bounds of :class:`app.core.limits.Limits`.
 
