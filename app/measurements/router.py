@@ -10,8 +10,10 @@ from fastapi.responses import StreamingResponse
 from pydantic import AwareDatetime
 
 from app.auth import PrincipalDep
+from app.core.precision import Precision as PrecisionMode
 from app.core.vocab import Granularity, Pass
 from app.deps import SessionDep, SessionFactoryDep
+from app.hardware.schemas import Precision
 from app.measurements import service
 from app.measurements.repository import MeasurementFilter
 from app.measurements.schemas import MeasurementBatchCreate, MeasurementBatchRead, MeasurementList
@@ -41,14 +43,17 @@ def measurement_filter(
     hardware_id: str | None = None,
     source: str | None = None,
     op_kind: str | None = None,
-    precision: str | None = None,
+    precision: Annotated[PrecisionMode | Precision | None, Query(
+        description="a precision mode (fp32, fp32-strict, tf32, fp16, bf16) or a storage format (fp64, fp8, int8); "
+                    "any other value is a 422, never an empty page")] = None,
     pass_: Annotated[Pass | None, Query(alias="pass")] = None,
     granularity: Granularity | None = None,
     measured_from: Annotated[AwareDatetime | None, Query(description="measured_at >= this (inclusive)")] = None,
     measured_to: Annotated[AwareDatetime | None, Query(description="measured_at < this (exclusive)")] = None,
 ) -> MeasurementFilter:
     """The filters of a listing or export (every one optional; a time window drops rows without ``measured_at``)."""
-    return MeasurementFilter(hardware_id=hardware_id, source=source, op_kind=op_kind, precision=precision,
+    return MeasurementFilter(hardware_id=hardware_id, source=source, op_kind=op_kind,
+                             precision=getattr(precision, "value", precision),
                              pass_=None if pass_ is None else pass_.value,
                              granularity=None if granularity is None else granularity.value,
                              measured_from=measured_from, measured_to=measured_to)  # fmt: skip

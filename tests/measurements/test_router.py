@@ -220,3 +220,16 @@ def test_openapi_lists_errors(client: TestClient) -> None:
     post = paths["/v1/measurements"]["post"]
     assert {"201", "409", "422"} <= set(post["responses"])
     assert "/v1/measurements.csv" in paths
+
+
+@pytest.mark.parametrize("path", ["/v1/measurements", "/v1/measurements.csv"])
+def test_a_precision_filter_no_row_can_have_is_422_not_an_empty_page(client: TestClient, path: str) -> None:
+    """``pass`` and ``granularity`` filters were checked, ``precision`` was not: a typo (``fp23``, ``float32``)
+    answered an empty listing, indistinguishable from "no such measurements"."""
+    assert _post(client, BODY).status_code == 201
+    response = client.get(path, params={"precision": "float32"})
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["code"] == "validation_error"
+    for precision, rows in (("bf16", 1), ("fp32-strict", 0), ("int8", 0)):
+        listed = client.get("/v1/measurements", params={"precision": precision})
+        assert listed.status_code == 200 and listed.json()["total"] == rows
