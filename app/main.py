@@ -142,9 +142,24 @@ async def _handle_layercast_error(_request: Request, exc: Exception) -> JSONResp
     return ProblemResponse(exc.to_problem(), status_code=exc.status_code)
 
 
-async def _handle_validation_error(_request: Request, exc: Exception) -> JSONResponse:
+def _is_json_type(content_type: str) -> bool:
+    """Whether a ``Content-Type`` media type (parameters stripped, lower case) is JSON (``application/json``
+    or ``application/<x>+json``), the types FastAPI parses a JSON body from."""
+    return content_type == "application/json" or (content_type.startswith("application/")
+                                                  and content_type.endswith("+json"))
+
+
+async def _handle_validation_error(request: Request, exc: Exception) -> JSONResponse:
+    """422 ``validation_error`` listing the errors, or 422 ``invalid_request`` naming the content type when the
+    whole JSON body was refused because it came under a non-JSON ``Content-Type`` (FastAPI then does not parse
+    it: ``curl -d`` without ``-H 'content-type: application/json'`` sends form encoding)."""
     assert isinstance(exc, RequestValidationError)
     errors = clean_validation_errors(exc.errors())
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype and not _is_json_type(ctype) and any(tuple(e.get("loc", ())) == ("body",) for e in errors):
+        return problem(422, "invalid_request",
+                       f"unsupported content type {ctype!r}: this route takes a JSON body (application/json)",
+                       {"content_type": ctype})
     return problem(422, "validation_error", validation_message("request validation failed", errors), {"errors": errors})
 
 
