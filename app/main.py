@@ -263,6 +263,29 @@ async def _handle_unexpected(request: Request, exc: Exception) -> JSONResponse:
 # ---------------------------------------------------------------------------------------- size guard
 
 
+class HeadAsGet:
+    """Answer ``HEAD`` as ``GET`` without the body (RFC 9110 9.3.2): FastAPI routes list GET only, so HEAD was
+    a 405 while every 405's ``Allow`` names HEAD beside GET. The request runs as GET (same status, headers and
+    ``Content-Length``); the body is dropped before it is sent. A path with no GET still answers 405."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_without_body(message: Message) -> None:
+            if message["type"] == "http.response.body":
+                if message.get("more_body", False):
+                    return
+                message = {"type": "http.response.body", "body": b"", "more_body": False}
+            await send(message)
+
+        await self.app({**scope, "method": "GET"}, receive, send_without_body)
+
+
 class BodySizeLimit:
     """ASGI middleware rejecting request bodies over ``max_bytes`` with 413 ``payload_too_large``.
 
@@ -670,6 +693,7 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = False
                            allow_methods=["GET", "POST", "PUT", "DELETE"],
                            allow_headers=["Authorization", "X-API-Key", "Content-Type", "Idempotency-Key"])
     app.add_middleware(HostAllowList, allowed_hosts=settings.host_allow_list())
+    app.add_middleware(HeadAsGet)  # inside RequestContext: the access log still says HEAD
     app.add_middleware(RequestContext)  # added last = outermost: ids and timing cover the guards too
 
     app.add_exception_handler(LayercastError, _handle_layercast_error_with_headers)

@@ -227,3 +227,17 @@ def test_a_json_body_sent_under_another_content_type_names_the_content_type(clie
         assert client.post("/v1/predictions", content=body, headers=headers).status_code == 200
     wrong = client.post("/v1/predictions", content=b"[1]", headers={"content-type": "application/json"})
     _assert_problem(wrong.json(), "validation_error")  # JSON that is not an object stays a validation error
+
+
+def test_head_is_served_wherever_get_is(client: TestClient) -> None:
+    """Every 405 lists HEAD in ``Allow`` beside GET (RFC 9110: a server supporting GET supports HEAD), yet
+    HEAD itself answered 405 everywhere, ``/healthz`` included (uptime checkers probe with HEAD). It is GET's
+    status and headers without the body now."""
+    for path, status in (("/healthz", 200), ("/v1/hardware", 200), ("/v1/graphs/nope", 404)):
+        got, head = client.get(path), client.head(path)
+        assert head.status_code == got.status_code == status, (path, head.text)
+        assert head.content == b""
+        assert head.headers["content-length"] == got.headers["content-length"]
+        assert head.headers["content-type"] == got.headers["content-type"]
+    post_only = client.head("/v1/predictions")
+    assert post_only.status_code == 405 and post_only.headers["allow"] == "POST"
