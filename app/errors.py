@@ -133,6 +133,13 @@ class PayloadTooLarge(LayercastError):
     code = "payload_too_large"
 
 
+class TooManyItems(PayloadTooLarge):
+    """More items than one call accepts (413; ``detail``: ``count`` and ``limit``): batch predictions, job
+    estimates and actuals, measurement batches."""
+
+    code = "too_many_items"
+
+
 class PrecisionNotSupportedError(LayercastError):
     """The device lacks the arithmetic the requested precision needs (bf16 before Ampere, tf32 before
     Ampere, fp16 on Kepler/Maxwell): never answered silently in fp32."""

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from app.core.aggregate import Aggregate, LayerSums
 from app.core.precision import PRECISION_SEMANTICS
 from app.core.vocab import Granularity, Pass
-from app.errors import InvalidRequest, LayercastError, NoCostedLayers, PayloadTooLarge
+from app.errors import InvalidRequest, LayercastError, NoCostedLayers, TooManyItems
 from app.estimates import engine
 from app.estimates.calibration import MAX_ACTUAL_RATIO, UNCALIBRATED, Calibration, RatioStats, calibrate_stats
 from app.estimates.engine import GraphCache, Scenario
@@ -59,12 +59,6 @@ from app.predictor.metadata import JobCalibrationFit, RatioStatsModel
 from app.predictor.table import Estimates
 
 T = TypeVar("T")
-
-
-class TooManyItems(PayloadTooLarge):
-    """More items than one call accepts."""
-
-    code = "too_many_items"
 
 
 def _limit(items: Sequence[Any], limit: int, what: str) -> None:

@@ -69,7 +69,8 @@ MAX_BATCH = 5000
 class MeasurementBatchCreate(Schema):
     """``POST /v1/measurements``: 1 to :data:`MAX_BATCH` measurements, stored all or none."""
 
-    measurements: list[MeasurementCreate] = Field(min_length=1, max_length=MAX_BATCH)
+    measurements: list[MeasurementCreate] = Field(  # the count is checked by the service: 413 too_many_items
+        min_length=1, description=f"1 to {MAX_BATCH} rows (more: 413 too_many_items, as every batch endpoint)")
 
 
 class MeasurementBatchRead(Schema):

@@ -24,13 +24,14 @@ from app.core.hardware import HardwareSpec
 from app.core.precision import Precision as PrecisionMode
 from app.core.precision import PrecisionNotSupported, check_precision
 from app.core.vocab import GPU_ONLY_STACKS, Granularity
-from app.errors import Conflict, HardwareNotFound, InvalidRequest, LayercastError
+from app.errors import Conflict, HardwareNotFound, InvalidRequest, LayercastError, TooManyItems
 from app.graphs.repository import GraphRepository
 from app.hardware.service import get_spec
 from app.measurements.importers import IMPORT_SOURCES, MeasurementRecord, RecordStream
 from app.measurements.models import Measurement, MeasurementBatch
 from app.measurements.repository import MeasurementFilter, MeasurementRepository
 from app.measurements.schemas import (
+    MAX_BATCH,
     ImportReport,
     MeasurementBatchCreate,
     MeasurementBatchRead,
@@ -293,8 +294,12 @@ def create_measurements(
     (the key is claimed in a savepoint first; the loser replays the winner's answer once it committed). Raises
     :class:`InvalidIdempotencyKey` (422: not 1-255 printable ASCII characters) and
     :class:`InvalidMeasurements` (422, ``detail.errors``: a :class:`RowError` per bad row, at most
-    :data:`MAX_ROW_ERRORS`, plus ``invalid_rows`` and ``rows``). ``measured_at`` is stored in UTC. Flushes.
+    :data:`MAX_ROW_ERRORS`, plus ``invalid_rows`` and ``rows``) and :class:`app.errors.TooManyItems` (413) over
+    :data:`app.measurements.schemas.MAX_BATCH` rows. ``measured_at`` is stored in UTC. Flushes.
     """
+    if len(data.measurements) > MAX_BATCH:
+        raise TooManyItems(f"{len(data.measurements)} measurements exceed the limit of {MAX_BATCH} per call; "
+                           "split them", detail={"count": len(data.measurements), "limit": MAX_BATCH})
     if idempotency_key is not None and not _KEY.match(idempotency_key):
         raise InvalidIdempotencyKey(f"Idempotency-Key must be 1 to {MAX_KEY_LENGTH} printable ASCII characters",
                                     detail={"length": len(idempotency_key)})  # fmt: skip

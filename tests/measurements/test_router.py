@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 import app.main
 from app.config import REPO_ROOT, Settings
 from app.measurements import service
+from app.measurements.schemas import MAX_BATCH
 from app.migrate import upgrade
 
 
@@ -233,3 +234,15 @@ def test_a_precision_filter_no_row_can_have_is_422_not_an_empty_page(client: Tes
     for precision, rows in (("bf16", 1), ("fp32-strict", 0), ("int8", 0)):
         listed = client.get("/v1/measurements", params={"precision": precision})
         assert listed.status_code == 200 and listed.json()["total"] == rows
+
+
+def test_a_batch_over_the_row_limit_is_413_too_many_items_like_the_other_batch_endpoints(
+        client: TestClient) -> None:
+    """Batch predictions and job estimates answer a call over their item limit 413 ``too_many_items``;
+    measurements answered 422 ``validation_error`` for the same mistake."""
+    response = _post(client, *[BODY] * (MAX_BATCH + 1))
+    assert response.status_code == 413, response.text
+    error = response.json()["error"]
+    assert error["code"] == "too_many_items"
+    assert error["detail"] == {"count": MAX_BATCH + 1, "limit": MAX_BATCH}
+    assert client.get("/v1/measurements").json()["total"] == 0
