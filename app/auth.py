@@ -59,6 +59,7 @@ from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from app.db import Base, utcnow, write_intent
 from app.errors import LayercastError, NotFoundError
+from app.schemas import check_name
 
 logger = logging.getLogger("layercast")
 
@@ -175,9 +176,20 @@ def _digest(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+#: Longest key name (the ``api_keys.name`` column).
+MAX_KEY_NAME = 200
+
+
 def create_key(session: Session, *, name: str, scopes: Iterable[str]) -> tuple[ApiKey, str]:
     """Store a new key with ``scopes`` and return ``(row, key)``; the key itself is shown only now.
-    Raises ``ValueError`` for an unknown scope or no scope. Flushes."""
+    Raises ``ValueError`` for an unknown scope or no scope, and for a ``name`` that is blank, longer than
+    :data:`MAX_KEY_NAME` characters or holds control characters (:func:`app.schemas.check_name`: NUL is
+    refused by PostgreSQL's text, and a blank name cannot be told apart in ``keys list``). Flushes."""
+    if not name.strip():
+        raise ValueError("a key needs a name (who or what uses it, e.g. ci-pipeline)")
+    if len(name) > MAX_KEY_NAME:
+        raise ValueError(f"a key name has at most {MAX_KEY_NAME} characters, got {len(name)}")
+    check_name(name)
     parsed = parse_scopes(scopes)
     if not parsed:
         raise ValueError("a key needs at least one scope")

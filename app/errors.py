@@ -133,6 +133,13 @@ class PayloadTooLarge(LayercastError):
     code = "payload_too_large"
 
 
+class TooManyItems(PayloadTooLarge):
+    """More items than one call accepts (413; ``detail``: ``count`` and ``limit``): batch predictions, job
+    estimates and actuals, measurement batches."""
+
+    code = "too_many_items"
+
+
 class PrecisionNotSupportedError(LayercastError):
     """The device lacks the arithmetic the requested precision needs (bf16 before Ampere, tf32 before
     Ampere, fp16 on Kepler/Maxwell): never answered silently in fp32."""
@@ -150,6 +157,14 @@ class StackNotSupportedError(LayercastError):
 
     status_code = 422
     code = "stack_not_supported"
+
+
+class NoCostedLayers(LayercastError):
+    """No layer of the graph has a cost formula (every op unsupported): a job or comparison row of it would be
+    0 s and $0, which a scheduler or a ranking would take at face value (422)."""
+
+    status_code = 422
+    code = "no_costed_layers"
 
 
 class LimitExceeded(LayercastError):

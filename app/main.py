@@ -142,9 +142,24 @@ async def _handle_layercast_error(_request: Request, exc: Exception) -> JSONResp
     return ProblemResponse(exc.to_problem(), status_code=exc.status_code)
 
 
-async def _handle_validation_error(_request: Request, exc: Exception) -> JSONResponse:
+def _is_json_type(content_type: str) -> bool:
+    """Whether a ``Content-Type`` media type (parameters stripped, lower case) is JSON (``application/json``
+    or ``application/<x>+json``), the types FastAPI parses a JSON body from."""
+    return content_type == "application/json" or (content_type.startswith("application/")
+                                                  and content_type.endswith("+json"))
+
+
+async def _handle_validation_error(request: Request, exc: Exception) -> JSONResponse:
+    """422 ``validation_error`` listing the errors, or 422 ``invalid_request`` naming the content type when the
+    whole JSON body was refused because it came under a non-JSON ``Content-Type`` (FastAPI then does not parse
+    it: ``curl -d`` without ``-H 'content-type: application/json'`` sends form encoding)."""
     assert isinstance(exc, RequestValidationError)
     errors = clean_validation_errors(exc.errors())
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype and not _is_json_type(ctype) and any(tuple(e.get("loc", ())) == ("body",) for e in errors):
+        return problem(422, "invalid_request",
+                       f"unsupported content type {ctype!r}: this route takes a JSON body (application/json)",
+                       {"content_type": ctype})
     return problem(422, "validation_error", validation_message("request validation failed", errors), {"errors": errors})
 
 
@@ -246,6 +261,29 @@ async def _handle_unexpected(request: Request, exc: Exception) -> JSONResponse:
 
 
 # ---------------------------------------------------------------------------------------- size guard
+
+
+class HeadAsGet:
+    """Answer ``HEAD`` as ``GET`` without the body (RFC 9110 9.3.2): FastAPI routes list GET only, so HEAD was
+    a 405 while every 405's ``Allow`` names HEAD beside GET. The request runs as GET (same status, headers and
+    ``Content-Length``); the body is dropped before it is sent. A path with no GET still answers 405."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_without_body(message: Message) -> None:
+            if message["type"] == "http.response.body":
+                if message.get("more_body", False):
+                    return
+                message = {"type": "http.response.body", "body": b"", "more_body": False}
+            await send(message)
+
+        await self.app({**scope, "method": "GET"}, receive, send_without_body)
 
 
 class BodySizeLimit:
@@ -655,6 +693,7 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = False
                            allow_methods=["GET", "POST", "PUT", "DELETE"],
                            allow_headers=["Authorization", "X-API-Key", "Content-Type", "Idempotency-Key"])
     app.add_middleware(HostAllowList, allowed_hosts=settings.host_allow_list())
+    app.add_middleware(HeadAsGet)  # inside RequestContext: the access log still says HEAD
     app.add_middleware(RequestContext)  # added last = outermost: ids and timing cover the guards too
 
     app.add_exception_handler(LayercastError, _handle_layercast_error_with_headers)

@@ -210,3 +210,34 @@ def test_a_repeated_query_parameter_is_refused_on_api_routes(client: TestClient)
     _assert_problem(response.json(), "invalid_request")
     assert response.json()["error"]["detail"] == {"repeated": ["batch_size"]}
     assert client.get(f"{layers}?batch_size=4&dims=").status_code == 200
+
+
+def test_a_json_body_sent_under_another_content_type_names_the_content_type(client: TestClient) -> None:
+    """``curl -d '{...}'`` without ``-H 'content-type: application/json'`` sends form encoding: the body was
+    answered "body: Input should be a valid dictionary", as if the JSON were wrong. It is a 422
+    ``invalid_request`` naming the content type, as ``POST /v1/graphs`` answers one it does not take."""
+    body = b'{"graph": {"input_shape": [4], "layers": [{"op": "relu"}]}, "hardware_id": "t4", "batch_size": 2}'
+    for ctype in ("application/x-www-form-urlencoded", "text/plain", "text/plain; charset=utf-8"):
+        response = client.post("/v1/predictions", content=body, headers={"content-type": ctype})
+        assert response.status_code == 422, response.text
+        _assert_problem(response.json(), "invalid_request")
+        assert "application/json" in response.json()["error"]["message"]
+        assert response.json()["error"]["detail"]["content_type"] == ctype.split(";")[0]
+    for headers in ({"content-type": "application/json"}, {"content-type": "application/json; charset=utf-8"}):
+        assert client.post("/v1/predictions", content=body, headers=headers).status_code == 200
+    wrong = client.post("/v1/predictions", content=b"[1]", headers={"content-type": "application/json"})
+    _assert_problem(wrong.json(), "validation_error")  # JSON that is not an object stays a validation error
+
+
+def test_head_is_served_wherever_get_is(client: TestClient) -> None:
+    """Every 405 lists HEAD in ``Allow`` beside GET (RFC 9110: a server supporting GET supports HEAD), yet
+    HEAD itself answered 405 everywhere, ``/healthz`` included (uptime checkers probe with HEAD). It is GET's
+    status and headers without the body now."""
+    for path, status in (("/healthz", 200), ("/v1/hardware", 200), ("/v1/graphs/nope", 404)):
+        got, head = client.get(path), client.head(path)
+        assert head.status_code == got.status_code == status, (path, head.text)
+        assert head.content == b""
+        assert head.headers["content-length"] == got.headers["content-length"]
+        assert head.headers["content-type"] == got.headers["content-type"]
+    post_only = client.head("/v1/predictions")
+    assert post_only.status_code == 405 and post_only.headers["allow"] == "POST"

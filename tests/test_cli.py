@@ -39,3 +39,19 @@ def test_hardware_list(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out.splitlines()
     assert out[0].split()[:3] == ["id", "name", "kind"]
     assert any(line.startswith("p100 ") for line in out)
+
+
+@pytest.mark.parametrize("name", ["", "   ", "ci\x00pipeline", "ci\npipeline", "k" * 201])
+def test_keys_create_refuses_a_name_no_one_can_read_or_store(name: str, sqlite_url: str,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """An empty or blank name (a key `keys list` cannot tell apart), control characters (NUL: PostgreSQL's
+    text refuses it, a traceback) or more than the column's 200 characters are exit 2, nothing stored."""
+    assert main(["keys", "--database-url", sqlite_url, "create", name, "--scope", "read"]) == 2
+    assert "layercast keys create:" in capsys.readouterr().err
+    engine = create_engine(sqlite_url, poolclass=pool.NullPool)
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT count(*) FROM api_keys").scalar() == 0
+    assert main(["keys", "--database-url", sqlite_url, "create", "ci-pipeline", "--scope", "read"]) == 0
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT count(*) FROM api_keys").scalar() == 1
+    engine.dispose()

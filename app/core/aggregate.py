@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -147,6 +147,19 @@ def layer_sums_of(
     return LayerSums(forward_ms=sum(forward_ms), backward_ms=sum(backward_ms), update_ms=sum(update_ms),
                      total_ms_p10=sum(total_ms_p10), total_ms_p90=sum(total_ms_p90), energy_j=energy_j,
                      forward_energy_j=forward_energy_j)  # fmt: skip
+
+
+def with_recompute(sums: LayerSums) -> LayerSums:
+    """``sums`` of a training step under activation checkpointing (torch.utils.checkpoint): backward runs
+    every segment's forward again before its own backward, so ``backward_ms`` gains ``forward_ms``, the step's
+    p10/p90 grow in proportion to its total, and the energy gains the forward's (``forward_energy_j``, kept as
+    one forward: evaluation passes are not recomputed)."""
+    total = sums.forward_ms + sums.backward_ms + sums.update_ms
+    scale = (total + sums.forward_ms) / total if total > 0 else 1.0
+    energy = (None if sums.energy_j is None or sums.forward_energy_j is None
+              else sums.energy_j + sums.forward_energy_j)
+    return replace(sums, backward_ms=sums.backward_ms + sums.forward_ms, total_ms_p10=sums.total_ms_p10 * scale,
+                   total_ms_p90=sums.total_ms_p90 * scale, energy_j=energy)
 
 
 @dataclass(frozen=True, slots=True)

@@ -143,8 +143,8 @@ def import_json(doc: Mapping[str, Any], *, batch_size: int = 1) -> Graph:
     shapes that do not chain, e.g. a conv kernel larger than its padded input), ``ValueError`` for a
     non-positive ``batch_size``, and for documents over the active :class:`app.core.limits.Limits`
     :class:`app.errors.GraphTooLarge` (more layers than ``max_nodes``) or
-    :class:`app.errors.LimitExceeded` (nesting over ``max_json_depth``, a tensor over the rank,
-    dimension or element bounds, or past ``import_timeout_s``).
+    :class:`app.errors.LimitExceeded` (nesting over ``max_json_depth``, a tensor (output, weight or buffer)
+    over the rank, dimension or element bounds, or past ``import_timeout_s``).
     """
     if batch_size <= 0:
         raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -189,7 +189,7 @@ def import_json(doc: Mapping[str, Any], *, batch_size: int = 1) -> Graph:
             unread.append((i, op, not_read))
         block = built if isinstance(built, list) else [built]
         for layer in block:
-            for t in layer.outputs:
+            for t in (*layer.outputs, *layer.weights, *layer.buffers):
                 limits.check_shape(t.shape, t.name)
         deadline.check()
         layers.extend(block)

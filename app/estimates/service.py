@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from app.core.aggregate import Aggregate, LayerSums
 from app.core.precision import PRECISION_SEMANTICS
 from app.core.vocab import Granularity, Pass
-from app.errors import InvalidRequest, LayercastError, PayloadTooLarge
+from app.errors import InvalidRequest, LayercastError, NoCostedLayers, TooManyItems
 from app.estimates import engine
 from app.estimates.calibration import MAX_ACTUAL_RATIO, UNCALIBRATED, Calibration, RatioStats, calibrate_stats
 from app.estimates.engine import GraphCache, Scenario
@@ -59,12 +59,6 @@ from app.predictor.metadata import JobCalibrationFit, RatioStatsModel
 from app.predictor.table import Estimates
 
 T = TypeVar("T")
-
-
-class TooManyItems(PayloadTooLarge):
-    """More items than one call accepts."""
-
-    code = "too_many_items"
 
 
 def _limit(items: Sequence[Any], limit: int, what: str) -> None:
@@ -156,7 +150,16 @@ def _job_request(job: JobSpec, **extra: Any) -> PredictionCreate:
 
 
 def _job_scenario(cache: GraphCache, job: JobSpec, **extra: Any) -> Scenario:
-    return cache.scenario(_job_request(job, **extra))
+    """The bound scenario of ``job`` (:meth:`GraphCache.scenario`, with its errors); raises
+    :class:`app.errors.NoCostedLayers` (422 ``no_costed_layers``) when no layer of the graph has a cost formula:
+    a job estimate or comparison row has no warnings to say that its 0 s means nothing."""
+    s = cache.scenario(_job_request(job, **extra))
+    analysis = s.analysis
+    if analysis.layer_count and analysis.unsupported_layer_count == analysis.layer_count:
+        ops = ", ".join(sorted({u.op_type for u in analysis.unsupported}))
+        raise NoCostedLayers(f"no layer of graph {job.graph_id!r} has a cost formula (op types {ops}): "
+                             "its job time would be 0 s", detail={"graph_id": job.graph_id})
+    return s
 
 
 @dataclass(frozen=True, slots=True)

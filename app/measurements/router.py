@@ -10,8 +10,10 @@ from fastapi.responses import StreamingResponse
 from pydantic import AwareDatetime
 
 from app.auth import PrincipalDep
+from app.core.precision import Precision as PrecisionMode
 from app.core.vocab import Granularity, Pass
 from app.deps import SessionDep, SessionFactoryDep
+from app.hardware.schemas import Precision
 from app.measurements import service
 from app.measurements.repository import MeasurementFilter
 from app.measurements.schemas import MeasurementBatchCreate, MeasurementBatchRead, MeasurementList
@@ -22,17 +24,19 @@ router = APIRouter(prefix="/v1/measurements", tags=["measurements"])
 
 _CREATE_ERRORS: dict[int | str, dict[str, Any]] = {
     409: {"model": ErrorResponse, "description": "idempotency_key_reused: the key was sent with another body"},
+    413: {"model": ErrorResponse, "description": "too_many_items (more than 5,000 rows), payload_too_large"},
     422: {"model": ErrorResponse, "description": "validation_error (detail.errors[].loc names the row index), "
           "invalid_measurements (detail.errors[]: index, code hardware_not_found | graph_not_found (a job row's "
           "config.graph_id) | reserved_source (an "
           "import's source; a job row of source scheduler: POST /v1/job-estimates/actuals) | "
+          "precision_not_supported | stack_not_supported (a configuration the device cannot run) | "
           "implausible_measurement (below 100 ns, above the bound of its granularity, below 0.25x the layer's "
           "roofline floor; time_ms_std above what repetitions within that bound can spread, or above 0 from 1 "
           "repetition; measured_at more than 1 day in the future), field), "
           "invalid_idempotency_key"},
 }
 _LIST_ERRORS: dict[int | str, dict[str, Any]] = {
-    422: {"model": ErrorResponse, "description": "validation_error: bad limit/offset/cursor or time; "
+    422: {"model": ErrorResponse, "description": "validation_error: bad limit/offset/cursor, time or precision; "
           "invalid_request: cursor with offset, empty time window"},
 }
 
@@ -41,14 +45,17 @@ def measurement_filter(
     hardware_id: str | None = None,
     source: str | None = None,
     op_kind: str | None = None,
-    precision: str | None = None,
+    precision: Annotated[PrecisionMode | Precision | None, Query(
+        description="a precision mode (fp32, fp32-strict, tf32, fp16, bf16) or a storage format (fp64, fp8, int8); "
+                    "any other value is a 422, never an empty page")] = None,
     pass_: Annotated[Pass | None, Query(alias="pass")] = None,
     granularity: Granularity | None = None,
     measured_from: Annotated[AwareDatetime | None, Query(description="measured_at >= this (inclusive)")] = None,
     measured_to: Annotated[AwareDatetime | None, Query(description="measured_at < this (exclusive)")] = None,
 ) -> MeasurementFilter:
     """The filters of a listing or export (every one optional; a time window drops rows without ``measured_at``)."""
-    return MeasurementFilter(hardware_id=hardware_id, source=source, op_kind=op_kind, precision=precision,
+    return MeasurementFilter(hardware_id=hardware_id, source=source, op_kind=op_kind,
+                             precision=getattr(precision, "value", precision),
                              pass_=None if pass_ is None else pass_.value,
                              granularity=None if granularity is None else granularity.value,
                              measured_from=measured_from, measured_to=measured_to)  # fmt: skip

@@ -69,7 +69,8 @@ MAX_BATCH = 5000
 class MeasurementBatchCreate(Schema):
     """``POST /v1/measurements``: 1 to :data:`MAX_BATCH` measurements, stored all or none."""
 
-    measurements: list[MeasurementCreate] = Field(min_length=1, max_length=MAX_BATCH)
+    measurements: list[MeasurementCreate] = Field(  # the count is checked by the service: 413 too_many_items
+        min_length=1, description=f"1 to {MAX_BATCH} rows (more: 413 too_many_items, as every batch endpoint)")
 
 
 class MeasurementBatchRead(Schema):
@@ -88,8 +89,8 @@ class MeasurementBatchRead(Schema):
 class RowError(Schema):
     """One bad row of a batch (``detail.errors`` of 422 ``invalid_measurements``): its 0-based ``index``
     in ``measurements``, a machine-readable ``code`` (``hardware_not_found``, ``graph_not_found``,
-    ``reserved_source``, ``implausible_measurement``, ``invalid_layer_config``), the ``field`` at fault and a
-    message."""
+    ``reserved_source``, ``implausible_measurement``, ``invalid_layer_config``, ``precision_not_supported``,
+    ``stack_not_supported``), the ``field`` at fault and a message."""
 
     index: int
     code: str

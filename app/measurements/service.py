@@ -21,14 +21,17 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.core.hardware import HardwareSpec
-from app.core.vocab import Granularity
-from app.errors import Conflict, HardwareNotFound, InvalidRequest, LayercastError
+from app.core.precision import Precision as PrecisionMode
+from app.core.precision import PrecisionNotSupported, check_precision
+from app.core.vocab import GPU_ONLY_STACKS, Granularity
+from app.errors import Conflict, HardwareNotFound, InvalidRequest, LayercastError, TooManyItems
 from app.graphs.repository import GraphRepository
 from app.hardware.service import get_spec
 from app.measurements.importers import IMPORT_SOURCES, MeasurementRecord, RecordStream
 from app.measurements.models import Measurement, MeasurementBatch
 from app.measurements.repository import MeasurementFilter, MeasurementRepository
 from app.measurements.schemas import (
+    MAX_BATCH,
     ImportReport,
     MeasurementBatchCreate,
     MeasurementBatchRead,
@@ -48,6 +51,7 @@ from app.measurements.validation import (
 )
 
 MAX_PAGE = 1000
+PRECISION_MODES = frozenset(p.value for p in PrecisionMode)
 
 
 def _file_key(record: MeasurementRecord) -> tuple[str, str, Any]:
@@ -200,7 +204,9 @@ def _row_errors(session: Session, repo: MeasurementRepository, rows: Sequence[Me
     ``config.graph_id``: the job's model must be one the service can predict), a time the device cannot have
     taken, a spread no repetitions have or a date in the future (``implausible_measurement``:
     :func:`app.measurements.validation.check_plausible`, :func:`~app.measurements.validation.check_spread`,
-    :func:`~app.measurements.validation.check_measured_at`)."""
+    :func:`~app.measurements.validation.check_measured_at`), and a configuration the device cannot run: a
+    precision mode it has no arithmetic for (``precision_not_supported``, :func:`app.core.precision.check_precision`)
+    or a GPU-only software stack on a CPU (``stack_not_supported``), as a prediction of it would answer."""
     known = repo.hardware_ids()
     graph_repo = GraphRepository(session)
     specs: dict[str, HardwareSpec] = {}
@@ -239,6 +245,18 @@ def _row_errors(session: Session, repo: MeasurementRepository, rows: Sequence[Me
             continue
         if row.hardware_id not in specs:
             specs[row.hardware_id] = get_spec(session, hardware_id=row.hardware_id)
+        spec = specs[row.hardware_id]
+        if spec.kind != "gpu" and row.software_stack in GPU_ONLY_STACKS:
+            errors.append(RowError(index=i, code="stack_not_supported", field="software_stack", message=(
+                f"software stack {row.software_stack.value!r} runs on GPUs only; {spec.id!r} is a "
+                f"{spec.kind.upper()}")))
+            continue
+        if str(row.precision) in PRECISION_MODES:  # a mode, not a storage format such as int8 or fp64
+            try:
+                check_precision(spec, str(row.precision))
+            except PrecisionNotSupported as exc:
+                errors.append(RowError(index=i, code=exc.code, field="precision", message=str(exc)))
+                continue
         try:
             check_plausible(time_ms=row.time_ms_median, granularity=row.granularity, config=dict(row.config),
                             batch_size=row.batch_size, spec=specs[row.hardware_id], precision=str(row.precision),
@@ -276,8 +294,12 @@ def create_measurements(
     (the key is claimed in a savepoint first; the loser replays the winner's answer once it committed). Raises
     :class:`InvalidIdempotencyKey` (422: not 1-255 printable ASCII characters) and
     :class:`InvalidMeasurements` (422, ``detail.errors``: a :class:`RowError` per bad row, at most
-    :data:`MAX_ROW_ERRORS`, plus ``invalid_rows`` and ``rows``). ``measured_at`` is stored in UTC. Flushes.
+    :data:`MAX_ROW_ERRORS`, plus ``invalid_rows`` and ``rows``) and :class:`app.errors.TooManyItems` (413) over
+    :data:`app.measurements.schemas.MAX_BATCH` rows. ``measured_at`` is stored in UTC. Flushes.
     """
+    if len(data.measurements) > MAX_BATCH:
+        raise TooManyItems(f"{len(data.measurements)} measurements exceed the limit of {MAX_BATCH} per call; "
+                           "split them", detail={"count": len(data.measurements), "limit": MAX_BATCH})
     if idempotency_key is not None and not _KEY.match(idempotency_key):
         raise InvalidIdempotencyKey(f"Idempotency-Key must be 1 to {MAX_KEY_LENGTH} printable ASCII characters",
                                     detail={"length": len(idempotency_key)})  # fmt: skip

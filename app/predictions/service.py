@@ -27,7 +27,9 @@ from app.core.aggregate import (
     LayerSums,
     LayerTime,
     aggregate,
+    layer_sums,
     layer_sums_of,
+    with_recompute,
 )
 from app.core.analysis import GraphAnalysis
 from app.core.collectives import (
@@ -102,7 +104,11 @@ def aggregation_input(
     sums: LayerSums | None = None,
 ) -> AggregationInput:
     """What :func:`app.core.aggregate.aggregate` needs from the request, the device and the footprint
-    (``sums``: :func:`app.core.aggregate.layer_sums` of ``times`` when the caller has them)."""
+    (``sums``: :func:`app.core.aggregate.layer_sums` of ``times`` when the caller has them). A training step
+    with ``activation_checkpointing`` adds the recomputed forward to backward
+    (:func:`app.core.aggregate.with_recompute`)."""
+    if training and request.activation_checkpointing:
+        sums = with_recompute(sums if sums is not None else layer_sums(times))
     n = request.device_count
     dp = None
     if n > 1:
@@ -556,8 +562,8 @@ def answer_warnings(analysis: GraphAnalysis, hw: HardwareSpec, request: Predicti
         warnings.append(f"hardware {hw.id!r} has no list price: give price_usd_per_hour for a cost")
     if request.activation_checkpointing:
         warnings.append(
-            f"activation checkpointing recomputes the forward pass in backward: about {it.forward_ms:.1f} ms more "
-            "per iteration, not included in the times above"
+            f"activation checkpointing recomputes the forward pass in backward: {it.forward_ms:.4g} ms more per "
+            "iteration, included in backward_ms and every total (the per-layer rows show one forward each)"
         )
     if not fits(fp, hw.memory_bytes):
         warnings.append(

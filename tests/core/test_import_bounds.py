@@ -123,3 +123,17 @@ def test_json_text_problem_finds_what_json_loads_refuses_without_a_decode_error(
 def test_json_text_problem_passes_what_json_loads_reads(body: bytes) -> None:
     json.loads(body)
     assert json_text_problem(body) is None
+
+
+@pytest.mark.parametrize("layer", [
+    {"op": "linear", "out_features": 2**31 - 1},          # a 3072 x 2^31 weight: 6.6e12 elements
+    {"op": "embedding", "num_embeddings": 2**31 - 1, "embedding_dim": 2**20},
+])
+def test_json_weights_are_held_to_the_tensor_element_bound(layer: dict) -> None:
+    """A JSON layer's weights are tensors too: a weight over ``max_tensor_elements`` is refused like an
+    activation is (it was stored, and its parameter and FLOP counts overflowed 64-bit integers)."""
+    shape = [3072] if layer["op"] == "linear" else [8]
+    with pytest.raises(LimitExceeded) as info:
+        import_json({"input_shape": shape, "input_dtype": "float32" if layer["op"] == "linear" else "int64",
+                     "layers": [layer]})
+    assert info.value.detail["limit"] == "tensor_elements"

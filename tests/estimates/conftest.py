@@ -52,3 +52,15 @@ def _custom(client: TestClient, **changes: object) -> str:
     r = client.post("/v1/hardware", json={k: v for k, v in spec.items() if v is not None})
     assert r.status_code == 201, r.text
     return str(changes["id"])
+
+
+@pytest.fixture
+def custom_op_id(client: TestClient) -> str:
+    """A graph whose only layer is a custom-domain op: nothing in it has a cost formula."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("MyCustomOp", ["x"], ["y"], domain="custom")], "custom-only",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("custom", 1)])
+    return upload(client, model.SerializeToString(), "custom-only")

@@ -142,3 +142,11 @@ def test_a_repeated_device_or_device_count_is_one_row(client: TestClient, resnet
     rows = _compare(client, resnet_id, hardware_ids=["t4", "a100-sxm4-40gb", "t4"], device_counts=[2, 1, 2])["rows"]
     assert sorted((r["hardware_id"], r["device_count"]) for r in rows) == [
         ("a100-sxm4-40gb", 1), ("a100-sxm4-40gb", 2), ("t4", 1), ("t4", 2)]
+
+
+def test_a_graph_with_no_costable_layer_has_no_rows(client: TestClient, custom_op_id: str) -> None:
+    """Its rows were 0 s, $0 and on the Pareto front; every pair is unavailable with the reason instead."""
+    body = _compare(client, custom_op_id, hardware_ids=["a100-sxm4-40gb", "h100-sxm"])
+    assert body["rows"] == []
+    assert [(u["hardware_id"], u["code"]) for u in body["unavailable"]] == [
+        ("a100-sxm4-40gb", "no_costed_layers"), ("h100-sxm", "no_costed_layers")]

@@ -262,3 +262,16 @@ def test_numbers_sent_as_strings_are_422_and_json_ints_still_pass(client: TestCl
     ok = client.post("/v1/job-estimates/actuals", json={"actuals": [{**job, "measured_s": 100, "epochs": 2}]})
     assert ok.status_code == 201, ok.text
     assert client.post("/v1/predictions", json={**job, "epochs": 2, "price_usd_per_hour": 3}).status_code == 200
+
+
+def test_a_graph_with_no_costable_layer_fails_its_job_instead_of_taking_zero_seconds(
+        client: TestClient, resnet_id: str, custom_op_id: str) -> None:
+    """A job estimate has no warnings to say its time means nothing: a graph none of whose layers has a cost
+    formula answered p50 = p90 = 0 s, which a scheduler would pack as free. It is a per-job error now, and
+    an actual of it is refused (its ratio to a zero estimate is undefined)."""
+    est = _estimate(client, [_job(custom_op_id), _job(resnet_id)])
+    assert [(e["error"] or {}).get("code") for e in est] == ["no_costed_layers", None]  # type: ignore[union-attr]
+    assert est[0]["p50_s"] is None and est[1]["p50_s"] > 0
+    r = client.post("/v1/job-estimates/actuals", json={"actuals": [{**_job(custom_op_id), "measured_s": 100.0}]})
+    assert r.status_code == 201, r.text
+    assert r.json()["recorded"] == 0 and r.json()["actuals"][0]["error"]["code"] == "no_costed_layers"

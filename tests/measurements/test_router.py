@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 import app.main
 from app.config import REPO_ROOT, Settings
 from app.measurements import service
+from app.measurements.schemas import MAX_BATCH
 from app.migrate import upgrade
 
 
@@ -91,6 +92,24 @@ def test_a_job_row_naming_a_graph_that_is_not_stored_is_refused(client: TestClie
         (1, "graph_not_found", "config.graph_id"), (2, "graph_not_found", "config.graph_id")]
     assert client.get("/v1/measurements").json()["total"] == 0
     assert _post(client, rows[0], rows[3]).status_code == 201  # a stored graph, or none named
+
+
+def test_a_row_the_device_cannot_have_run_is_refused(client: TestClient) -> None:
+    """A precision the device has no arithmetic for (bf16 on a K80) or a GPU-only stack on a CPU is refused
+    with the code a prediction of it answers: such a time was not measured as labelled, and stored it would
+    train the predictor on a configuration that cannot exist."""
+    rows = [{**BODY, "hardware_id": "k80"},                                            # bf16 on Kepler
+            {**BODY, "hardware_id": "local", "precision": "fp32", "software_stack": "cuda-library"},
+            {**BODY, "hardware_id": "local", "precision": "fp32"},                       # fine
+            {**BODY, "hardware_id": "k80", "precision": "fp32"}]                          # fine
+    response = _post(client, *rows)
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["code"] == "invalid_measurements"
+    assert [(e["index"], e["code"], e["field"]) for e in error["detail"]["errors"]] == [
+        (0, "precision_not_supported", "precision"), (1, "stack_not_supported", "software_stack")]
+    assert client.get("/v1/measurements").json()["total"] == 0
+    assert _post(client, rows[2], rows[3]).status_code == 201
 
 
 def test_schema_errors_name_the_row_index(client: TestClient) -> None:
@@ -202,3 +221,28 @@ def test_openapi_lists_errors(client: TestClient) -> None:
     post = paths["/v1/measurements"]["post"]
     assert {"201", "409", "422"} <= set(post["responses"])
     assert "/v1/measurements.csv" in paths
+
+
+@pytest.mark.parametrize("path", ["/v1/measurements", "/v1/measurements.csv"])
+def test_a_precision_filter_no_row_can_have_is_422_not_an_empty_page(client: TestClient, path: str) -> None:
+    """``pass`` and ``granularity`` filters were checked, ``precision`` was not: a typo (``fp23``, ``float32``)
+    answered an empty listing, indistinguishable from "no such measurements"."""
+    assert _post(client, BODY).status_code == 201
+    response = client.get(path, params={"precision": "float32"})
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["code"] == "validation_error"
+    for precision, rows in (("bf16", 1), ("fp32-strict", 0), ("int8", 0)):
+        listed = client.get("/v1/measurements", params={"precision": precision})
+        assert listed.status_code == 200 and listed.json()["total"] == rows
+
+
+def test_a_batch_over_the_row_limit_is_413_too_many_items_like_the_other_batch_endpoints(
+        client: TestClient) -> None:
+    """Batch predictions and job estimates answer a call over their item limit 413 ``too_many_items``;
+    measurements answered 422 ``validation_error`` for the same mistake."""
+    response = _post(client, *[BODY] * (MAX_BATCH + 1))
+    assert response.status_code == 413, response.text
+    error = response.json()["error"]
+    assert error["code"] == "too_many_items"
+    assert error["detail"] == {"count": MAX_BATCH + 1, "limit": MAX_BATCH}
+    assert client.get("/v1/measurements").json()["total"] == 0

@@ -375,3 +375,22 @@ def test_a_cpu_costs_the_attention_core_as_its_parts_and_says_so(client: TestCli
     assert all(r["method"] == "learned" for r in cpu["layers"] if r["op_type"] in ("MatMul", "Softmax"))
     assert "NOT fused" in cpu["assumptions"]["fusion"] and "NOT fused" not in gpu["assumptions"]["fusion"]
     assert "SDPA" in gpu["assumptions"]["fusion"]
+
+
+def test_activation_checkpointing_costs_the_recomputed_forward(client: TestClient, resnet_id: str) -> None:
+    """Checkpointing recomputes the forward pass in backward (torch.utils.checkpoint): the step was answered
+    at the plain step's time (the warning said so), so the epoch and job under checkpointing read ~1/3 too
+    fast. The recompute is in backward_ms and every total now; the layers' own rows stay one forward each."""
+    body = {"graph_id": resnet_id, "hardware_id": "v100-sxm2-16gb", "batch_size": 128, "optimizer": "momentum",
+            "dataset_size": 50_000, "epochs": 2}
+    plain = _predict(client, **body).json()
+    ck = _predict(client, **body, activation_checkpointing=True).json()
+    p, c = plain["iteration"], ck["iteration"]
+    assert c["forward_ms"] == pytest.approx(p["forward_ms"])
+    assert c["backward_ms"] == pytest.approx(p["backward_ms"] + p["forward_ms"])
+    assert c["time_ms"] == pytest.approx(p["time_ms"] + p["forward_ms"])
+    assert c["time_ms_p10"] > p["time_ms_p10"] and c["time_ms_p90"] > p["time_ms_p90"]
+    assert c["energy_j"] > p["energy_j"]
+    assert ck["epoch"]["time_s"] == pytest.approx(ck["epoch"]["iterations_per_epoch"] * c["time_ms"] / 1e3)
+    assert ck["job"]["time_s"] == pytest.approx(2 * ck["epoch"]["time_s"])
+    assert any("included" in w for w in ck["warnings"] if "recomputes the forward pass" in w)
