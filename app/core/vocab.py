@@ -39,6 +39,13 @@ class SoftwareStack(StrEnum):
 GPU_ONLY_STACKS: frozenset[SoftwareStack] = frozenset({SoftwareStack.PYTORCH_CUDA_GRAPH, SoftwareStack.CUDA_LIBRARY})
 
 
+def stack_runs_on(stack: SoftwareStack, hardware_kind: str) -> bool:
+    """Whether ``stack`` can launch work on a device of ``hardware_kind`` (``"gpu"`` or ``"cpu"``): every stack
+    on a GPU, all but :data:`GPU_ONLY_STACKS` elsewhere. The one test behind the predictions' and the
+    measurements' ``stack_not_supported``."""
+    return hardware_kind == "gpu" or stack not in GPU_ONLY_STACKS
+
+
 class Granularity(StrEnum):
     """What one measured time covers.
 

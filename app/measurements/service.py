@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.core.hardware import HardwareSpec
 from app.core.precision import Precision as PrecisionMode
 from app.core.precision import PrecisionNotSupported, check_precision
-from app.core.vocab import GPU_ONLY_STACKS, Granularity
+from app.core.vocab import Granularity, stack_runs_on
 from app.errors import Conflict, HardwareNotFound, InvalidRequest, LayercastError, TooManyItems
 from app.graphs.repository import GraphRepository
 from app.hardware.service import get_spec
@@ -246,7 +246,7 @@ def _row_errors(session: Session, repo: MeasurementRepository, rows: Sequence[Me
         if row.hardware_id not in specs:
             specs[row.hardware_id] = get_spec(session, hardware_id=row.hardware_id)
         spec = specs[row.hardware_id]
-        if spec.kind != "gpu" and row.software_stack in GPU_ONLY_STACKS:
+        if not stack_runs_on(row.software_stack, spec.kind):
             errors.append(RowError(index=i, code="stack_not_supported", field="software_stack", message=(
                 f"software stack {row.software_stack.value!r} runs on GPUs only; {spec.id!r} is a "
                 f"{spec.kind.upper()}")))

@@ -61,7 +61,7 @@ from app.core.precision import (
     check_precision,
     storage_precision,
 )
-from app.core.vocab import GPU_ONLY_STACKS, SoftwareStack
+from app.core.vocab import GPU_ONLY_STACKS, SoftwareStack, stack_runs_on
 from app.errors import NoInterconnect, PrecisionNotSupportedError, StackNotSupportedError
 from app.graphs import service as graphs
 from app.graphs.importer import canonical_json
@@ -460,7 +460,7 @@ def check_stack(hw: HardwareSpec, software_stack: SoftwareStack) -> None:
     """Raise :class:`StackNotSupportedError` (422 ``stack_not_supported``) when ``software_stack`` cannot run
     on ``hw``'s kind of device: a GPU-only stack (:data:`app.core.vocab.GPU_ONLY_STACKS`: CUDA graphs, CUDA
     libraries) on a CPU. Never answered as another stack."""
-    if hw.kind != "gpu" and software_stack in GPU_ONLY_STACKS:
+    if not stack_runs_on(software_stack, hw.kind):
         raise StackNotSupportedError(
             f"software stack {software_stack.value!r} runs on GPUs only; {hw.id!r} is a {hw.kind.upper()} "
             f"(CPU devices take {', '.join(s.value for s in SoftwareStack if s not in GPU_ONLY_STACKS)})",
