@@ -106,6 +106,19 @@ class NoInterconnect(LayercastError):
     code = "no_interconnect"
 
 
+class TooManyDevicesPerNode(LayercastError):
+    """More devices in one node (``device_count / nodes``) than a node holds
+    (:data:`app.core.collectives.MAX_DEVICES_PER_NODE`, an 8-GPU DGX/HGX node): never costed as one NVLink
+    domain of that many devices.
+
+    ``detail``: ``device_count``, ``nodes``, ``devices_per_node``, ``max_devices_per_node`` and ``nodes_needed``
+    (``ceil(device_count / max_devices_per_node)``: the fewest nodes to ask for).
+    """
+
+    status_code = 422
+    code = "too_many_devices_per_node"
+
+
 class Conflict(LayercastError):
     status_code = 409
     code = "conflict"

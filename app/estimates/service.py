@@ -72,7 +72,7 @@ def _attempt(fn: Callable[[], T]) -> T | ItemError:
     try:
         return fn()
     except LayercastError as exc:
-        return ItemError(code=exc.code, message=exc.message)
+        return ItemError(code=exc.code, message=exc.message, detail=exc.detail)
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         return ItemError(code="validation_error", message=str(first.get("msg", exc)))
@@ -421,7 +421,8 @@ def compare(session: Session, predictor: Predictor, *, request: ComparisonCreate
             s = _attempt(partial(_job_scenario, cache, job, price_usd_per_hour=request.price_usd_per_hour.get(hw_id),
                                  **extra))
             if isinstance(s, ItemError):
-                unavailable.append(Unavailable(hardware_id=hw_id, device_count=n, code=s.code, reason=s.message))
+                unavailable.append(Unavailable(hardware_id=hw_id, device_count=n, code=s.code, reason=s.message,
+                                               detail=s.detail))
             else:
                 scenarios.append(s)
     sweep = request.sweep
@@ -435,7 +436,7 @@ def compare(session: Session, predictor: Predictor, *, request: ComparisonCreate
         row = _attempt(partial(_comparison_row, cache, s, sums))
         if isinstance(row, ItemError):
             unavailable.append(Unavailable(hardware_id=s.hardware.id, device_count=s.request.device_count,
-                                           code=row.code, reason=row.message))
+                                           code=row.code, reason=row.message, detail=row.detail))
         else:
             rows.append(row)
     mark_pareto(rows)

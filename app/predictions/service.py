@@ -36,7 +36,9 @@ from app.core.collectives import (
     BANDWIDTH_EFFICIENCY,
     DEFAULT_NETWORK_BANDWIDTH_BYTES_PER_S,
     DEFAULT_NETWORK_LATENCY_S,
+    MAX_DEVICES_PER_NODE,
     Link,
+    nodes_needed,
 )
 from app.core.energy import IDLE_FRACTION_OF_TDP, J_PER_KWH, idle_power_w
 from app.core.fusion import rules_for_stack
@@ -62,7 +64,7 @@ from app.core.precision import (
     storage_precision,
 )
 from app.core.vocab import GPU_ONLY_STACKS, SoftwareStack, stack_runs_on
-from app.errors import NoInterconnect, PrecisionNotSupportedError, StackNotSupportedError
+from app.errors import NoInterconnect, PrecisionNotSupportedError, StackNotSupportedError, TooManyDevicesPerNode
 from app.graphs import service as graphs
 from app.graphs.importer import canonical_json
 from app.hardware import service as hardware_service
@@ -80,6 +82,27 @@ from app.predictions.schemas import (
 )
 from app.predictor.base import BACKWARD_SEMANTICS, LayerTimeEstimate, LayerTimeQuery, Predictor
 from app.predictor.table import Estimates, LayerTable, Roofline, Setting, roofline_for
+
+
+def check_devices_per_node(request: PredictionCreate) -> None:
+    """Refuse a request that puts more devices in one node (``device_count / nodes``) than a node holds
+    (:data:`app.core.collectives.MAX_DEVICES_PER_NODE`): such a ring would be costed over one intra-node link
+    no 8-GPU node has. Hardware-independent, so checked before the device and the graph are looked up.
+
+    Raises :class:`TooManyDevicesPerNode` (422 ``too_many_devices_per_node``; ``detail.nodes_needed``
+    = ``ceil(device_count / MAX_DEVICES_PER_NODE)``).
+    """
+    per_node = request.device_count // max(request.nodes, 1)
+    if per_node <= MAX_DEVICES_PER_NODE:
+        return
+    needed = nodes_needed(request.device_count)
+    raise TooManyDevicesPerNode(
+        f"{per_node} devices in one node ({request.device_count} over {request.nodes} node(s)) exceed the "
+        f"{MAX_DEVICES_PER_NODE} an 8-GPU DGX/HGX node holds: spread device_count {request.device_count} over "
+        f"at least {needed} nodes (device_count must divide evenly over them)",
+        detail={"device_count": request.device_count, "nodes": request.nodes, "devices_per_node": per_node,
+                "max_devices_per_node": MAX_DEVICES_PER_NODE, "nodes_needed": needed},
+    )
 
 
 def check_interconnect(hw: HardwareSpec, request: PredictionCreate) -> None:
@@ -500,8 +523,10 @@ def predict(session: Session, predictor: Predictor, *, request: PredictionCreate
     Raises :class:`GraphNotFound`/:class:`HardwareNotFound` (404) for unknown ids,
     :class:`InvalidGraph`/:class:`UnboundDimension` (422) for graphs that cannot be imported at the
     requested binding, :class:`PrecisionNotSupportedError` (422) for a precision the device lacks,
-    :class:`StackNotSupportedError` (422) for a GPU-only software stack on a CPU.
+    :class:`StackNotSupportedError` (422) for a GPU-only software stack on a CPU,
+    :class:`TooManyDevicesPerNode` (422) for more than 8 devices in a node.
     """
+    check_devices_per_node(request)  # before any lookup: it depends on the request alone
     if request.hardware_id is not None:
         hw = hardware_service.get_spec(session, hardware_id=request.hardware_id)
     else:
@@ -592,7 +617,8 @@ def estimate(
     binding, device, precision, mode and optimizer only).
 
     Raises :class:`PrecisionNotSupportedError` (422) when ``hw`` lacks the requested precision,
-    :class:`StackNotSupportedError` (422) for a GPU-only software stack on a CPU and
+    :class:`StackNotSupportedError` (422) for a GPU-only software stack on a CPU,
+    :class:`TooManyDevicesPerNode` (422) for more than 8 devices in a node and
     :class:`NoInterconnect` (422) for several devices on hardware without an interconnect; ``ValueError`` when
     ``analysis`` was fused for another kind of device than ``hw`` (a caller's bug: what is fused depends on it).
     """
@@ -600,6 +626,7 @@ def estimate(
         raise ValueError(f"analysis fused for a {analysis.fusion_hardware_kind} answers a {hw.kind} device")
     precision = checked_precision(hw, request.precision)
     check_stack(hw, request.software_stack)
+    check_devices_per_node(request)
     check_interconnect(hw, request)
     training = request.mode == "training"
     optimizer = request.optimizer if training else "none"

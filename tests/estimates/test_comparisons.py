@@ -150,3 +150,25 @@ def test_a_graph_with_no_costable_layer_has_no_rows(client: TestClient, custom_o
     assert body["rows"] == []
     assert [(u["hardware_id"], u["code"]) for u in body["unavailable"]] == [
         ("a100-sxm4-40gb", "no_costed_layers"), ("h100-sxm", "no_costed_layers")]
+
+
+def test_more_devices_in_a_node_than_a_node_holds_are_unavailable_rows(client: TestClient, resnet_id: str) -> None:
+    """A count over 8 in one node used to be answered as one NVLink ring of that many GPUs; its rows are
+    unavailable with the code and the nodes it needs, the other rows answered."""
+    body = _compare(client, resnet_id, hardware_ids=["a100-sxm4-80gb", "h100-sxm"], device_counts=[8, 16])
+    assert sorted((r["hardware_id"], r["device_count"]) for r in body["rows"]) == [
+        ("a100-sxm4-80gb", 8), ("h100-sxm", 8)]
+    assert sorted((u["hardware_id"], u["device_count"], u["code"]) for u in body["unavailable"]) == [
+        ("a100-sxm4-80gb", 16, "too_many_devices_per_node"), ("h100-sxm", 16, "too_many_devices_per_node")]
+    assert all(u["detail"]["nodes_needed"] == 2 and "2 nodes" in u["reason"] for u in body["unavailable"])
+    # devices_per_node above what a node holds: the rows that would put more than 8 in a node are unavailable
+    body = _compare(client, resnet_id, hardware_ids=["a100-sxm4-80gb"], device_counts=[4, 32],
+                    devices_per_node=16)
+    assert [r["device_count"] for r in body["rows"]] == [4]
+    [u] = body["unavailable"]
+    assert (u["device_count"], u["code"], u["detail"]["devices_per_node"], u["detail"]["nodes_needed"]) == (
+        32, "too_many_devices_per_node", 16, 4)
+    # the default catalog comparison does not fail as a whole either
+    everything = _compare(client, resnet_id, device_counts=[16])
+    assert everything["rows"] == [] and everything["unavailable"]
+    assert {u["code"] for u in everything["unavailable"]} == {"too_many_devices_per_node"}
