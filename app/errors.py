@@ -84,6 +84,17 @@ class ConflictingName(LayercastError):
     code = "conflicting_name"
 
 
+class ConflictingHardware(LayercastError):
+    """An inline hardware spec under an id that names a stored device (catalog, ``local`` or custom) says
+    something else than the stored entry: neither silently wins, one id never answers for two devices.
+
+    ``detail``: ``hardware_id`` and ``fields`` (the names of the fields that differ, sorted).
+    """
+
+    status_code = 422
+    code = "conflicting_hardware"
+
+
 class MalformedJson(LayercastError):
     """A JSON body that ``json.loads`` refuses with something other than a ``JSONDecodeError`` (bytes that are
     not UTF-8/16/32 text, an integer literal over Python's digit limit: :func:`app.core.limits.json_text_problem`),

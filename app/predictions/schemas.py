@@ -24,7 +24,11 @@ class PredictionCreate(Schema):
     hardware_id: Identifier | None = Field(
         default=None, description="catalog id, e.g. 'p100', 'a100-sxm4-40gb', 'local'"
     )
-    hardware: HardwareCreate | None = Field(default=None, description="inline custom hardware spec")
+    hardware: HardwareCreate | None = Field(
+        default=None, description="inline custom hardware spec. Under the id of a stored device (catalog, 'local' "
+                                  "or custom) it is that device: the fields it gives must equal the stored ones "
+                                  "(else a 422 conflicting_hardware naming them in detail.fields). Its own price "
+                                  "answers with price_source 'request.hardware'")
     batch_size: int = Field(strict=True, gt=0, le=1_000_000)
     mode: Mode = "training"
     optimizer: Optimizer = Field(default="sgd", description="ignored (treated as 'none') in inference mode")

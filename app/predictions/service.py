@@ -184,7 +184,9 @@ def _data_parallel_assumption(request: PredictionCreate, hw: HardwareSpec) -> st
 
 
 def _price(request: PredictionCreate, hw: HardwareSpec) -> tuple[float | None, str | None]:
-    """Price per device-hour and where it comes from: the request's override, else the catalog list price."""
+    """Price per device-hour and where it comes from: the request's override (``"request"``), else the device's
+    price and its source: the catalog's dated list price, ``"request.hardware"`` for an inline spec's own
+    (:func:`app.hardware.service.resolve_inline`), ``"catalog"`` for a stored price without a source."""
     if request.price_usd_per_hour is not None:
         return request.price_usd_per_hour, "request"
     if hw.price_usd_per_hour is not None:
@@ -524,14 +526,17 @@ def predict(session: Session, predictor: Predictor, *, request: PredictionCreate
     :class:`InvalidGraph`/:class:`UnboundDimension` (422) for graphs that cannot be imported at the
     requested binding, :class:`PrecisionNotSupportedError` (422) for a precision the device lacks,
     :class:`StackNotSupportedError` (422) for a GPU-only software stack on a CPU,
-    :class:`TooManyDevicesPerNode` (422) for more than 8 devices in a node.
+    :class:`TooManyDevicesPerNode` (422) for more than 8 devices in a node, :class:`ConflictingHardware` (422)
+    for an inline spec under a stored device's id that differs from it
+    (:func:`app.hardware.service.resolve_inline`).
     """
     check_devices_per_node(request)  # before any lookup: it depends on the request alone
+    unchecked = None
     if request.hardware_id is not None:
         hw = hardware_service.get_spec(session, hardware_id=request.hardware_id)
     else:
         assert request.hardware is not None
-        hw = hardware_service.spec_from_inline(request.hardware)
+        hw, unchecked = hardware_service.resolve_inline(session, data=request.hardware)
     check_stack(hw, request.software_stack)  # before the import: a refused request costs no analysis
     # analysed for the device's kind: what the stack fuses on a GPU and on a CPU differs (app.core.fusion)
     if request.graph_id is not None:
@@ -542,7 +547,10 @@ def predict(session: Session, predictor: Predictor, *, request: PredictionCreate
         content = canonical_json(request.graph.model_dump())
         bound = graphs.bound_inline(content, batch_size=request.per_device_batch_size, dims=request.dims,
                                     software_stack=request.software_stack, hardware_kind=hw.kind)
-    return estimate(bound.analysis, hw, predictor, request=request, graph_id=bound.graph_id, bound=bound)
+    answer = estimate(bound.analysis, hw, predictor, request=request, graph_id=bound.graph_id, bound=bound)
+    if unchecked is not None:
+        answer.warnings.append(unchecked)
+    return answer
 
 
 def answer_warnings(analysis: GraphAnalysis, hw: HardwareSpec, request: PredictionCreate, *, estimates: Estimates,
