@@ -95,6 +95,16 @@ class ConflictingHardware(LayercastError):
     code = "conflicting_hardware"
 
 
+class DuplicateBatchSizes(LayercastError):
+    """A batch-size sweep names a batch size more than once (each would be the same row again).
+
+    ``detail``: ``duplicates`` (the repeated sizes, ascending).
+    """
+
+    status_code = 422
+    code = "duplicate_batch_sizes"
+
+
 class MalformedJson(LayercastError):
     """A JSON body that ``json.loads`` refuses with something other than a ``JSONDecodeError`` (bytes that are
     not UTF-8/16/32 text, an integer literal over Python's digit limit: :func:`app.core.limits.json_text_problem`),

@@ -35,8 +35,10 @@ _BATCH_ERRORS: dict[int | str, dict[str, Any]] = {
 _COMPARE_ERRORS: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorResponse, "description": "graph_not_found"},
     422: {"model": ErrorResponse, "description": "validation_error, invalid_graph, unbound_dimension, "
-                                                 "unknown_dimension, invalid_request; for the sweep's device also "
-                                                 "precision_not_supported, stack_not_supported, no_costed_layers"},
+                                                 "unknown_dimension, invalid_request, duplicate_batch_sizes (a "
+                                                 "sweep batch size given twice; detail.duplicates); for the "
+                                                 "sweep's device also precision_not_supported, "
+                                                 "stack_not_supported, no_costed_layers"},
 }
 
 

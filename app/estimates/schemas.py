@@ -191,7 +191,9 @@ class BatchSweep(Schema):
     """Time per sample and memory fit against the batch size on one device."""
 
     hardware_id: Identifier
-    batch_sizes: list[_BatchSize] = Field(min_length=1, max_length=64)
+    batch_sizes: list[_BatchSize] = Field(
+        min_length=1, max_length=64,
+        description="each once (a size given twice is a 422 duplicate_batch_sizes); answered in ascending order")
 
 
 class ComparisonCreate(Schema):
@@ -275,5 +277,5 @@ class ComparisonRead(Schema):
     sort_by: SortKey
     rows: list[ComparisonRow]
     unavailable: list[Unavailable]
-    sweep: list[SweepRow] | None
+    sweep: list[SweepRow] | None = Field(description="one row per sweep batch size, ascending")
     assumptions: dict[str, str]

@@ -68,15 +68,25 @@ def test_pareto_front_and_sorting(client: TestClient, resnet_id: str, node: str)
 
 def test_batch_sweep(client: TestClient, resnet_id: str) -> None:
     body = _compare(client, resnet_id, hardware_ids=["v100-sxm2-16gb"],
-                    sweep={"hardware_id": "v100-sxm2-16gb", "batch_sizes": [8, 32, 128, 512, 2048]})
+                    sweep={"hardware_id": "v100-sxm2-16gb", "batch_sizes": [512, 8, 2048, 32, 128]})
     sweep = body["sweep"]
-    assert [s["batch_size"] for s in sweep] == [8, 32, 128, 512, 2048]
+    assert [s["batch_size"] for s in sweep] == [8, 32, 128, 512, 2048]  # ascending, whatever the order given
     assert sweep[0]["time_per_sample_ms"] > sweep[2]["time_per_sample_ms"]  # larger batches amortise
     peaks = [s["peak_memory_bytes"] for s in sweep]
     assert peaks == sorted(peaks)
     assert sweep[0]["fits"] and not sweep[-1]["fits"]  # 2,048 ResNet-50 samples overflow 16 GB
     largest = body["rows"][0]["largest_batch_size_that_fits"]
     assert all(s["fits"] == (s["batch_size"] <= largest) for s in sweep)
+
+
+def test_a_batch_size_given_twice_in_the_sweep_is_a_422_naming_it(client: TestClient, resnet_id: str) -> None:
+    """It used to answer the same sweep row twice."""
+    r = client.post("/v1/comparisons", json={"graph_id": resnet_id, **JOB, "hardware_ids": ["p100"],
+                                             "sweep": {"hardware_id": "p100", "batch_sizes": [64, 8, 32, 8, 64, 8]}})
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["code"] == "duplicate_batch_sizes" and error["detail"]["duplicates"] == [8, 64]
+    assert "8, 64" in error["message"]
 
 
 def test_gpu_only_stack_lists_cpus_as_unavailable_like_a_missing_precision(client: TestClient,
