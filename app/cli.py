@@ -22,6 +22,7 @@ from the environment
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -216,8 +217,34 @@ def _keys(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+#: Exit status of a command whose output pipe closed early (``layercast hardware list | head -1``): 128 +
+#: SIGPIPE (13), what a shell reports for a command SIGPIPE ended.
+EXIT_BROKEN_PIPE = 141
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``layercast`` console script; returns the process exit code."""
+    """Entry point of the ``layercast`` console script; returns the process exit code.
+
+    Output into a pipe whose reader is gone (``| head -1``) ends the command quietly with
+    :data:`EXIT_BROKEN_PIPE`: stdout is flushed before returning (or exiting), so the BrokenPipeError surfaces
+    here rather than at interpreter exit, and is then pointed at ``os.devnull`` so the final flush of what is
+    still buffered cannot fail again (the recipe of the Python docs, "Note on SIGPIPE" in the signal module).
+    argparse's own ``--help`` swallows the error itself and exits 0, as quietly.
+    """
+    try:
+        try:
+            return _run(argv)
+        finally:
+            sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
+
+
+def _run(argv: Sequence[str] | None) -> int:
+    """:func:`main` without the closed-pipe handling."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in DELEGATED:  # everything after the command belongs to it, --help included
         return _delegate(argv[0], argv[1:])

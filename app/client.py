@@ -204,6 +204,12 @@ def _merged(data: BaseModel | Mapping[str, Any] | None, fields: Mapping[str, Any
     return {**dict(data or {}), **fields}
 
 
+def _trains(fields: Mapping[str, Any]) -> bool:
+    """Whether a prediction with ``fields`` is of a training step (``mode``, default that of
+    :class:`PredictionCreate`)."""
+    return bool(fields.get("mode", PredictionCreate.model_fields["mode"].default) == "training")
+
+
 def _must(value: T | None) -> T:
     assert value is not None  # only delete_graph has no body
     return value
@@ -284,9 +290,12 @@ class Client:
         return _must(self._send(_Calls.predict(_merged(data, fields))))
 
     def predict_module(self, module: Any, example_inputs: Any, **fields: Any) -> PredictionRead:
-        """Cost of a ``torch.nn.Module``: exported by :func:`describe_module`, uploaded, predicted with
-        ``fields`` (``hardware_id``, ``batch_size``, ``mode``...)."""
-        graph = self.upload_onnx(describe_module(module, example_inputs), name=type(module).__name__)
+        """Cost of a ``torch.nn.Module``: exported by :func:`describe_module` in the prediction's mode (training
+        mode for ``mode="training"``, the default, eval mode for inference; the module's mode and BatchNorm
+        statistics are left as they were), uploaded, predicted with ``fields`` (``hardware_id``,
+        ``batch_size``, ``mode``...)."""
+        onnx_bytes = describe_module(module, example_inputs, training=_trains(fields))
+        graph = self.upload_onnx(onnx_bytes, name=type(module).__name__)
         return self.predict(graph_id=graph.id, **fields)
 
     def predict_batch(self, data: BatchPredictionCreate | Mapping[str, Any]) -> BatchPredictionRead:
@@ -397,7 +406,8 @@ class AsyncClient:
 
     async def predict_module(self, module: Any, example_inputs: Any, **fields: Any) -> PredictionRead:
         """See :meth:`Client.predict_module` (the export runs in this thread: it is CPU work)."""
-        graph = await self.upload_onnx(describe_module(module, example_inputs), name=type(module).__name__)
+        onnx_bytes = describe_module(module, example_inputs, training=_trains(fields))
+        graph = await self.upload_onnx(onnx_bytes, name=type(module).__name__)
         return await self.predict(graph_id=graph.id, **fields)
 
     async def predict_batch(self, data: BatchPredictionCreate | Mapping[str, Any]) -> BatchPredictionRead:
@@ -429,26 +439,41 @@ class AsyncClient:
                                                                **filters)))  # fmt: skip
 
 
-def describe_module(module: Any, example_inputs: Any, *, input_names: list[str] | None = None) -> bytes:
+def describe_module(module: Any, example_inputs: Any, *, input_names: list[str] | None = None,
+                    training: bool = False) -> bytes:
     """ONNX bytes of a ``torch.nn.Module`` run on ``example_inputs`` (a tensor or a tuple of tensors).
 
-    Exported in memory with :data:`ONNX_EXPORT_KWARGS`, in eval mode (the module's mode is restored after),
-    with the weights (the service reads their shapes and drops their data) and axis 0 of every input
-    symbolic (``batch``), so the prediction's ``batch_size`` applies. torch is imported here only.
-    Raises whatever ``torch.onnx.export`` raises for a module it cannot export.
+    Exported in memory with :data:`ONNX_EXPORT_KWARGS`, with the weights (the service reads their shapes and
+    drops their data) and axis 0 of every input symbolic (``batch``), so the prediction's ``batch_size``
+    applies. ``training``: in training mode (``torch.onnx.TrainingMode.TRAINING``: BatchNorm as its training
+    form, with the batch statistics, what a training prediction costs without the service's eval-mode
+    export warning), else in eval mode (what an inference prediction costs). The export runs the forward once;
+    the module's buffers (BatchNorm's running mean, variance and batch count) and its own mode are restored
+    afterwards, so the module is as it was. torch is imported here only. Raises whatever
+    ``torch.onnx.export`` raises for a module it cannot export.
     """
     import torch
 
     inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
     names = input_names or [f"input_{i}" for i in range(len(inputs))]
     was_training = module.training
-    module.eval()
+    buffers = {name: b.detach().clone() for name, b in module.named_buffers()}
+    module.train(training)
+    mode = torch.onnx.TrainingMode.TRAINING if training else torch.onnx.TrainingMode.EVAL
     buf = io.BytesIO()
     try:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # the TorchScript exporter's notice
-            torch.onnx.export(module, inputs, buf, input_names=names,  # type: ignore[arg-type]
+            # a training-mode trace of BatchNorm: its batch-size check and its num_batches_tracked update are
+            # not part of the graph, as intended (the buffers are restored below)
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            warnings.filterwarnings("ignore", message="ONNX Preprocess - Removing mutation", category=UserWarning)
+            torch.onnx.export(module, inputs, buf, input_names=names, training=mode,  # type: ignore[arg-type]
                               dynamic_axes={n: {0: "batch"} for n in names}, **ONNX_EXPORT_KWARGS)
     finally:
         module.train(was_training)
+        with torch.no_grad():
+            for name, b in module.named_buffers():
+                if name in buffers:
+                    b.copy_(buffers[name])
     return buf.getvalue()

@@ -84,6 +84,27 @@ class ConflictingName(LayercastError):
     code = "conflicting_name"
 
 
+class ConflictingHardware(LayercastError):
+    """An inline hardware spec under an id that names a stored device (catalog, ``local`` or custom) says
+    something else than the stored entry: neither silently wins, one id never answers for two devices.
+
+    ``detail``: ``hardware_id`` and ``fields`` (the names of the fields that differ, sorted).
+    """
+
+    status_code = 422
+    code = "conflicting_hardware"
+
+
+class DuplicateBatchSizes(LayercastError):
+    """A batch-size sweep names a batch size more than once (each would be the same row again).
+
+    ``detail``: ``duplicates`` (the repeated sizes, ascending).
+    """
+
+    status_code = 422
+    code = "duplicate_batch_sizes"
+
+
 class MalformedJson(LayercastError):
     """A JSON body that ``json.loads`` refuses with something other than a ``JSONDecodeError`` (bytes that are
     not UTF-8/16/32 text, an integer literal over Python's digit limit: :func:`app.core.limits.json_text_problem`),
@@ -104,6 +125,19 @@ class NoInterconnect(LayercastError):
 
     status_code = 422
     code = "no_interconnect"
+
+
+class TooManyDevicesPerNode(LayercastError):
+    """More devices in one node (``device_count / nodes``) than a node holds
+    (:data:`app.core.collectives.MAX_DEVICES_PER_NODE`, an 8-GPU DGX/HGX node): never costed as one NVLink
+    domain of that many devices.
+
+    ``detail``: ``device_count``, ``nodes``, ``devices_per_node``, ``max_devices_per_node`` and ``nodes_needed``
+    (``ceil(device_count / max_devices_per_node)``: the fewest nodes to ask for).
+    """
+
+    status_code = 422
+    code = "too_many_devices_per_node"
 
 
 class Conflict(LayercastError):

@@ -41,7 +41,6 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
-from sqlalchemy import exc as sa_exc
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
@@ -61,7 +60,7 @@ from app.auth import (
 from app.auth import Scope as AccessScope
 from app.config import Settings, is_loopback
 from app.core.limits import Limits, json_bytes_depth, json_text_problem, use_limits
-from app.db import make_engine, make_sessionmaker, write_intent
+from app.db import DATABASE_DOWN, database_is_down, make_engine, make_sessionmaker, write_intent
 from app.deps import refuse_unknown_query
 from app.errors import (
     LayercastError,
@@ -208,39 +207,6 @@ async def _handle_http_exception(request: Request, exc: Exception) -> JSONRespon
         headers["Allow"] = ", ".join(_allowed_methods(request))
         detail = {**detail, "allow": headers["Allow"].split(", ")}
     return problem(exc.status_code, code, message, detail, headers=headers or None)
-
-
-#: Database errors that may mean "the database cannot serve now"; :func:`database_is_down` decides per error.
-DATABASE_DOWN: tuple[type[Exception], ...] = (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.TimeoutError)
-
-#: SQLite messages of a database that is busy or unreachable (``sqlite3.OperationalError`` has no code):
-#: a write lock held past the busy timeout, a file or folder that is gone or unreadable.
-_SQLITE_DOWN = ("database is locked", "unable to open database file", "disk i/o error")
-#: PostgreSQL SQLSTATE classes of a server that cannot serve now (PostgreSQL manual, appendix A):
-#: 08 connection exception, 53 insufficient resources (too many connections), 57P01-57P03 shutdown /
-#: cannot connect now. Other OperationalErrors (57014 statement timeout aside) are bugs, not outages.
-_PG_DOWN_CLASSES = ("08", "53")
-_PG_DOWN_STATES = ("57P01", "57P02", "57P03")
-
-
-def database_is_down(exc: BaseException) -> bool:
-    """Whether database error ``exc`` is a connection-level failure worth a retry (503): a pool timeout,
-    an interface error, a connection SQLAlchemy invalidated, SQLite locked or unable to open its file, or a
-    psycopg connection/shutdown error. Anything else (an unmigrated table, a bad statement) is a bug: 500."""
-    if isinstance(exc, sa_exc.InterfaceError | sa_exc.TimeoutError):
-        return True
-    if not isinstance(exc, sa_exc.DBAPIError):
-        return False
-    if exc.connection_invalidated:
-        return True
-    orig = exc.orig
-    if type(orig).__module__.startswith("sqlite3"):
-        return str(orig).lower().startswith(_SQLITE_DOWN)
-    sqlstate = getattr(orig, "sqlstate", "")
-    if type(orig).__module__.startswith("psycopg"):
-        # no SQLSTATE: psycopg could not reach the server at all (refused, DNS, closed connection)
-        return not sqlstate or sqlstate[:2] in _PG_DOWN_CLASSES or sqlstate in _PG_DOWN_STATES
-    return False
 
 
 async def _handle_database_down(request: Request, exc: Exception) -> JSONResponse:

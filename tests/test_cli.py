@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 from sqlalchemy import create_engine, inspect, pool
 
 from app.cli import format_table, main
+from tests.helpers import REPO
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -55,3 +60,18 @@ def test_keys_create_refuses_a_name_no_one_can_read_or_store(name: str, sqlite_u
     with engine.connect() as conn:
         assert conn.exec_driver_sql("SELECT count(*) FROM api_keys").scalar() == 1
     engine.dispose()
+
+
+@pytest.mark.parametrize("command", [["hardware", "list"], ["version"]])
+def test_output_into_a_closed_pipe_is_a_quiet_exit_141(command: list[str]) -> None:
+    """``layercast hardware list | head -1``: the reader is gone before the output is written. Python's
+    BrokenPipeError used to end it with a traceback (or an 'Exception ignored' notice at exit, status 120);
+    now it exits as a SIGPIPE'd command does, 128 + 13, saying nothing."""
+    read, write = os.pipe()
+    os.close(read)  # no reader from the start: every write fails, whatever the timing
+    try:
+        done = subprocess.run([sys.executable, "-m", "app.cli", *command], stdout=write, stderr=subprocess.PIPE,
+                              cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, check=False)
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr.decode()) == (141, "")

@@ -169,6 +169,34 @@ def test_describe_module_two_lines(api: Client) -> None:
     assert cost.graph_id == graph.id  # the same export, stored once
 
 
+@pytest.mark.parametrize("mode", ["training", "inference"])
+def test_predict_module_exports_in_the_predictions_mode_and_leaves_the_module_as_it_was(api: Client,
+                                                                                       mode: str) -> None:
+    """The client exported every module in eval mode, so a training prediction of a network with BatchNorm
+    carried the service's eval-mode export warning; a training-mode export must not move the running
+    statistics (its forward runs once) nor the module's mode."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                                torch.nn.Flatten(), torch.nn.Linear(8 * 8 * 8, 10))
+    bn = model[1]
+    with torch.no_grad():  # statistics no single batch would produce, so any update shows
+        bn.running_mean.fill_(0.25)
+        bn.running_var.fill_(4.0)
+    for training in (True, False):
+        model.train(training)
+        before = {name: b.clone() for name, b in model.named_buffers()}
+        cost = api.predict_module(model, (torch.randn(2, 3, 8, 8) * 5 + 3,), hardware_id="p100", batch_size=16,
+                                  mode=mode)
+        assert cost.mode == mode and cost.iteration.time_ms > 0
+        assert not any(w.startswith("eval-mode export") for w in cost.warnings), cost.warnings
+        assert model.training is training  # the module's own mode, whatever the prediction's
+        for name, b in model.named_buffers():
+            assert torch.equal(b, before[name]), name
+    graph = api.get_graph(cost.graph_id)
+    assert graph.summary.op_counts.get("BatchNormalization") == 1
+
+
 def test_client_import_does_not_import_torch() -> None:
     code = "import sys, app.client; assert 'torch' not in sys.modules"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)

@@ -48,6 +48,22 @@ BANDWIDTH_EFFICIENCY = 0.75
 #: PyTorch DDP's default ``bucket_cap_mb`` (25 MiB).
 DDP_BUCKET_BYTES = 25 * 2**20
 
+#: Most devices one node holds: the 8 GPUs of an NVIDIA DGX/HGX node (DGX A100, DGX H100, HGX A100/H100 8-GPU
+#: baseboards), the NVLink/NVSwitch domain inside which the catalog's ``interconnect_*`` link joins every pair
+#: of devices at its full bandwidth. More devices are several nodes joined by the network (``nodes``). Larger
+#: NVLink domains (DGX-2's 16 V100 on NVSwitch, GB200 NVL72's 72 GPUs) cannot be expressed yet: such a system
+#: is costed as nodes of 8 over the network.
+MAX_DEVICES_PER_NODE = 8
+
+
+def nodes_needed(device_count: int) -> int:
+    """Fewest nodes that hold ``device_count`` devices: ``ceil(device_count / MAX_DEVICES_PER_NODE)``
+    (:data:`MAX_DEVICES_PER_NODE`). Raises ``ValueError`` for ``device_count < 1``."""
+    if device_count < 1:
+        raise ValueError(f"need at least one device, got {device_count}")
+    return math.ceil(device_count / MAX_DEVICES_PER_NODE)
+
+
 LinkKind = Literal["nvlink", "xgmi", "pcie", "network"]
 LINK_KINDS: tuple[str, ...] = ("nvlink", "xgmi", "pcie", "network")
 

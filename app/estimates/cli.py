@@ -41,7 +41,8 @@ EXIT_CODES_HELP = """exit codes:
   1  gate: a limit breached
   2  bad arguments, or a prediction the service refused (its error code is printed)
   3  --server unreachable, not a valid URL or answering 5xx (nothing was predicted)
-  4  gate: the candidate has layers that cannot be costed (see --allow-unsupported)"""
+  4  gate: the candidate has layers that cannot be costed (see --allow-unsupported)
+141  the output pipe closed early (| head): stopped quietly, as a SIGPIPE'd command"""
 
 
 class ServerUnreachable(Exception):

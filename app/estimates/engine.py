@@ -42,6 +42,7 @@ from app.hardware import service as hardware_service
 from app.predictions.schemas import PredictionCreate
 from app.predictions.service import (
     aggregation_input,
+    check_devices_per_node,
     check_interconnect,
     check_stack,
     checked_precision,
@@ -173,9 +174,10 @@ class GraphCache:
 
     def scenario(self, request: PredictionCreate) -> Scenario:
         """Bind ``request`` (a ``hardware_id`` request): raises the errors ``POST /v1/predictions`` would
-        (404 graph/hardware not found, 422 precision_not_supported, stack_not_supported, no_interconnect, graph
-        import errors)."""
+        (404 graph/hardware not found, 422 too_many_devices_per_node, precision_not_supported, stack_not_supported,
+        no_interconnect, graph import errors)."""
         assert request.hardware_id is not None
+        check_devices_per_node(request)
         hw = self.spec(request.hardware_id)
         precision = checked_precision(hw, request.precision)
         check_stack(hw, request.software_stack)

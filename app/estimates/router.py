@@ -25,9 +25,9 @@ from app.schemas import ErrorResponse
 router = APIRouter(prefix="/v1")
 
 _ITEMS = "per-item failures (graph_not_found, hardware_not_found, precision_not_supported, stack_not_supported, " \
-         "invalid_graph, unbound_dimension, unknown_dimension, invalid_request; no_costed_layers for jobs and " \
-         "comparison rows) are answered in the item, not as " \
-         "the status"
+         "invalid_graph, unbound_dimension, unknown_dimension, invalid_request; no_costed_layers and " \
+         "too_many_devices_per_node for jobs and comparison rows) are answered in the item with their code " \
+         "and detail, not as the status"
 _BATCH_ERRORS: dict[int | str, dict[str, Any]] = {
     413: {"model": ErrorResponse, "description": "too_many_items, payload_too_large"},
     422: {"model": ErrorResponse, "description": f"validation_error; {_ITEMS}"},
@@ -35,8 +35,10 @@ _BATCH_ERRORS: dict[int | str, dict[str, Any]] = {
 _COMPARE_ERRORS: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorResponse, "description": "graph_not_found"},
     422: {"model": ErrorResponse, "description": "validation_error, invalid_graph, unbound_dimension, "
-                                                 "unknown_dimension, invalid_request; for the sweep's device also "
-                                                 "precision_not_supported, stack_not_supported, no_costed_layers"},
+                                                 "unknown_dimension, invalid_request, duplicate_batch_sizes (a "
+                                                 "sweep batch size given twice; detail.duplicates); for the "
+                                                 "sweep's device also precision_not_supported, "
+                                                 "stack_not_supported, no_costed_layers"},
 }
 
 

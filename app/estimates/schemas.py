@@ -3,7 +3,7 @@ actuals, hardware comparisons. Compact by default; units in every field name."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -24,10 +24,13 @@ _Price = Annotated[float, Field(strict=True, gt=0, le=1e6, allow_inf_nan=False)]
 
 
 class ItemError(Schema):
-    """Why one item of a batch has no answer: the code and message its own request would have had."""
+    """Why one item of a batch has no answer: the code, message and detail its own request would have had."""
 
     code: str
     message: str
+    detail: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the problem document's detail (e.g. nodes_needed of too_many_devices_per_node)")
 
 
 # ------------------------------------------------------------------------------------- batch predictions
@@ -111,7 +114,8 @@ class JobSpec(Schema):
 
     graph_id: Identifier
     hardware_id: Identifier
-    device_count: int = Field(default=1, strict=True, ge=1, le=4096)
+    device_count: int = Field(default=1, strict=True, ge=1, le=4096,
+                              description="at most 8 per node (error too_many_devices_per_node above)")
     nodes: int = Field(default=1, strict=True, ge=1, le=4096,
                        description="nodes the devices sit on (as in POST /v1/predictions)")
     inter_node_bandwidth_bytes_per_s: float | None = Field(default=None, strict=True, gt=0, le=1e15,
@@ -187,7 +191,9 @@ class BatchSweep(Schema):
     """Time per sample and memory fit against the batch size on one device."""
 
     hardware_id: Identifier
-    batch_sizes: list[_BatchSize] = Field(min_length=1, max_length=64)
+    batch_sizes: list[_BatchSize] = Field(
+        min_length=1, max_length=64,
+        description="each once (a size given twice is a 422 duplicate_batch_sizes); answered in ascending order")
 
 
 class ComparisonCreate(Schema):
@@ -210,7 +216,9 @@ class ComparisonCreate(Schema):
     devices_per_node: _DeviceCount | None = Field(
         default=None, description="devices per node: a count above it spreads evenly over "
                                   "ceil(count / devices_per_node) nodes (hierarchical all-reduce; a count that "
-                                  "does not spread evenly is unavailable); none = every count in one node")
+                                  "does not spread evenly is unavailable); none = every count in one node. A row "
+                                  "with more than 8 devices in a node (an 8-GPU DGX/HGX node) is unavailable "
+                                  "with code too_many_devices_per_node and detail.nodes_needed")
     inter_node_bandwidth_bytes_per_s: float | None = Field(default=None, strict=True, gt=0, le=1e15,
                                                            allow_inf_nan=False,
                                                            description="per node (rows over several nodes)")
@@ -251,6 +259,8 @@ class Unavailable(Schema):
     device_count: int
     code: str
     reason: str
+    detail: dict[str, Any] = Field(
+        default_factory=dict, description="the problem document's detail of that prediction (e.g. nodes_needed)")
 
 
 class SweepRow(Schema):
@@ -267,5 +277,5 @@ class ComparisonRead(Schema):
     sort_by: SortKey
     rows: list[ComparisonRow]
     unavailable: list[Unavailable]
-    sweep: list[SweepRow] | None
+    sweep: list[SweepRow] | None = Field(description="one row per sweep batch size, ascending")
     assumptions: dict[str, str]

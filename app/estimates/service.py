@@ -10,6 +10,7 @@ arguments after the session; functions flush and never commit (STYLE.md §3).
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -21,7 +22,7 @@ from sqlalchemy.orm import Session
 from app.core.aggregate import Aggregate, LayerSums
 from app.core.precision import PRECISION_SEMANTICS
 from app.core.vocab import Granularity, Pass
-from app.errors import InvalidRequest, LayercastError, NoCostedLayers, TooManyItems
+from app.errors import DuplicateBatchSizes, InvalidRequest, LayercastError, NoCostedLayers, TooManyItems
 from app.estimates import engine
 from app.estimates.calibration import MAX_ACTUAL_RATIO, UNCALIBRATED, Calibration, RatioStats, calibrate_stats
 from app.estimates.engine import GraphCache, Scenario
@@ -33,6 +34,7 @@ from app.estimates.schemas import (
     BatchPredictionCreate,
     BatchPredictionRead,
     BatchSummary,
+    BatchSweep,
     ComparisonCreate,
     ComparisonRead,
     ComparisonRow,
@@ -72,7 +74,7 @@ def _attempt(fn: Callable[[], T]) -> T | ItemError:
     try:
         return fn()
     except LayercastError as exc:
-        return ItemError(code=exc.code, message=exc.message)
+        return ItemError(code=exc.code, message=exc.message, detail=exc.detail)
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         return ItemError(code="validation_error", message=str(first.get("msg", exc)))
@@ -389,15 +391,30 @@ def _spread(request: ComparisonCreate, n: int) -> dict[str, Any]:
             "inter_node_latency_s": request.inter_node_latency_s}
 
 
+def _sweep_sizes(sweep: BatchSweep | None) -> list[int]:
+    """The sweep's batch sizes, ascending (empty without a sweep); raises :class:`DuplicateBatchSizes` (422)
+    when one is given twice."""
+    if sweep is None:
+        return []
+    duplicates = sorted(b for b, n in Counter(sweep.batch_sizes).items() if n > 1)
+    if duplicates:
+        raise DuplicateBatchSizes(
+            f"the sweep names batch size(s) {', '.join(map(str, duplicates))} more than once; give each once",
+            detail={"duplicates": duplicates})
+    return sorted(sweep.batch_sizes)
+
+
 def compare(session: Session, predictor: Predictor, *, request: ComparisonCreate) -> ComparisonRead:
     """One row per (device, device count) that can run the job; the others in ``unavailable`` with their
     code; Pareto front over job time, cost and energy; optional batch-size sweep on one device.
 
     Raises :class:`app.errors.GraphNotFound` (404) for an unknown graph, :class:`app.errors.InvalidRequest`
     (422, ``detail.unknown_price_ids``) when ``price_usd_per_hour`` names a device the comparison does not
-    include, and, for the sweep, the errors of its device and batch sizes (404/422); unknown hardware ids of
-    the rows are listed as unavailable.
+    include, :class:`app.errors.DuplicateBatchSizes` (422, ``detail.duplicates``) for a sweep that names a batch
+    size twice, and, for the sweep, the errors of its device and batch sizes (404/422); unknown hardware ids
+    of the rows are listed as unavailable. The sweep's rows are in ascending batch size.
     """
+    sweep_sizes = _sweep_sizes(request.sweep)
     cache = GraphCache(session, predictor)
     graphs.get_graph(session, graph_id=request.graph_id)
     hardware_ids = (request.hardware_ids if request.hardware_ids is not None
@@ -421,13 +438,14 @@ def compare(session: Session, predictor: Predictor, *, request: ComparisonCreate
             s = _attempt(partial(_job_scenario, cache, job, price_usd_per_hour=request.price_usd_per_hour.get(hw_id),
                                  **extra))
             if isinstance(s, ItemError):
-                unavailable.append(Unavailable(hardware_id=hw_id, device_count=n, code=s.code, reason=s.message))
+                unavailable.append(Unavailable(hardware_id=hw_id, device_count=n, code=s.code, reason=s.message,
+                                               detail=s.detail))
             else:
                 scenarios.append(s)
     sweep = request.sweep
     sweep_scenarios = [] if sweep is None else [
         _job_scenario(cache, base.model_copy(update={"hardware_id": sweep.hardware_id, "batch_size": b}), **extra)
-        for b in sweep.batch_sizes
+        for b in sweep_sizes
     ]
     found = engine.predict_layers(cache, scenarios + sweep_scenarios)
     rows: list[ComparisonRow] = []
@@ -435,7 +453,7 @@ def compare(session: Session, predictor: Predictor, *, request: ComparisonCreate
         row = _attempt(partial(_comparison_row, cache, s, sums))
         if isinstance(row, ItemError):
             unavailable.append(Unavailable(hardware_id=s.hardware.id, device_count=s.request.device_count,
-                                           code=row.code, reason=row.message))
+                                           code=row.code, reason=row.message, detail=row.detail))
         else:
             rows.append(row)
     mark_pareto(rows)

@@ -6,6 +6,7 @@ the caller owns the transaction, STYLE.md §3). Errors are :mod:`app.errors` dom
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -14,7 +15,15 @@ from sqlalchemy.orm import Session
 
 from app.auth import Principal, check_owner
 from app.core.hardware import HardwareSpec
-from app.errors import BuiltinHardware, HardwareExists, HardwareInUse, HardwareNotFound, InvalidRequest
+from app.db import DATABASE_DOWN, database_is_down
+from app.errors import (
+    BuiltinHardware,
+    ConflictingHardware,
+    HardwareExists,
+    HardwareInUse,
+    HardwareNotFound,
+    InvalidRequest,
+)
 from app.hardware.catalog import (
     InvalidHardwareSpec,
     load_catalog,
@@ -169,6 +178,52 @@ def spec_from_inline(data: HardwareCreate) -> HardwareSpec:
         return validate_spec(HardwareSpec(**data.model_dump()))
     except InvalidHardwareSpec as exc:
         raise InvalidRequest(str(exc), detail={"hardware_id": data.id}) from exc
+
+
+#: ``sources["price_usd_per_hour"]`` of an inline spec under an id nothing stores: the answer's ``price_source``.
+INLINE_PRICE_SOURCE = "request.hardware"
+
+
+def resolve_inline(session: Session, *, data: HardwareCreate) -> tuple[HardwareSpec, str | None]:
+    """The device an inline spec of a prediction request stands for, and a warning when its id could not be
+    checked; nothing is stored.
+
+    Under an id that names a stored device (catalog, ``local`` or custom) it is that device, as stored (its
+    ``sources`` and the fields the inline spec leaves out included): every field the inline spec gives but
+    ``sources`` must equal the stored value, else :class:`app.errors.ConflictingHardware` (422
+    ``conflicting_hardware``, ``detail.fields``: the differing names). Under any other id it is
+    :func:`spec_from_inline` of it, its price (if given) sourced :data:`INLINE_PRICE_SOURCE`.
+
+    While the database is down (:func:`app.db.database_is_down`) inline predictions keep working: a catalog id
+    is checked against the built-in catalog, any other id is taken as given and the warning says it was not
+    checked. Raises :class:`app.errors.InvalidRequest` (422) for an invalid spec.
+    """
+    warning = None
+    try:
+        stored = HardwareRepository(session).spec(data.id)
+    except DATABASE_DOWN as exc:
+        if not database_is_down(exc):
+            raise
+        catalog = load_catalog().get(data.id)
+        stored = spec_to_dict(catalog) if catalog is not None else None
+        if stored is None:
+            warning = (f"the database is unavailable: inline hardware {data.id!r} was not checked against the "
+                       "stored devices and is costed as given")
+    if stored is None:
+        spec = spec_from_inline(data)
+        if spec.price_usd_per_hour is not None:
+            spec = dataclasses.replace(spec, sources={**spec.sources, "price_usd_per_hour": INLINE_PRICE_SOURCE})
+        return spec, warning
+    spec = spec_from_dict(stored)
+    current = spec_to_dict(spec)
+    given = data.model_dump(exclude_unset=True, exclude={"sources"})
+    differing = sorted(name for name, value in given.items() if value != current.get(name))
+    if differing:
+        raise ConflictingHardware(
+            f"inline hardware {data.id!r} differs from the stored device of that id in {', '.join(differing)}: "
+            "give hardware_id alone for the stored device, or the inline spec under an id of its own",
+            detail={"hardware_id": data.id, "fields": differing})
+    return spec, None
 
 
 def create_custom(session: Session, *, data: HardwareCreate, owner: str | None = None) -> HardwareRead:

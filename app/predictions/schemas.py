@@ -24,7 +24,11 @@ class PredictionCreate(Schema):
     hardware_id: Identifier | None = Field(
         default=None, description="catalog id, e.g. 'p100', 'a100-sxm4-40gb', 'local'"
     )
-    hardware: HardwareCreate | None = Field(default=None, description="inline custom hardware spec")
+    hardware: HardwareCreate | None = Field(
+        default=None, description="inline custom hardware spec. Under the id of a stored device (catalog, 'local' "
+                                  "or custom) it is that device: the fields it gives must equal the stored ones "
+                                  "(else a 422 conflicting_hardware naming them in detail.fields). Its own price "
+                                  "answers with price_source 'request.hardware'")
     batch_size: int = Field(strict=True, gt=0, le=1_000_000)
     mode: Mode = "training"
     optimizer: Optimizer = Field(default="sgd", description="ignored (treated as 'none') in inference mode")
@@ -54,9 +58,10 @@ class PredictionCreate(Schema):
                     "Gradients are ring all-reduced over the hardware's interconnect in 25 MiB DDP buckets")
     nodes: int = Field(
         default=1, strict=True, ge=1, le=4096,
-        description="nodes the device_count devices sit on (device_count / nodes each, evenly): the all-reduce "
-                    "is hierarchical, inside nodes over the hardware's interconnect and between them over the "
-                    "inter-node network")
+        description="nodes the device_count devices sit on (device_count / nodes each, evenly, at most 8: an "
+                    "8-GPU DGX/HGX node; more is a 422 too_many_devices_per_node with detail.nodes_needed): the "
+                    "all-reduce is hierarchical, inside nodes over the hardware's interconnect and between them "
+                    "over the inter-node network")
     inter_node_bandwidth_bytes_per_s: float | None = Field(
         default=None, strict=True, gt=0, le=1e15, allow_inf_nan=False,
         description="network bandwidth per node and direction, all its NICs together (nodes > 1); default "

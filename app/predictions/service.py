@@ -36,7 +36,9 @@ from app.core.collectives import (
     BANDWIDTH_EFFICIENCY,
     DEFAULT_NETWORK_BANDWIDTH_BYTES_PER_S,
     DEFAULT_NETWORK_LATENCY_S,
+    MAX_DEVICES_PER_NODE,
     Link,
+    nodes_needed,
 )
 from app.core.energy import IDLE_FRACTION_OF_TDP, J_PER_KWH, idle_power_w
 from app.core.fusion import rules_for_stack
@@ -62,7 +64,7 @@ from app.core.precision import (
     storage_precision,
 )
 from app.core.vocab import GPU_ONLY_STACKS, SoftwareStack, stack_runs_on
-from app.errors import NoInterconnect, PrecisionNotSupportedError, StackNotSupportedError
+from app.errors import NoInterconnect, PrecisionNotSupportedError, StackNotSupportedError, TooManyDevicesPerNode
 from app.graphs import service as graphs
 from app.graphs.importer import canonical_json
 from app.hardware import service as hardware_service
@@ -80,6 +82,27 @@ from app.predictions.schemas import (
 )
 from app.predictor.base import BACKWARD_SEMANTICS, LayerTimeEstimate, LayerTimeQuery, Predictor
 from app.predictor.table import Estimates, LayerTable, Roofline, Setting, roofline_for
+
+
+def check_devices_per_node(request: PredictionCreate) -> None:
+    """Refuse a request that puts more devices in one node (``device_count / nodes``) than a node holds
+    (:data:`app.core.collectives.MAX_DEVICES_PER_NODE`): such a ring would be costed over one intra-node link
+    no 8-GPU node has. Hardware-independent, so checked before the device and the graph are looked up.
+
+    Raises :class:`TooManyDevicesPerNode` (422 ``too_many_devices_per_node``; ``detail.nodes_needed``
+    = ``ceil(device_count / MAX_DEVICES_PER_NODE)``).
+    """
+    per_node = request.device_count // max(request.nodes, 1)
+    if per_node <= MAX_DEVICES_PER_NODE:
+        return
+    needed = nodes_needed(request.device_count)
+    raise TooManyDevicesPerNode(
+        f"{per_node} devices in one node ({request.device_count} over {request.nodes} node(s)) exceed the "
+        f"{MAX_DEVICES_PER_NODE} an 8-GPU DGX/HGX node holds: spread device_count {request.device_count} over "
+        f"at least {needed} nodes (device_count must divide evenly over them)",
+        detail={"device_count": request.device_count, "nodes": request.nodes, "devices_per_node": per_node,
+                "max_devices_per_node": MAX_DEVICES_PER_NODE, "nodes_needed": needed},
+    )
 
 
 def check_interconnect(hw: HardwareSpec, request: PredictionCreate) -> None:
@@ -161,7 +184,9 @@ def _data_parallel_assumption(request: PredictionCreate, hw: HardwareSpec) -> st
 
 
 def _price(request: PredictionCreate, hw: HardwareSpec) -> tuple[float | None, str | None]:
-    """Price per device-hour and where it comes from: the request's override, else the catalog list price."""
+    """Price per device-hour and where it comes from: the request's override (``"request"``), else the device's
+    price and its source: the catalog's dated list price, ``"request.hardware"`` for an inline spec's own
+    (:func:`app.hardware.service.resolve_inline`), ``"catalog"`` for a stored price without a source."""
     if request.price_usd_per_hour is not None:
         return request.price_usd_per_hour, "request"
     if hw.price_usd_per_hour is not None:
@@ -500,13 +525,18 @@ def predict(session: Session, predictor: Predictor, *, request: PredictionCreate
     Raises :class:`GraphNotFound`/:class:`HardwareNotFound` (404) for unknown ids,
     :class:`InvalidGraph`/:class:`UnboundDimension` (422) for graphs that cannot be imported at the
     requested binding, :class:`PrecisionNotSupportedError` (422) for a precision the device lacks,
-    :class:`StackNotSupportedError` (422) for a GPU-only software stack on a CPU.
+    :class:`StackNotSupportedError` (422) for a GPU-only software stack on a CPU,
+    :class:`TooManyDevicesPerNode` (422) for more than 8 devices in a node, :class:`ConflictingHardware` (422)
+    for an inline spec under a stored device's id that differs from it
+    (:func:`app.hardware.service.resolve_inline`).
     """
+    check_devices_per_node(request)  # before any lookup: it depends on the request alone
+    unchecked = None
     if request.hardware_id is not None:
         hw = hardware_service.get_spec(session, hardware_id=request.hardware_id)
     else:
         assert request.hardware is not None
-        hw = hardware_service.spec_from_inline(request.hardware)
+        hw, unchecked = hardware_service.resolve_inline(session, data=request.hardware)
     check_stack(hw, request.software_stack)  # before the import: a refused request costs no analysis
     # analysed for the device's kind: what the stack fuses on a GPU and on a CPU differs (app.core.fusion)
     if request.graph_id is not None:
@@ -517,7 +547,10 @@ def predict(session: Session, predictor: Predictor, *, request: PredictionCreate
         content = canonical_json(request.graph.model_dump())
         bound = graphs.bound_inline(content, batch_size=request.per_device_batch_size, dims=request.dims,
                                     software_stack=request.software_stack, hardware_kind=hw.kind)
-    return estimate(bound.analysis, hw, predictor, request=request, graph_id=bound.graph_id, bound=bound)
+    answer = estimate(bound.analysis, hw, predictor, request=request, graph_id=bound.graph_id, bound=bound)
+    if unchecked is not None:
+        answer.warnings.append(unchecked)
+    return answer
 
 
 def answer_warnings(analysis: GraphAnalysis, hw: HardwareSpec, request: PredictionCreate, *, estimates: Estimates,
@@ -592,7 +625,8 @@ def estimate(
     binding, device, precision, mode and optimizer only).
 
     Raises :class:`PrecisionNotSupportedError` (422) when ``hw`` lacks the requested precision,
-    :class:`StackNotSupportedError` (422) for a GPU-only software stack on a CPU and
+    :class:`StackNotSupportedError` (422) for a GPU-only software stack on a CPU,
+    :class:`TooManyDevicesPerNode` (422) for more than 8 devices in a node and
     :class:`NoInterconnect` (422) for several devices on hardware without an interconnect; ``ValueError`` when
     ``analysis`` was fused for another kind of device than ``hw`` (a caller's bug: what is fused depends on it).
     """
@@ -600,6 +634,7 @@ def estimate(
         raise ValueError(f"analysis fused for a {analysis.fusion_hardware_kind} answers a {hw.kind} device")
     precision = checked_precision(hw, request.precision)
     check_stack(hw, request.software_stack)
+    check_devices_per_node(request)
     check_interconnect(hw, request)
     training = request.mode == "training"
     optimizer = request.optimizer if training else "none"

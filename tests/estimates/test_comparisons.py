@@ -68,15 +68,25 @@ def test_pareto_front_and_sorting(client: TestClient, resnet_id: str, node: str)
 
 def test_batch_sweep(client: TestClient, resnet_id: str) -> None:
     body = _compare(client, resnet_id, hardware_ids=["v100-sxm2-16gb"],
-                    sweep={"hardware_id": "v100-sxm2-16gb", "batch_sizes": [8, 32, 128, 512, 2048]})
+                    sweep={"hardware_id": "v100-sxm2-16gb", "batch_sizes": [512, 8, 2048, 32, 128]})
     sweep = body["sweep"]
-    assert [s["batch_size"] for s in sweep] == [8, 32, 128, 512, 2048]
+    assert [s["batch_size"] for s in sweep] == [8, 32, 128, 512, 2048]  # ascending, whatever the order given
     assert sweep[0]["time_per_sample_ms"] > sweep[2]["time_per_sample_ms"]  # larger batches amortise
     peaks = [s["peak_memory_bytes"] for s in sweep]
     assert peaks == sorted(peaks)
     assert sweep[0]["fits"] and not sweep[-1]["fits"]  # 2,048 ResNet-50 samples overflow 16 GB
     largest = body["rows"][0]["largest_batch_size_that_fits"]
     assert all(s["fits"] == (s["batch_size"] <= largest) for s in sweep)
+
+
+def test_a_batch_size_given_twice_in_the_sweep_is_a_422_naming_it(client: TestClient, resnet_id: str) -> None:
+    """It used to answer the same sweep row twice."""
+    r = client.post("/v1/comparisons", json={"graph_id": resnet_id, **JOB, "hardware_ids": ["p100"],
+                                             "sweep": {"hardware_id": "p100", "batch_sizes": [64, 8, 32, 8, 64, 8]}})
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["code"] == "duplicate_batch_sizes" and error["detail"]["duplicates"] == [8, 64]
+    assert "8, 64" in error["message"]
 
 
 def test_gpu_only_stack_lists_cpus_as_unavailable_like_a_missing_precision(client: TestClient,
@@ -150,3 +160,25 @@ def test_a_graph_with_no_costable_layer_has_no_rows(client: TestClient, custom_o
     assert body["rows"] == []
     assert [(u["hardware_id"], u["code"]) for u in body["unavailable"]] == [
         ("a100-sxm4-40gb", "no_costed_layers"), ("h100-sxm", "no_costed_layers")]
+
+
+def test_more_devices_in_a_node_than_a_node_holds_are_unavailable_rows(client: TestClient, resnet_id: str) -> None:
+    """A count over 8 in one node used to be answered as one NVLink ring of that many GPUs; its rows are
+    unavailable with the code and the nodes it needs, the other rows answered."""
+    body = _compare(client, resnet_id, hardware_ids=["a100-sxm4-80gb", "h100-sxm"], device_counts=[8, 16])
+    assert sorted((r["hardware_id"], r["device_count"]) for r in body["rows"]) == [
+        ("a100-sxm4-80gb", 8), ("h100-sxm", 8)]
+    assert sorted((u["hardware_id"], u["device_count"], u["code"]) for u in body["unavailable"]) == [
+        ("a100-sxm4-80gb", 16, "too_many_devices_per_node"), ("h100-sxm", 16, "too_many_devices_per_node")]
+    assert all(u["detail"]["nodes_needed"] == 2 and "2 nodes" in u["reason"] for u in body["unavailable"])
+    # devices_per_node above what a node holds: the rows that would put more than 8 in a node are unavailable
+    body = _compare(client, resnet_id, hardware_ids=["a100-sxm4-80gb"], device_counts=[4, 32],
+                    devices_per_node=16)
+    assert [r["device_count"] for r in body["rows"]] == [4]
+    [u] = body["unavailable"]
+    assert (u["device_count"], u["code"], u["detail"]["devices_per_node"], u["detail"]["nodes_needed"]) == (
+        32, "too_many_devices_per_node", 16, 4)
+    # the default catalog comparison does not fail as a whole either
+    everything = _compare(client, resnet_id, device_counts=[16])
+    assert everything["rows"] == [] and everything["unavailable"]
+    assert {u["code"] for u in everything["unavailable"]} == {"too_many_devices_per_node"}

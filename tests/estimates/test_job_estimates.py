@@ -206,9 +206,14 @@ def test_jobs_over_several_nodes(client: TestClient, resnet_id: str) -> None:
                                                        {**job, "nodes": 2, "inter_node_bandwidth_bytes_per_s": 2e9},
                                                        {**job, "nodes": 3}]})
     assert r.status_code == 200, r.text
-    one_node, default_net, slow_net, uneven = r.json()["estimates"]
-    assert one_node["p50_s"] < default_net["p50_s"] < slow_net["p50_s"]  # a slower network, a longer job
+    crammed, default_net, slow_net, uneven = r.json()["estimates"]
+    assert default_net["p50_s"] < slow_net["p50_s"]  # a slower network, a longer job
     assert uneven["error"]["code"] == "validation_error"
+    # 16 GPUs in one node: no DGX/HGX node holds them (it was estimated as one 16-rank NVLink ring)
+    assert crammed["p50_s"] is None and crammed["error"]["code"] == "too_many_devices_per_node"
+    assert crammed["error"]["detail"]["nodes_needed"] == 2 and "2 nodes" in crammed["error"]["message"]
+    eight = _estimate(client, [{**job, "device_count": 8, "batch_size": 256}])[0]
+    assert eight["error"] is None and eight["p50_s"] > 0
 
 
 def test_calibration_from_stats_adds_up_to_the_calibration_of_all_ratios() -> None:

@@ -9,7 +9,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.auth import Principal, Scope
-from app.errors import HardwareExists, HardwareNotFound
+from app.errors import ConflictingHardware, HardwareExists, HardwareNotFound
 from app.hardware import service
 from app.hardware.catalog import load_catalog
 from app.hardware.models import Hardware
@@ -132,6 +132,26 @@ def test_spec_from_inline_builds_without_storing(db: Session) -> None:
     spec = service.spec_from_inline(HardwareCreate(**CUSTOM))
     assert spec.id == "my-gpu" and spec.peak_for("bf16") == 50e12
     assert _count(db) == 0
+
+
+def test_resolve_inline_is_the_stored_device_or_a_conflict(db: Session) -> None:
+    service.seed_builtin(db, include_local=False)
+    a100 = load_catalog()["a100-sxm4-80gb"]
+    required = {"id": a100.id, "name": a100.name, "vendor": a100.vendor, "kind": a100.kind,
+                "peak_flops_per_s": dict(a100.peak_flops_per_s), "memory_bytes": a100.memory_bytes,
+                "memory_bandwidth_bytes_per_s": a100.memory_bandwidth_bytes_per_s,
+                "compute_units": a100.compute_units, "boost_clock_mhz": a100.boost_clock_mhz,
+                "l2_cache_bytes": a100.l2_cache_bytes}
+    # the fields left out are the stored device's, its sources included
+    assert service.resolve_inline(db, data=HardwareCreate(**required)) == (a100, None)
+    with pytest.raises(ConflictingHardware) as caught:  # an explicit null is a value too
+        service.resolve_inline(db, data=HardwareCreate(**{**required, "tdp_w": None,
+                                                          "peak_flops_per_s": {"fp32": a100.peak_for("fp32")}}))
+    assert caught.value.detail == {"hardware_id": a100.id, "fields": ["peak_flops_per_s", "tdp_w"]}
+    custom, _ = service.resolve_inline(db, data=HardwareCreate(**{**CUSTOM, "price_usd_per_hour": 2.0}))
+    assert custom.sources == {**CUSTOM["sources"], "price_usd_per_hour": service.INLINE_PRICE_SOURCE}
+    assert service.resolve_inline(db, data=HardwareCreate(**CUSTOM))[0].sources == CUSTOM["sources"]
+    assert _count(db) == len(load_catalog())  # nothing stored
 
 
 def test_a_gpu_without_clock_or_l2_is_refused_not_guessed() -> None:

@@ -165,7 +165,7 @@ def test_no_price_or_tdp_is_said_not_zeroed(client: TestClient, resnet_id: str) 
 
 def test_data_parallel_over_nodes_is_hierarchical(client: TestClient, resnet_id: str) -> None:
     job = {"graph_id": resnet_id, "hardware_id": "a100-sxm4-80gb", "batch_size": 512, "device_count": 16}
-    one_node = _predict(client, **job)
+    one_node = _predict(client, **{**job, "batch_size": 256, "device_count": 8})  # the most one node holds
     default_net = _predict(client, **job, nodes=2)
     given = _predict(client, **job, nodes=2, inter_node_bandwidth_bytes_per_s=200e9, inter_node_latency_s=5e-6)
     it = default_net["iteration"]
@@ -182,3 +182,23 @@ def test_data_parallel_over_nodes_is_hierarchical(client: TestClient, resnet_id:
     for bad in ({"nodes": 3}, {"nodes": 1, "inter_node_bandwidth_bytes_per_s": 1e9}):
         r = client.post("/v1/predictions", json={**job, **bad})
         assert r.status_code == 422 and r.json()["error"]["code"] == "validation_error", r.text
+
+
+@pytest.mark.parametrize(("count", "nodes", "needed"), [(16, 1, 2), (9, 1, 2), (32, 2, 4), (72, 1, 9)])
+def test_more_devices_in_a_node_than_a_node_holds_is_a_422_naming_the_nodes_needed(
+        client: TestClient, resnet_id: str, count: int, nodes: int, needed: int) -> None:
+    """16 GPUs in one node used to be answered as one 16-rank NVLink ring: no DGX/HGX node holds them."""
+    from app.core.collectives import MAX_DEVICES_PER_NODE
+
+    body = {"graph_id": resnet_id, "batch_size": 8 * count, "device_count": count, "nodes": nodes}
+    for hw in ({"hardware_id": "a100-sxm4-80gb"}, {"hardware_id": "local"}):  # before the interconnect check
+        r = client.post("/v1/predictions", json={**body, **hw})
+        assert r.status_code == 422, r.text
+        error = r.json()["error"]
+        assert error["code"] == "too_many_devices_per_node"
+        assert error["detail"] == {"device_count": count, "nodes": nodes, "devices_per_node": count // nodes,
+                                   "max_devices_per_node": MAX_DEVICES_PER_NODE, "nodes_needed": needed}
+        assert f"{needed} nodes" in error["message"]
+    # the nodes it names are enough (where the count spreads evenly over them)
+    if count % needed == 0:
+        _predict(client, **{**body, "nodes": needed}, hardware_id="a100-sxm4-80gb")

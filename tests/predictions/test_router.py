@@ -92,6 +92,42 @@ def test_inline_custom_hardware(client: TestClient) -> None:
     r = _predict(client, graph=graph, hardware=hw, batch_size=4)
     assert r.status_code == 200, r.text
     assert r.json()["hardware_id"] == "my-gpu"
+    # an inline price is the request's: its source used to read "catalog"
+    priced = _predict(client, graph=graph, hardware={**hw, "price_usd_per_hour": 1.25}, batch_size=4,
+                      dataset_size=400, epochs=1)
+    assert priced.status_code == 200, priced.text
+    job = priced.json()["job"]
+    assert (job["price_usd_per_hour"], job["price_source"]) == (1.25, "request.hardware")
+
+
+def _stored_spec(client: TestClient, hardware_id: str) -> dict:
+    stored = client.get(f"/v1/hardware/{hardware_id}").json()
+    return {k: v for k, v in stored.items() if k not in ("builtin", "owner") and v is not None}
+
+
+@pytest.mark.parametrize("hardware_id", ["a100-sxm4-80gb", "local", "my-stored-gpu"])
+def test_inline_hardware_under_a_stored_id_must_equal_it(client: TestClient, hardware_id: str) -> None:
+    """An inline spec named like a catalog, local or stored custom device used to be costed as given: two
+    answers under one hardware_id. It must be that device; any field that differs is a 422 naming it."""
+    if hardware_id == "my-stored-gpu":
+        custom = {**_stored_spec(client, "t4"), "id": hardware_id, "name": "Stored GPU", "price_usd_per_hour": 0.5}
+        custom.pop("sources", None)
+        assert client.post("/v1/hardware", json=custom).status_code == 201
+    graph = {"input_shape": [64], "layers": [{"op": "linear", "out_features": 32}, {"op": "relu"}]}
+    job = {"graph": graph, "batch_size": 8, "dataset_size": 80, "epochs": 1}
+    spec = _stored_spec(client, hardware_id)
+    by_id = _predict(client, hardware_id=hardware_id, **job).json()
+    same = _predict(client, hardware={**spec, "sources": {}}, **job)
+    assert same.status_code == 200, same.text
+    assert same.json()["iteration"] == by_id["iteration"] and same.json()["job"] == by_id["job"]
+    changed = {**spec, "name": "Not the stored one", "memory_bandwidth_bytes_per_s": spec[
+        "memory_bandwidth_bytes_per_s"] * 2}
+    r = _predict(client, hardware=changed, **job)
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["code"] == "conflicting_hardware"
+    assert error["detail"]["hardware_id"] == hardware_id
+    assert error["detail"]["fields"] == ["memory_bandwidth_bytes_per_s", "name"]
 
 
 def test_unsupported_op_is_listed_and_totals_say_so(client: TestClient) -> None:

@@ -19,6 +19,7 @@ from sqlalchemy import exc as sa_exc
 
 from app.config import REPO_ROOT, Settings
 from app.db import make_engine, make_sessionmaker
+from app.hardware.catalog import load_catalog, spec_to_dict
 from app.main import create_app, database_is_down
 from app.migrate import upgrade
 from app.predictors import service
@@ -61,6 +62,13 @@ def test_database_down_is_503_with_retry_after_and_inline_predictions_keep_worki
         during = client.post("/v1/predictions", json=inline)
         assert during.status_code == 200, during.text
         assert during.json()["totals"] == before.json()["totals"]
+        # its id could not be checked against the stored devices: said, not silent
+        assert not any("not checked" in w for w in before.json()["warnings"])
+        assert any("'my-gpu' was not checked" in w for w in during.json()["warnings"]), during.json()["warnings"]
+        # a catalog id is still checked, against the built-in catalog
+        p100 = {k: v for k, v in spec_to_dict(load_catalog()["p100"]).items() if v is not None}
+        clash = client.post("/v1/predictions", json={**inline, "hardware": {**p100, "memory_bytes": 1e9}})
+        assert clash.status_code == 422 and clash.json()["error"]["detail"]["fields"] == ["memory_bytes"], clash.text
 
         (tmp_path / "db-gone").rename(folder)  # back: everything answers again, nothing was lost
         assert client.get("/readyz").status_code == 200
