@@ -133,7 +133,7 @@ class TooManyDevicesPerNode(LayercastError):
     domain of that many devices.
 
     ``detail``: ``device_count``, ``nodes``, ``devices_per_node``, ``max_devices_per_node`` and ``nodes_needed``
-    (``ceil(device_count / max_devices_per_node)``: the fewest nodes to ask for).
+    (the fewest nodes that hold ``device_count`` in equal shares: :func:`app.core.collectives.nodes_needed`).
     """
 
     status_code = 422

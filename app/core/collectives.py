@@ -57,11 +57,16 @@ MAX_DEVICES_PER_NODE = 8
 
 
 def nodes_needed(device_count: int) -> int:
-    """Fewest nodes that hold ``device_count`` devices: ``ceil(device_count / MAX_DEVICES_PER_NODE)``
-    (:data:`MAX_DEVICES_PER_NODE`). Raises ``ValueError`` for ``device_count < 1``."""
+    """Fewest nodes that hold ``device_count`` devices in equal shares of at most :data:`MAX_DEVICES_PER_NODE`
+    each: the smallest ``n >= ceil(device_count / MAX_DEVICES_PER_NODE)`` that divides ``device_count`` (a
+    data-parallel request must spread its devices evenly over its nodes: 20 devices need 4 nodes of 5, not 3;
+    a prime count above 8 needs one node per device). Raises ``ValueError`` for ``device_count < 1``."""
     if device_count < 1:
         raise ValueError(f"need at least one device, got {device_count}")
-    return math.ceil(device_count / MAX_DEVICES_PER_NODE)
+    n = math.ceil(device_count / MAX_DEVICES_PER_NODE)
+    while device_count % n:
+        n += 1
+    return n
 
 
 LinkKind = Literal["nvlink", "xgmi", "pcie", "network"]

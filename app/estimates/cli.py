@@ -71,6 +71,7 @@ class JobParams:
     dataset_size: int | None = None
     epochs: float | None = None
     device_count: int = 1
+    nodes: int = 1
     price_usd_per_hour: float | None = None
     dims: tuple[tuple[str, int], ...] = ()
 
@@ -78,7 +79,7 @@ class JobParams:
         """The job part of a ``POST /v1/predictions`` body (``batch_size`` is the global batch)."""
         body: dict[str, Any] = {"batch_size": self.batch_size, "mode": self.mode, "optimizer": self.optimizer,
                                 "precision": self.precision, "dims": dict(self.dims),
-                                "device_count": self.device_count}
+                                "device_count": self.device_count, "nodes": self.nodes}
         for key in ("dataset_size", "epochs", "price_usd_per_hour"):
             if getattr(self, key) is not None:
                 body[key] = getattr(self, key)
@@ -237,6 +238,9 @@ class ServerBackend:
         body: dict[str, Any] = {
             "graph_id": self.graph_id(model, params.dims), "hardware_ids": list(hardware_ids),
             "device_counts": [job.pop("device_count")], **job}
+        nodes = body.pop("nodes")
+        if nodes > 1:  # a comparison spreads its counts over nodes of devices_per_node
+            body["devices_per_node"] = params.device_count // nodes
         price = body.pop("price_usd_per_hour", None)
         if price is not None:
             body["price_usd_per_hour"] = dict.fromkeys(hardware_ids, price)
@@ -375,6 +379,8 @@ def add_parsers(sub: Any) -> None:
         p.add_argument("--epochs", type=float, default=None, help="epochs of the job (needs --dataset-size)")
         p.add_argument("--device-count", type=int, default=1,
                        help="data-parallel devices sharing --batch-size (the global batch)")
+        p.add_argument("--nodes", type=int, default=1,
+                       help="nodes the --device-count devices sit on, evenly, at most 8 per node (default 1)")
         p.add_argument("--price-usd-per-hour", type=float, default=None,
                        help="price per device-hour (default: the catalog's list price)")
         p.add_argument("--precision", default="fp32", choices=[x.value for x in Precision])
@@ -415,7 +421,8 @@ def add_parsers(sub: Any) -> None:
 def _params(args: argparse.Namespace) -> JobParams:
     return JobParams(batch_size=args.batch_size, mode=args.mode, optimizer=args.optimizer,
                      precision=args.precision, dataset_size=args.dataset_size, epochs=args.epochs,
-                     device_count=args.device_count, price_usd_per_hour=args.price_usd_per_hour, dims=args.dims)
+                     device_count=args.device_count, nodes=args.nodes, price_usd_per_hour=args.price_usd_per_hour,
+                     dims=args.dims)
 
 
 def _backend(args: argparse.Namespace) -> Backend:

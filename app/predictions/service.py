@@ -89,8 +89,8 @@ def check_devices_per_node(request: PredictionCreate) -> None:
     (:data:`app.core.collectives.MAX_DEVICES_PER_NODE`): such a ring would be costed over one intra-node link
     no 8-GPU node has. Hardware-independent, so checked before the device and the graph are looked up.
 
-    Raises :class:`TooManyDevicesPerNode` (422 ``too_many_devices_per_node``; ``detail.nodes_needed``
-    = ``ceil(device_count / MAX_DEVICES_PER_NODE)``).
+    Raises :class:`TooManyDevicesPerNode` (422 ``too_many_devices_per_node``; ``detail.nodes_needed``: the
+    fewest nodes that hold ``device_count`` evenly, :func:`app.core.collectives.nodes_needed`).
     """
     per_node = request.device_count // max(request.nodes, 1)
     if per_node <= MAX_DEVICES_PER_NODE:
@@ -99,7 +99,7 @@ def check_devices_per_node(request: PredictionCreate) -> None:
     raise TooManyDevicesPerNode(
         f"{per_node} devices in one node ({request.device_count} over {request.nodes} node(s)) exceed the "
         f"{MAX_DEVICES_PER_NODE} an 8-GPU DGX/HGX node holds: spread device_count {request.device_count} over "
-        f"at least {needed} nodes (device_count must divide evenly over them)",
+        f"{needed} nodes ({request.device_count // needed} each; device_count must divide evenly over the nodes)",
         detail={"device_count": request.device_count, "nodes": request.nodes, "devices_per_node": per_node,
                 "max_devices_per_node": MAX_DEVICES_PER_NODE, "nodes_needed": needed},
     )

@@ -259,6 +259,22 @@ def test_data_parallel_and_money_gate(models: dict[str, Path], client: TestClien
     assert "BREACH: job costs" in capsys.readouterr().out
 
 
+def test_more_than_a_node_of_devices_needs_nodes(models: dict[str, Path], client: TestClient,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """16 devices in one node are refused (too_many_devices_per_node); --nodes 2 is the way to ask for them, and
+    offline it prices the job as the server does."""
+    job = ["--hardware", A100, "--batch-size", "512", "--device-count", "16"]
+    assert main(["predict", str(models["resnet"]), *job]) != 0
+    assert "too_many_devices_per_node" in capsys.readouterr().err
+    assert main(["predict", str(models["resnet"]), *job, "--nodes", "2", "--json"]) == 0
+    offline = json.loads(capsys.readouterr().out)
+    gid = client.post("/v1/graphs", files={"file": ("r.onnx", light_model("resnet50"))}).json()["id"]
+    served = client.post("/v1/predictions", json={"graph_id": gid, "hardware_id": A100, "batch_size": 512,
+                                                 "device_count": 16, "nodes": 2}).json()
+    assert offline["iteration"]["time_ms"] == pytest.approx(served["iteration"]["time_ms"], rel=1e-9)
+    assert offline["iteration"]["allreduce_ms"] > 0
+
+
 def _with_unknown_op(content: bytes, op: str = "Relu") -> bytes:
     """``content`` with its ``op`` nodes replaced by an op of a custom domain that nothing can cost."""
     import onnx

@@ -184,7 +184,8 @@ def test_data_parallel_over_nodes_is_hierarchical(client: TestClient, resnet_id:
         assert r.status_code == 422 and r.json()["error"]["code"] == "validation_error", r.text
 
 
-@pytest.mark.parametrize(("count", "nodes", "needed"), [(16, 1, 2), (9, 1, 2), (32, 2, 4), (72, 1, 9)])
+@pytest.mark.parametrize(("count", "nodes", "needed"), [(16, 1, 2), (9, 1, 3), (20, 1, 4), (32, 2, 4), (72, 1, 9),
+                                                         (17, 1, 17)])
 def test_more_devices_in_a_node_than_a_node_holds_is_a_422_naming_the_nodes_needed(
         client: TestClient, resnet_id: str, count: int, nodes: int, needed: int) -> None:
     """16 GPUs in one node used to be answered as one 16-rank NVLink ring: no DGX/HGX node holds them."""
@@ -199,6 +200,5 @@ def test_more_devices_in_a_node_than_a_node_holds_is_a_422_naming_the_nodes_need
         assert error["detail"] == {"device_count": count, "nodes": nodes, "devices_per_node": count // nodes,
                                    "max_devices_per_node": MAX_DEVICES_PER_NODE, "nodes_needed": needed}
         assert f"{needed} nodes" in error["message"]
-    # the nodes it names are enough (where the count spreads evenly over them)
-    if count % needed == 0:
-        _predict(client, **{**body, "nodes": needed}, hardware_id="a100-sxm4-80gb")
+    # the nodes it names are enough, and the count spreads evenly over them
+    _predict(client, **{**body, "nodes": needed}, hardware_id="a100-sxm4-80gb")
