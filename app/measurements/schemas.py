@@ -28,7 +28,7 @@ class MeasurementCreate(Schema):
     """A measured time reported by a client (a profiler run, a CI job, a cluster scheduler).
 
     ``time_ms_median`` must be positive (ms); ``hardware_id`` must name a stored device (otherwise the batch
-    is refused: 422 ``invalid_measurements`` with row code ``hardware_not_found``); a job row's
+    is refused: 422 ``invalid_measurements`` with row code ``hardware_not_found``); an iteration or job row's
     ``config.graph_id``, when given, must name a stored graph (row code ``graph_not_found``).
     ``config`` describes what ran: a layer (``{"input_shape": [...], "layer": {"op": ...}}`` in the JSON
     layer vocabulary), a model, or a whole job. ``context`` holds the measurement conditions (framework

@@ -191,6 +191,8 @@ def batch_sha256(data: MeasurementBatchCreate) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+#: Granularities that time a whole model, so that a ``config.graph_id`` of theirs names a stored graph.
+WHOLE_MODEL = frozenset({Granularity.ITERATION, Granularity.JOB})
 #: ``source`` of the whole-job rows ``POST /v1/job-estimates/actuals`` records (``app.estimates.service``): only
 #: that route may store job rows of it, since later job estimates are calibrated by them (against the
 #: ``predicted_s`` it records, after its plausibility check).
@@ -200,8 +202,8 @@ ACTUALS_SOURCE = "scheduler"
 def _row_errors(session: Session, repo: MeasurementRepository, rows: Sequence[MeasurementCreate]) -> list[RowError]:
     """Every row a stored measurement cannot be made of: a reserved import source, an ``op_kind`` or layer
     config that is no layer (``invalid_layer_config``: :func:`app.measurements.validation.check_layer_config`),
-    an unknown device, a job row whose ``config.graph_id`` is no stored graph (``graph_not_found``, field
-    ``config.graph_id``: the job's model must be one the service can predict), a time the device cannot have
+    an unknown device, an iteration or job row whose ``config.graph_id`` is no stored graph (``graph_not_found``,
+    field ``config.graph_id``: the model it timed must be one the service can predict), a time the device cannot have
     taken, a spread no repetitions have or a date in the future (``implausible_measurement``:
     :func:`app.measurements.validation.check_plausible`, :func:`~app.measurements.validation.check_spread`,
     :func:`~app.measurements.validation.check_measured_at`), and a configuration the device cannot run: a
@@ -234,7 +236,7 @@ def _row_errors(session: Session, repo: MeasurementRepository, rows: Sequence[Me
         except InvalidLayerConfig as exc:  # no layer, no floor: it must not be stored unchecked
             errors.append(RowError(index=i, code=exc.code, field=exc.field, message=exc.message))
             continue
-        if row.granularity == Granularity.JOB and "graph_id" in row.config:
+        if row.granularity in WHOLE_MODEL and "graph_id" in row.config:
             graph_id = row.config["graph_id"]
             if not isinstance(graph_id, str) or not graph_repo.exists(graph_id):
                 errors.append(RowError(index=i, code="graph_not_found", field="config.graph_id",
