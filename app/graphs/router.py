@@ -260,15 +260,18 @@ def delete_graph(graph_id: str, session: SessionDep, principal: PrincipalDep) ->
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
-@router.get("", response_model=GraphList)
+@router.get("", response_model=GraphList, responses={422: {"model": ErrorResponse, "description": "validation_error: "
+            "limit not in 1-1000 or a negative offset"}})  # fmt: skip
 def list_graphs(
     session: SessionDep,
-    limit: Annotated[int, Query(gt=0, le=1000)] = 100,
+    limit: Annotated[int, Query(ge=1, le=service.MAX_PAGE)] = 100,
     offset: OffsetQuery = 0,
 ) -> GraphList:
-    """Stored graphs, newest first."""
-    rows, count = service.list_graphs(session, limit=limit, offset=offset)
-    return GraphList(items=[_read(r) for r in rows], count=count)
+    """Stored graphs, newest first (ties by id), paged by ``limit``/``offset``: ``count`` items in this page,
+    ``total`` stored."""
+    rows, total = service.list_graphs(session, limit=limit, offset=offset)
+    items = [_read(r) for r in rows]
+    return GraphList(items=items, count=len(items), total=total, limit=limit, offset=offset)
 
 
 @router.get("/{graph_id}", response_model=GraphRead, responses={404: _ERRORS[404]})
