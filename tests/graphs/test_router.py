@@ -115,6 +115,28 @@ def test_a_query_name_that_contradicts_the_body_name_is_422_and_stores_nothing(c
     assert r.status_code == 201 and r.json()["name"] == "same", r.text
 
 
+def test_a_multipart_upload_with_unknown_or_repeated_fields_is_422_and_stores_nothing(client: TestClient) -> None:
+    """Form fields other than ``file`` and ``name``, or either given twice, were ignored (the first part won):
+    a client that sent ``batch_size`` as a form field, or two files, got a graph it did not ask for."""
+    part = ("squeezenet.onnx", light_model("squeezenet"), "application/octet-stream")
+    cases = [
+        ({"files": {"file": part}, "data": {"batch_size": "8", "dims": "seq=4"}},
+         {"unknown": ["batch_size", "dims"], "repeated": []}),
+        ({"files": [("file", part), ("file", ("b.onnx", light_model("shufflenet"), "application/octet-stream"))]},
+         {"unknown": [], "repeated": ["file"]}),
+        ({"files": [("file", part), ("name", (None, "a")), ("name", (None, "b")), ("extra", ("x.txt", b"x"))]},
+         {"unknown": ["extra"], "repeated": ["name"]}),
+    ]
+    for kwargs, expected in cases:
+        r = client.post("/v1/graphs", **kwargs)
+        assert r.status_code == 422, r.text
+        error = r.json()["error"]
+        assert error["code"] == "invalid_request", r.text
+        assert error["detail"] == {**expected, "allowed": ["file", "name"]}, r.text
+    assert client.get("/v1/graphs").json()["total"] == 0
+    assert client.post("/v1/graphs", files={"file": part}, data={"name": "sq"}).status_code == 201
+
+
 def test_layers_endpoint_at_requested_batch(client: TestClient) -> None:
     gid = _upload(client, "resnet50").json()["id"]
     one = client.get(f"/v1/graphs/{gid}/layers", params={"batch_size": 1}).json()
