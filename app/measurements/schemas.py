@@ -42,7 +42,8 @@ class MeasurementCreate(Schema):
     hardware_id: str = Field(pattern=HARDWARE_ID_PATTERN, examples=["a100-sxm4-40gb"])
     source: Name = Field(default="reported", max_length=64, examples=["ci", "scheduler", "profiler"])
     op_kind: Name = Field(max_length=32, examples=["conv", "gemm", "iteration"],
-                          description="cost family (app.core.ir.OpKind values) or 'iteration'/'job'")
+                          description="cost family (app.core.ir.OpKind values), 'iteration'/'job' or a "
+                                      "collective ('allreduce', 'send_recv')")
     pass_: Pass = Field(alias="pass", examples=["forward"])
     optimizer: Name = Field(default="none", max_length=16, examples=["none", "sgd", "adam"])
     precision: PrecisionMode | Precision = Field(

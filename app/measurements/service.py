@@ -52,6 +52,10 @@ from app.measurements.validation import (
 
 MAX_PAGE = 1000
 PRECISION_MODES = frozenset(p.value for p in PrecisionMode)
+#: Precision modes a CPU runs without the arithmetic for them: ``torch.autocast("cpu")`` converts bf16/fp16
+#: in software where the ISA has none, so the time is real (the seed profiler shard has 5,128 bf16 rows of a
+#: CPU without bf16 arithmetic). ``tf32`` is a CUDA mode only: refused on a CPU like on a GPU without it.
+CPU_AUTOCAST_MODES = frozenset({PrecisionMode.BF16.value, PrecisionMode.FP16.value})
 
 
 def _file_key(record: MeasurementRecord) -> tuple[str, str, Any]:
@@ -207,8 +211,9 @@ def _row_errors(session: Session, repo: MeasurementRepository, rows: Sequence[Me
     taken, a spread no repetitions have or a date in the future (``implausible_measurement``:
     :func:`app.measurements.validation.check_plausible`, :func:`~app.measurements.validation.check_spread`,
     :func:`~app.measurements.validation.check_measured_at`), and a configuration the device cannot run: a
-    precision mode it has no arithmetic for (``precision_not_supported``, :func:`app.core.precision.check_precision`)
-    or a GPU-only software stack on a CPU (``stack_not_supported``), as a prediction of it would answer."""
+    precision mode it has no arithmetic for (``precision_not_supported``, :func:`app.core.precision.check_precision`;
+    on a CPU only ``tf32``: it runs bf16/fp16 autocast in software, :data:`CPU_AUTOCAST_MODES`) or a GPU-only
+    software stack on a CPU (``stack_not_supported``), as a prediction of it would answer."""
     known = repo.hardware_ids()
     graph_repo = GraphRepository(session)
     specs: dict[str, HardwareSpec] = {}
@@ -253,7 +258,8 @@ def _row_errors(session: Session, repo: MeasurementRepository, rows: Sequence[Me
                 f"software stack {row.software_stack.value!r} runs on GPUs only; {spec.id!r} is a "
                 f"{spec.kind.upper()}")))
             continue
-        if str(row.precision) in PRECISION_MODES:  # a mode, not a storage format such as int8 or fp64
+        if str(row.precision) in PRECISION_MODES and not (  # a mode, not a storage format such as int8 or fp64
+                spec.kind == "cpu" and str(row.precision) in CPU_AUTOCAST_MODES):
             try:
                 check_precision(spec, str(row.precision))
             except PrecisionNotSupported as exc:

@@ -39,8 +39,11 @@ the time (issue: ``time_ms_std`` 1e300 and ``measured_at`` in the year 2999 were
 
 Before any bound, :func:`check_layer_config` refuses (:class:`InvalidLayerConfig`, row code
 ``invalid_layer_config``) a row that claims to be a layer it cannot be: an ``op_kind`` that is no cost
-family (:class:`app.core.ir.OpKind`) nor ``iteration``/``job``; or a JSON-vocabulary config (it has a
-``layer``) that does not import into a layer (``"op": "linearr"``, ``"out_features": -3``, no
+family (:class:`app.core.ir.OpKind`) nor ``iteration``/``job`` nor a collective (``allreduce``,
+``send_recv``); a shape record of the importers (:data:`SHAPE_RECORD_KINDS`: DeepBench's bare GEMM,
+NeuSight's batched matmul, Vidur's element-wise ops, RoPE and collectives, a ``layer`` without
+``input_shape``) labelled with another ``op_kind``; or a JSON-vocabulary config (any other ``layer``) that
+does not import into a layer (``"op": "linearr"``, ``"out_features": -3``, no
 ``input_shape``), whose declared ``in_features``/``in_channels`` disagree with its ``input_shape``, or whose
 kind is not its ``op_kind``. Such rows used to skip the floor (no layer, no floor) and be stored, feeding
 retraining with times of layers that do not exist.
@@ -99,8 +102,22 @@ class InvalidLayerConfig(LayercastError):
         self.field = field
 
 
-#: ``op_kind`` values a measurement may carry besides the cost families of :class:`OpKind`.
+#: ``op_kind`` values a measurement may carry besides the cost families of :class:`OpKind`: whole models, and
+#: the collectives the importers store (DeepBench's and Vidur's NCCL all-reduce, Vidur's send/receive), which
+#: are no layer but are timed as kernels.
 WHOLE_KINDS = frozenset({"iteration", "job"})
+COLLECTIVE_KINDS = frozenset({"allreduce", "send_recv"})
+#: The importers' shape records (``app.measurements.importers`` module doc): ``{"layer": {"op": ...}}`` without
+#: ``input_shape``, for work the JSON layer vocabulary does not express (DeepBench's bare GEMM ``m``/``n``/``k``,
+#: NeuSight's batched ``matmul`` ``a``/``b``, Vidur's ``elementwise`` and ``rope``, the collectives), by op →
+#: the ``op_kind`` values each may carry. Not rebuilt here (they have no floor: only the time bounds apply).
+SHAPE_RECORD_KINDS: dict[str, frozenset[str]] = {
+    "matmul": frozenset({"gemm", "matmul"}),
+    "elementwise": frozenset({"elementwise"}),
+    "rope": frozenset({"elementwise"}),
+    "allreduce": frozenset({"allreduce"}),
+    "send_recv": frozenset({"send_recv"}),
+}
 #: Declared input sizes a JSON layer may repeat → the axis of its (batched) input they must match.
 _DECLARED_INPUT = {"in_features": -1, "in_channels": 1}
 
@@ -119,20 +136,30 @@ def check_granularity(*, op_kind: str, granularity: Granularity | str) -> None:
 
 
 def check_layer_config(*, op_kind: str, config: dict[str, Any], batch_size: int) -> None:
-    """Raise :class:`InvalidLayerConfig` (422) when ``op_kind`` is no cost family nor ``iteration``/``job``,
-    or when ``config`` is in the JSON layer vocabulary (has ``layer``) but does not import into a layer of
-    kind ``op_kind`` whose declared ``in_features``/``in_channels`` match ``input_shape``. Configs of other
-    vocabularies are not checked here."""
+    """Raise :class:`InvalidLayerConfig` (422) when ``op_kind`` is no cost family nor one of
+    :data:`WHOLE_KINDS`/:data:`COLLECTIVE_KINDS`, when ``config`` is a shape record
+    (:data:`SHAPE_RECORD_KINDS`) of another kind than ``op_kind``, or when ``config`` is in the JSON layer
+    vocabulary (any other ``layer``) but does not import into a layer of kind ``op_kind`` whose declared
+    ``in_features``/``in_channels`` match ``input_shape``. Configs of other vocabularies (no ``layer``) are not
+    checked here."""
     kinds = {k.value for k in OpKind if k is not OpKind.UNSUPPORTED}
-    if op_kind not in kinds | WHOLE_KINDS:
+    if op_kind not in kinds | WHOLE_KINDS | COLLECTIVE_KINDS:
         raise InvalidLayerConfig(
             f"op_kind {op_kind!r} is not a cost family ({', '.join(sorted(kinds))}) nor one of "
-            f"{', '.join(sorted(WHOLE_KINDS))}", field="op_kind")
+            f"{', '.join(sorted(WHOLE_KINDS | COLLECTIVE_KINDS))}", field="op_kind")
     if "layer" not in config:
         return
     layer_spec = config["layer"]
     if not isinstance(layer_spec, dict):
         raise InvalidLayerConfig("config.layer must be an object in the JSON layer vocabulary", field="config.layer")
+    op = layer_spec.get("op")
+    shape_kinds = SHAPE_RECORD_KINDS.get(op) if isinstance(op, str) and "input_shape" not in config else None
+    if shape_kinds is not None:
+        if op_kind not in shape_kinds:
+            raise InvalidLayerConfig(
+                f"op_kind {op_kind!r} is not the kind of a {op!r} shape record "
+                f"({' or '.join(sorted(shape_kinds))})", field="op_kind")
+        return
     if "input_shape" not in config:
         raise InvalidLayerConfig("config.layer needs config.input_shape (one sample, no batch axis)",
                                  field="config.input_shape")

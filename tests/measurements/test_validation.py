@@ -157,3 +157,36 @@ def test_api_refuses_rows_whose_config_is_not_a_layer(client: TestClient, change
           {**good, "op_kind": "gemm", "config": {"family": "gemm", "shapes": [[64, 512], [512, 10]]}},
           {**good, "op_kind": "iteration", "granularity": "iteration", "config": {"model": "resnet50"}}]
     assert client.post("/v1/measurements", json={"measurements": ok}).status_code == 201
+
+
+def test_api_accepts_the_shape_records_collectives_and_cpu_precisions_that_are_really_measured(
+        client: TestClient) -> None:
+    """What the importers and the profiler store of real measurements is a row the API takes too: DeepBench's
+    bare GEMM and NeuSight's batched matmul, Vidur's element-wise ops, RoPE and NCCL collectives (configs of the
+    importers' shape-record vocabulary, no ``input_shape``), and a bf16 time on a CPU, which PyTorch's CPU
+    autocast runs without bf16 arithmetic (the seed profiler shard holds 5,128 such rows). A shape record of
+    another kind than its ``op_kind``, and bf16 on a GPU without bf16 arithmetic, are still refused."""
+    kernel = {**LAYER, "granularity": "kernel", "time_ms_median": 0.5, "hardware_id": "a100-pcie-80gb",
+              "precision": "fp16"}
+    gemm = {"layer": {"op": "matmul", "m": 5124, "n": 700, "k": 2048, "a_trans": False, "b_trans": False}}
+    rows = [{**kernel, "op_kind": "gemm", "config": gemm},
+            {**kernel, "op_kind": "matmul", "config": {"layer": {"op": "matmul", "a": [8, 64, 64], "b": [8, 64, 32]}}},
+            {**kernel, "op_kind": "elementwise",
+             "config": {"layer": {"op": "elementwise", "fn": "silu_and_mul", "shape": [4096, 49152]}}},
+            {**kernel, "op_kind": "elementwise",
+             "config": {"layer": {"op": "rope", "q_shape": [4096, 8192], "k_shape": [4096, 8192], "rotary_dim": 128}}},
+            {**kernel, "op_kind": "allreduce", "batch_size": 1, "config": {"layer": {
+                "op": "allreduce", "size_bytes": 2048, "n_ranks": 2, "devices_per_node": 1, "n_nodes": 2}}},
+            {**kernel, "op_kind": "send_recv", "batch_size": 1, "config": {"layer": {
+                "op": "send_recv", "size_bytes": 2048, "n_ranks": 2, "devices_per_node": 1, "n_nodes": 2}}},
+            {**LAYER, "hardware_id": "local", "precision": "bf16", "time_ms_median": 400.0}]
+    r = client.post("/v1/measurements", json={"measurements": rows})
+    assert r.status_code == 201, r.text
+    wrong = [{**kernel, "op_kind": "conv", "config": gemm},
+             {**kernel, "op_kind": "gemm", "config": {"layer": {"op": "allreduce", "size_bytes": 2048}}},
+             {**LAYER, "hardware_id": "k80", "precision": "bf16", "time_ms_median": 40.0}]
+    r = client.post("/v1/measurements", json={"measurements": wrong})
+    assert r.status_code == 422, r.text
+    assert [(e["index"], e["code"], e["field"]) for e in r.json()["error"]["detail"]["errors"]] == [
+        (0, "invalid_layer_config", "op_kind"), (1, "invalid_layer_config", "op_kind"),
+        (2, "precision_not_supported", "precision")]
