@@ -31,7 +31,7 @@ _CREATE_ERRORS: dict[int | str, dict[str, Any]] = {
           "import's source; a job row of source scheduler: POST /v1/job-estimates/actuals) | "
           "precision_not_supported | stack_not_supported (a configuration the device cannot run; a CPU runs bf16 "
           "and fp16 autocast in software) | "
-          "implausible_measurement (below 100 ns, above the bound of its granularity, below 0.25x the layer's "
+          "implausible_measurement (below 100 ns, above the bound of its granularity, below 0.2x the layer's "
           "roofline floor; time_ms_std above what repetitions within that bound can spread, or above 0 from 1 "
           "repetition; measured_at more than 1 day in the future), field), "
           "invalid_idempotency_key"},
