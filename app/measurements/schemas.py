@@ -146,7 +146,11 @@ class ImportReport(Schema):
 
     ``replaced``: rows of earlier imports of the same files deleted before inserting (re-import);
     ``skipped_by_device``: the file's own device name → reason → count (``hardware_not_in_catalog``,
-    ``unknown_device``, ``missing_time``, ``non_positive_time``, ``unknown_precision``).
+    ``unknown_device``, ``missing_time``, ``non_positive_time``, ``unknown_precision``): rows the parser
+    could not turn into a record. ``refused``: records the per-row checks of ``POST /v1/measurements``
+    refuse (:func:`app.measurements.validation.field_problems`), not stored; ``refused_by_reason``:
+    ``code/field`` of a record's first problem → count (``implausible_measurement/time_ms_median``...);
+    ``refused_examples``: that reason → the first such record (``<file> row <n>: <message>``).
     """
 
     source_files: list[str] = Field(default_factory=list)
@@ -157,6 +161,9 @@ class ImportReport(Schema):
     imported_by_hardware: dict[str, int] = Field(default_factory=dict)
     skipped_by_reason: dict[str, int] = Field(default_factory=dict)
     skipped_by_device: dict[str, dict[str, int]] = Field(default_factory=dict)
+    refused: int = 0
+    refused_by_reason: dict[str, int] = Field(default_factory=dict)
+    refused_examples: dict[str, str] = Field(default_factory=dict)
 
     def merge(self, other: ImportReport) -> ImportReport:
         """A new report adding ``other``'s counts to these."""
@@ -176,4 +183,7 @@ class ImportReport(Schema):
             skipped_by_device={
                 d: add(self.skipped_by_device.get(d, {}), other.skipped_by_device.get(d, {})) for d in devices
             },
+            refused=self.refused + other.refused,
+            refused_by_reason=add(self.refused_by_reason, other.refused_by_reason),
+            refused_examples=dict(sorted({**other.refused_examples, **self.refused_examples}.items())),
         )

@@ -38,6 +38,10 @@ the time (issue: ``time_ms_std`` 1e300 and ``measured_at`` in the year 2999 were
 * ``spread_of_one_sample`` (field ``time_ms_std``): a std above 0 from ``repetitions`` 1.
 * ``measured_in_future`` (field ``measured_at``): later than the server's clock plus :data:`MAX_CLOCK_SKEW`.
 
+One rule set: :func:`field_problems` runs every check of a row, these and the device's (a precision it has no
+arithmetic for, a GPU-only stack on a CPU) and the graph's (an iteration or job row's ``config.graph_id``),
+and is what both ``POST /v1/measurements`` and ``layercast import`` apply to each row.
+
 Before any bound, :func:`check_layer_config` refuses (:class:`InvalidLayerConfig`, row code
 ``invalid_layer_config``) a row that claims to be a layer it cannot be: an ``op_kind`` that is no cost
 family (:class:`app.core.ir.OpKind`) nor ``iteration``/``job`` nor a collective (``allreduce``,
@@ -53,6 +57,8 @@ retraining with times of layers that do not exist.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -60,9 +66,10 @@ from app.core.costs import layer_cost
 from app.core.hardware import HardwareSpec
 from app.core.ir import Layer, OpKind
 from app.core.json_import import import_json
-from app.core.precision import physics_floor_ms
-from app.core.vocab import Granularity
+from app.core.precision import Precision, PrecisionNotSupported, check_precision, physics_floor_ms
+from app.core.vocab import Granularity, stack_runs_on
 from app.errors import LayercastError
+from app.measurements.importers import MeasurementRecord
 
 #: Shortest time accepted, ms (100 ns; module doc).
 MIN_TIME_MS = 1e-4
@@ -267,3 +274,88 @@ def check_measured_at(*, measured_at: datetime | None, now: datetime) -> None:
         f" {MAX_CLOCK_SKEW.days} day of clock skew allowed)",
         detail={"measured_at": measured_at.isoformat(), "now": now.isoformat(), "reason": "measured_in_future",
                 "max_skew_s": MAX_CLOCK_SKEW.total_seconds()})
+
+
+#: Precision modes (:class:`app.core.precision.Precision`) a device must have the arithmetic for; a row's
+#: storage format (``int8``, ``fp64``, ``fp8``) is not a mode and is not checked against the device.
+PRECISION_MODES = frozenset(p.value for p in Precision)
+#: Precision modes a CPU runs without the arithmetic for them: ``torch.autocast("cpu")`` converts bf16/fp16
+#: in software where the ISA has none, so the time is real (the seed profiler shard has 5,128 bf16 rows of a
+#: CPU without bf16 arithmetic). ``tf32`` is a CUDA mode only: refused on a CPU like on a GPU without it.
+CPU_AUTOCAST_MODES = frozenset({Precision.BF16.value, Precision.FP16.value})
+#: Granularities that time a whole model, so that a ``config.graph_id`` of theirs names a stored graph.
+WHOLE_MODEL = frozenset({Granularity.ITERATION, Granularity.JOB})
+
+
+@dataclass(frozen=True, slots=True)
+class RowProblem:
+    """Why a measurement row cannot be stored: ``code`` (a row code of 422 ``invalid_measurements``:
+    ``implausible_measurement``, ``invalid_layer_config``, ``graph_not_found``, ``hardware_not_found``,
+    ``stack_not_supported``, ``precision_not_supported``), the ``field`` at fault, a message for humans."""
+
+    code: str
+    field: str
+    message: str
+
+
+def field_problems(row: MeasurementRecord, *, spec: HardwareSpec | None, graph_exists: Callable[[str], bool],
+                   now: datetime) -> list[RowProblem]:  # fmt: skip
+    """Every problem of ``row`` (empty: it may be stored), the one rule set of ``POST /v1/measurements`` and
+    ``layercast import``, in this order: a spread no repetitions have (:func:`check_spread`) and a date in
+    the future (:func:`check_measured_at`); an ``op_kind``, ``granularity`` or layer config that is no layer
+    (:func:`check_layer_config`, :func:`check_granularity`: nothing further is checked of such a row); an
+    iteration or job row whose ``config.graph_id`` is not a stored graph (``graph_not_found``); a device that
+    is not stored (``spec`` None: ``hardware_not_found``), a GPU-only stack on a CPU (``stack_not_supported``)
+    or a precision mode the device has no arithmetic for (``precision_not_supported``; on a CPU only ``tf32``:
+    :data:`CPU_AUTOCAST_MODES`), each ending the checks; last a time the device cannot have taken
+    (:func:`check_plausible`).
+
+    ``spec``: the stored device ``row.hardware_id`` names, or None; ``graph_exists``: whether a graph id is
+    stored; ``now``: the server's aware clock. Raises nothing: every refusal is a :class:`RowProblem`."""
+    problems: list[RowProblem] = []
+
+    def add(exc: LayercastError, field: str) -> None:
+        problems.append(RowProblem(exc.code, field, exc.message))
+
+    try:
+        check_spread(time_ms_std=row.time_ms_std, granularity=row.granularity, repetitions=row.repetitions)
+    except ImplausibleMeasurement as exc:
+        add(exc, "time_ms_std")
+    try:
+        check_measured_at(measured_at=row.measured_at, now=now)
+    except ImplausibleMeasurement as exc:
+        add(exc, "measured_at")
+    try:
+        check_layer_config(op_kind=row.op_kind, config=row.config, batch_size=row.batch_size)
+        check_granularity(op_kind=row.op_kind, granularity=row.granularity)
+    except InvalidLayerConfig as exc:  # no layer, no floor: it must not be stored unchecked
+        add(exc, exc.field)
+        return problems
+    if row.granularity in WHOLE_MODEL and "graph_id" in row.config:
+        graph_id = row.config["graph_id"]
+        if not isinstance(graph_id, str) or not graph_exists(graph_id):
+            problems.append(RowProblem("graph_not_found", "config.graph_id",
+                                       f"no graph with id {graph_id!r}: upload it first (POST /v1/graphs)"))
+    if spec is None:
+        problems.append(RowProblem("hardware_not_found", "hardware_id",
+                                   f"unknown hardware id {row.hardware_id!r}: register it first"))
+        return problems
+    if not stack_runs_on(row.software_stack, spec.kind):
+        problems.append(RowProblem("stack_not_supported", "software_stack",
+                                   f"software stack {row.software_stack.value!r} runs on GPUs only; {spec.id!r} is "
+                                   f"a {spec.kind.upper()}"))
+        return problems
+    if row.precision in PRECISION_MODES and not (  # a mode, not a storage format such as int8 or fp64
+            spec.kind == "cpu" and row.precision in CPU_AUTOCAST_MODES):
+        try:
+            check_precision(spec, row.precision)
+        except PrecisionNotSupported as exc:
+            problems.append(RowProblem(exc.code, "precision", str(exc)))
+            return problems
+    try:
+        check_plausible(time_ms=row.time_ms_median, granularity=row.granularity, config=row.config,
+                        batch_size=row.batch_size, spec=spec, precision=row.precision, pass_=row.pass_,
+                        optimizer=row.optimizer)  # fmt: skip
+    except ImplausibleMeasurement as exc:
+        add(exc, "time_ms_median")
+    return problems

@@ -4,6 +4,7 @@ poisoned rows (1e-12 ms, 1e300 ms, 18x faster than physics) with nothing stored.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -12,12 +13,19 @@ from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
-from app.core.vocab import Granularity
+from app.core.vocab import Granularity, SoftwareStack
 from app.hardware.catalog import load_catalog, spec_from_dict
 from app.hardware.models import Hardware
-from app.measurements.importers import iter_justus
+from app.measurements.importers import MeasurementRecord, iter_justus
 from app.measurements.models import Measurement
-from app.measurements.validation import FLOOR_TOLERANCE, ImplausibleMeasurement, check_plausible, floor_ms
+from app.measurements.validation import (
+    FLOOR_TOLERANCE,
+    ImplausibleMeasurement,
+    RowProblem,
+    check_plausible,
+    field_problems,
+    floor_ms,
+)
 from tests.helpers import SHARED_DATA
 
 A100 = load_catalog()["a100-sxm4-40gb"]
@@ -211,3 +219,41 @@ def test_api_accepts_the_shape_records_collectives_and_cpu_precisions_that_are_r
     assert [(e["index"], e["code"], e["field"]) for e in r.json()["error"]["detail"]["errors"]] == [
         (0, "invalid_layer_config", "op_kind"), (1, "invalid_layer_config", "op_kind"),
         (2, "precision_not_supported", "precision")]
+
+
+def _record(**overrides: Any) -> MeasurementRecord:
+    values: dict[str, Any] = {
+        "hardware_id": "a100-sxm4-40gb", "source": "ci", "op_kind": "conv", "pass_": "forward", "optimizer": "none",
+        "precision": "fp32", "software_stack": SoftwareStack.PYTORCH_EAGER, "granularity": Granularity.LAYER,
+        "batch_size": 64, "config": CONV, "time_ms_median": 5.0, "time_ms_std": None, "repetitions": None,
+        "context": {},
+    }
+    return MeasurementRecord(**{**values, **overrides})
+
+
+def test_field_problems_is_one_rule_set_over_a_record() -> None:
+    """The per-row checks of ``POST /v1/measurements`` and ``layercast import``: every problem of a row, the
+    device's and the graph's checks given the stored device and graphs."""
+    now = datetime.now(UTC)
+    stored = {"a" * 64}
+
+    def problems(spec: Any = A100, **overrides: Any) -> list[tuple[str, str]]:
+        found = field_problems(_record(**overrides), spec=spec, graph_exists=stored.__contains__, now=now)
+        assert all(isinstance(p, RowProblem) and p.message for p in found)
+        return [(p.code, p.field) for p in found]
+
+    assert problems() == []
+    assert problems(time_ms_median=1e-12) == [("implausible_measurement", "time_ms_median")]
+    assert problems(time_ms_std=1e300, measured_at=now + timedelta(days=3)) == [
+        ("implausible_measurement", "time_ms_std"), ("implausible_measurement", "measured_at")]
+    assert problems(op_kind="gemmm") == [("invalid_layer_config", "op_kind")]  # no layer: nothing more is checked
+    assert problems(spec=None) == [("hardware_not_found", "hardware_id")]
+    assert problems(precision="bf16", spec=load_catalog()["k80"]) == [("precision_not_supported", "precision")]
+    cpu = replace(load_catalog()["k80"], kind="cpu", id="a-cpu")  # no bf16 nor tf32 peak
+    assert problems(precision="bf16", spec=cpu, time_ms_median=500.0) == []  # CPU autocast: a real time
+    assert problems(precision="tf32", spec=cpu, time_ms_median=500.0) == [("precision_not_supported", "precision")]
+    assert problems(software_stack=SoftwareStack.CUDA_LIBRARY, spec=replace(A100, kind="cpu")) == [
+        ("stack_not_supported", "software_stack")]
+    whole = {"op_kind": "iteration", "granularity": Granularity.ITERATION, "time_ms_median": 200.0}
+    assert problems(**whole, config={"graph_id": "a" * 64}) == []
+    assert problems(**whole, config={"graph_id": "b" * 64}) == [("graph_not_found", "config.graph_id")]
