@@ -35,7 +35,9 @@ class GraphRepository:
         return self.session.scalar(_EXISTS, {"graph_id": graph_id}) is not None
 
     def list(self, *, limit: int = 100, offset: int = 0) -> Sequence[StoredGraph]:
-        stmt = select(StoredGraph).order_by(StoredGraph.created_at.desc()).limit(limit).offset(offset)
+        """Rows newest first; ties of ``created_at`` by id, so that an order is total and pages do not overlap."""
+        stmt = (select(StoredGraph).order_by(StoredGraph.created_at.desc(), StoredGraph.id)
+                .limit(limit).offset(offset))  # fmt: skip
         return self.session.scalars(stmt).all()
 
     def count(self) -> int:

@@ -39,7 +39,8 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     422: {
         "model": ErrorResponse,
         "description": "invalid_graph, unbound_dimension, unknown_dimension, validation_error; on upload also "
-                       "conflicting_name (?name= and the body's or form's name differ), invalid_request",
+                       "conflicting_name (?name= and the body's or form's name differ), invalid_request (a multipart "
+                       "form field other than file/name, or one twice: detail {unknown, allowed, repeated})",
     },
 }
 
@@ -102,6 +103,26 @@ def _one_name(query: str | None, given: str | None, *, field: str) -> str | None
     return query if query is not None else given
 
 
+#: The fields of a multipart upload, each at most once (``batch_size``, ``dims`` and ``name`` as query parameters).
+FORM_FIELDS = ("file", "name")
+
+
+def _check_form_fields(keys: list[str]) -> None:
+    """Raise :class:`InvalidRequest` (422, detail ``{unknown, allowed, repeated}``, names sorted) when the
+    multipart form's field names ``keys`` (one per part, in order) hold a field not in :data:`FORM_FIELDS`
+    or one twice: such parts used to be ignored (the first ``file`` won), so the client got a graph other
+    than the one it asked for."""
+    unknown = sorted({k for k in keys if k not in FORM_FIELDS})
+    repeated = sorted({k for k in keys if k in FORM_FIELDS and keys.count(k) > 1})
+    if unknown or repeated:
+        problems = [f"unknown field(s) {', '.join(map(repr, unknown))}"] if unknown else []
+        problems += [f"field(s) {', '.join(map(repr, repeated))} given more than once"] if repeated else []
+        raise InvalidRequest(
+            f"multipart upload: {'; '.join(problems)}; send one 'file' part and at most one 'name' "
+            "(batch_size and dims are query parameters)",
+            detail={"unknown": unknown, "allowed": list(FORM_FIELDS), "repeated": repeated})
+
+
 def _read(row: StoredGraph, *, notices: list[str] | None = None) -> GraphRead:
     return GraphRead.model_validate(
         {
@@ -138,6 +159,7 @@ def _read(row: StoredGraph, *, notices: list[str] | None = None) -> GraphRead:
                         "type": "object",
                         "properties": {"file": {"type": "string", "format": "binary"}, "name": {"type": "string"}},
                         "required": ["file"],
+                        "additionalProperties": False,
                     }
                 },
                 "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
@@ -159,6 +181,9 @@ async def create_graph(
 ) -> GraphRead:
     """Upload an ONNX file (multipart field ``file``, or the raw bytes as ``application/octet-stream``)
     or a JSON layer list (``application/json``).
+
+    A multipart form holds one ``file`` part and at most one ``name``: another field, or one of them twice,
+    is a 422 ``invalid_request`` with ``detail`` ``{unknown, allowed, repeated}`` and nothing is stored.
 
     ONNX bodies are streamed to a spooled temporary file (in memory up to 8 MiB, on disk above) while
     being hashed, never held whole as a request body; the file is read once, to parse it. External-data
@@ -184,6 +209,7 @@ async def create_graph(
     try:
         if ctype == "multipart/form-data":
             form = await request.form()
+            _check_form_fields([key for key, _ in form.multi_items()])
             upload = form.get("file")
             if upload is None or isinstance(upload, str):
                 raise InvalidRequest("multipart upload needs a file field named 'file'")
@@ -260,15 +286,18 @@ def delete_graph(graph_id: str, session: SessionDep, principal: PrincipalDep) ->
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
-@router.get("", response_model=GraphList)
+@router.get("", response_model=GraphList, responses={422: {"model": ErrorResponse, "description": "validation_error: "
+            "limit not in 1-1000 or a negative offset"}})  # fmt: skip
 def list_graphs(
     session: SessionDep,
-    limit: Annotated[int, Query(gt=0, le=1000)] = 100,
+    limit: Annotated[int, Query(ge=1, le=service.MAX_PAGE)] = 100,
     offset: OffsetQuery = 0,
 ) -> GraphList:
-    """Stored graphs, newest first."""
-    rows, count = service.list_graphs(session, limit=limit, offset=offset)
-    return GraphList(items=[_read(r) for r in rows], count=count)
+    """Stored graphs, newest first (ties by id), paged by ``limit``/``offset``: ``count`` items in this page,
+    ``total`` stored."""
+    rows, total = service.list_graphs(session, limit=limit, offset=offset)
+    items = [_read(r) for r in rows]
+    return GraphList(items=items, count=len(items), total=total, limit=limit, offset=offset)
 
 
 @router.get("/{graph_id}", response_model=GraphRead, responses={404: _ERRORS[404]})

@@ -78,8 +78,13 @@ class GraphRead(Schema):
 
 
 class GraphList(Schema):
+    """``GET /v1/graphs``: one page, newest first (ties by id); ``count`` items in it, ``total`` stored."""
+
     items: list[GraphRead]
-    count: int
+    count: int = Field(description="graphs in this page (len(items))")
+    total: int = Field(description="every stored graph")
+    limit: int
+    offset: int
 
 
 class LayerCostRead(Schema):

@@ -49,6 +49,7 @@ from app.core.vocab import SoftwareStack
 from app.errors import (
     GraphNotFound,
     InvalidGraph,
+    InvalidRequest,
     LayercastError,
     UnboundDimension,
     UnknownDimension,
@@ -57,6 +58,9 @@ from app.errors import (
 from app.graphs.importer import ImportWorkers, build_graph, content_id, prepare_graph
 from app.graphs.models import StoredGraph
 from app.graphs.repository import GraphRepository
+
+#: Most graphs one ``GET /v1/graphs`` page holds (as ``GET /v1/measurements``).
+MAX_PAGE = 1000
 
 #: Default byte budget of the process-wide analysis cache (the app sets ``Settings.analysis_cache_bytes``).
 DEFAULT_CACHE_BYTES = 512 * 2**20
@@ -446,7 +450,12 @@ def get_graph(session: Session, *, graph_id: str) -> StoredGraph:
 
 
 def list_graphs(session: Session, *, limit: int = 100, offset: int = 0) -> tuple[list[StoredGraph], int]:
-    """A page of stored graphs, newest first, and the total count."""
+    """Up to ``limit`` stored graphs after the first ``offset``, newest first (ties by id, so pages do not
+    overlap), and the number of all stored graphs. Raises :class:`app.errors.InvalidRequest` (422) unless
+    ``1 <= limit <= MAX_PAGE`` and ``offset >= 0``."""
+    if not 1 <= limit <= MAX_PAGE or offset < 0:
+        raise InvalidRequest(f"need 1 <= limit <= {MAX_PAGE} and offset >= 0",
+                             detail={"limit": limit, "offset": offset})  # fmt: skip
     repo = GraphRepository(session)
     return list(repo.list(limit=limit, offset=offset)), repo.count()
 

@@ -22,9 +22,11 @@ Steps: migrate the database (``app.migrate.upgrade``), seed the built-in hardwar
 (:func:`app.hardware.service.seed_builtin`; ``local``, this machine's CPU, only for profiler rows
 measured on it), register the measuring machine (:func:`app.hardware.service.register_measured`),
 import file by file
-(:func:`app.measurements.service.import_records`: re-importing replaces a file's rows), commit once at
-the end (any error rolls the whole run back), print the report. Exit code 0 on success, 1 when a file is
-missing or malformed or a device is not stored.
+(:func:`app.measurements.service.import_records`: re-importing replaces a file's rows; each row is checked
+by the rule set of ``POST /v1/measurements``, :func:`app.measurements.validation.field_problems`, and one it
+refuses is not stored but counted), commit once at the end (any error rolls the whole run back), print the
+report (read, imported, skipped and refused rows, why, and the first refused row of each reason). Exit code
+0 on success (refused rows included), 1 when a file is missing or malformed or a device is not stored.
 """
 
 from __future__ import annotations
@@ -224,11 +226,12 @@ def run_import(args: argparse.Namespace) -> ImportReport:
 
 
 def format_report(report: ImportReport, *, dataset: str, wall_s: float) -> str:
-    """Human-readable summary: totals, imported per hardware id, skipped per device and reason."""
+    """Human-readable summary: totals, imported per hardware id, skipped per device and reason, refused per
+    reason with the first refused row of each."""
     lines = [
         f"imported {dataset}: {len(report.source_files)} files, {report.rows_read} rows read, "
         f"{report.imported} measurements imported ({report.replaced} replaced from earlier imports), "
-        f"{report.skipped} skipped, {wall_s:.1f} s",
+        f"{report.skipped} skipped, {report.refused} refused, {wall_s:.1f} s",
         "imported per hardware:",
         *(f"  {hw:<16} {n}" for hw, n in report.imported_by_hardware.items()),
     ]
@@ -237,6 +240,10 @@ def format_report(report: ImportReport, *, dataset: str, wall_s: float) -> str:
         lines.append("skipped per device:")
         for device, reasons in report.skipped_by_device.items():
             lines.append(f"  {device:<16} " + ", ".join(f"{r} {n}" for r, n in reasons.items()))
+    if report.refused:
+        lines.append("refused per reason: " + ", ".join(f"{r} {n}" for r, n in report.refused_by_reason.items()))
+        lines.append("first refused row per reason:")
+        lines.extend(f"  {r}: {example}" for r, example in report.refused_examples.items())
     return "\n".join(lines)
 
 

@@ -26,11 +26,12 @@ _CREATE_ERRORS: dict[int | str, dict[str, Any]] = {
     409: {"model": ErrorResponse, "description": "idempotency_key_reused: the key was sent with another body"},
     413: {"model": ErrorResponse, "description": "too_many_items (more than 5,000 rows), payload_too_large"},
     422: {"model": ErrorResponse, "description": "validation_error (detail.errors[].loc names the row index), "
-          "invalid_measurements (detail.errors[]: index, code hardware_not_found | graph_not_found (a job row's "
-          "config.graph_id) | reserved_source (an "
+          "invalid_measurements (detail.errors[]: index, code hardware_not_found | graph_not_found (an iteration or "
+          "job row's config.graph_id) | reserved_source (an "
           "import's source; a job row of source scheduler: POST /v1/job-estimates/actuals) | "
-          "precision_not_supported | stack_not_supported (a configuration the device cannot run) | "
-          "implausible_measurement (below 100 ns, above the bound of its granularity, below 0.25x the layer's "
+          "precision_not_supported | stack_not_supported (a configuration the device cannot run; a CPU runs bf16 "
+          "and fp16 autocast in software) | "
+          "implausible_measurement (below 100 ns, above the bound of its granularity, below 0.2x the layer's "
           "roofline floor; time_ms_std above what repetitions within that bound can spread, or above 0 from 1 "
           "repetition; measured_at more than 1 day in the future), field), "
           "invalid_idempotency_key"},

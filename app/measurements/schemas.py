@@ -28,7 +28,7 @@ class MeasurementCreate(Schema):
     """A measured time reported by a client (a profiler run, a CI job, a cluster scheduler).
 
     ``time_ms_median`` must be positive (ms); ``hardware_id`` must name a stored device (otherwise the batch
-    is refused: 422 ``invalid_measurements`` with row code ``hardware_not_found``); a job row's
+    is refused: 422 ``invalid_measurements`` with row code ``hardware_not_found``); an iteration or job row's
     ``config.graph_id``, when given, must name a stored graph (row code ``graph_not_found``).
     ``config`` describes what ran: a layer (``{"input_shape": [...], "layer": {"op": ...}}`` in the JSON
     layer vocabulary), a model, or a whole job. ``context`` holds the measurement conditions (framework
@@ -42,7 +42,8 @@ class MeasurementCreate(Schema):
     hardware_id: str = Field(pattern=HARDWARE_ID_PATTERN, examples=["a100-sxm4-40gb"])
     source: Name = Field(default="reported", max_length=64, examples=["ci", "scheduler", "profiler"])
     op_kind: Name = Field(max_length=32, examples=["conv", "gemm", "iteration"],
-                          description="cost family (app.core.ir.OpKind values) or 'iteration'/'job'")
+                          description="cost family (app.core.ir.OpKind values), 'iteration'/'job' or a "
+                                      "collective ('allreduce', 'send_recv')")
     pass_: Pass = Field(alias="pass", examples=["forward"])
     optimizer: Name = Field(default="none", max_length=16, examples=["none", "sgd", "adam"])
     precision: PrecisionMode | Precision = Field(
@@ -145,7 +146,11 @@ class ImportReport(Schema):
 
     ``replaced``: rows of earlier imports of the same files deleted before inserting (re-import);
     ``skipped_by_device``: the file's own device name → reason → count (``hardware_not_in_catalog``,
-    ``unknown_device``, ``missing_time``, ``non_positive_time``, ``unknown_precision``).
+    ``unknown_device``, ``missing_time``, ``non_positive_time``, ``unknown_precision``): rows the parser
+    could not turn into a record. ``refused``: records the per-row checks of ``POST /v1/measurements``
+    refuse (:func:`app.measurements.validation.field_problems`), not stored; ``refused_by_reason``:
+    ``code/field`` of a record's first problem → count (``implausible_measurement/time_ms_median``...);
+    ``refused_examples``: that reason → the first such record (``<file> row <n>: <message>``).
     """
 
     source_files: list[str] = Field(default_factory=list)
@@ -156,6 +161,9 @@ class ImportReport(Schema):
     imported_by_hardware: dict[str, int] = Field(default_factory=dict)
     skipped_by_reason: dict[str, int] = Field(default_factory=dict)
     skipped_by_device: dict[str, dict[str, int]] = Field(default_factory=dict)
+    refused: int = 0
+    refused_by_reason: dict[str, int] = Field(default_factory=dict)
+    refused_examples: dict[str, str] = Field(default_factory=dict)
 
     def merge(self, other: ImportReport) -> ImportReport:
         """A new report adding ``other``'s counts to these."""
@@ -175,4 +183,7 @@ class ImportReport(Schema):
             skipped_by_device={
                 d: add(self.skipped_by_device.get(d, {}), other.skipped_by_device.get(d, {})) for d in devices
             },
+            refused=self.refused + other.refused,
+            refused_by_reason=add(self.refused_by_reason, other.refused_by_reason),
+            refused_examples=dict(sorted({**other.refused_examples, **self.refused_examples}.items())),
         )

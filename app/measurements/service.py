@@ -21,9 +21,7 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.core.hardware import HardwareSpec
-from app.core.precision import Precision as PrecisionMode
-from app.core.precision import PrecisionNotSupported, check_precision
-from app.core.vocab import Granularity, stack_runs_on
+from app.core.vocab import Granularity
 from app.errors import Conflict, HardwareNotFound, InvalidRequest, LayercastError, TooManyItems
 from app.graphs.repository import GraphRepository
 from app.hardware.service import get_spec
@@ -40,18 +38,9 @@ from app.measurements.schemas import (
     MeasurementRead,
     RowError,
 )
-from app.measurements.validation import (
-    ImplausibleMeasurement,
-    InvalidLayerConfig,
-    check_granularity,
-    check_layer_config,
-    check_measured_at,
-    check_plausible,
-    check_spread,
-)
+from app.measurements.validation import field_problems
 
 MAX_PAGE = 1000
-PRECISION_MODES = frozenset(p.value for p in PrecisionMode)
 
 
 def _file_key(record: MeasurementRecord) -> tuple[str, str, Any]:
@@ -78,6 +67,11 @@ def import_records(
     Flushes, does not commit: the caller's transaction decides (roll it back after an error if files
     before the bad one must not stay imported either).
 
+    Each record is checked by :func:`app.measurements.validation.field_problems`, the rule set of
+    ``POST /v1/measurements`` (an imported source is no reserved source here): a record with a problem is
+    not stored but counted in the report's ``refused``, ``refused_by_reason`` (``code/field`` of its first
+    problem) and ``refused_examples`` (the first such record of each reason: file, row, message).
+
     When ``records`` is a :class:`RecordStream`, its ``rows_read`` and skip counts are in the report.
 
     Raises :class:`app.errors.HardwareNotFound` (a record's ``hardware_id`` is not stored: seed the
@@ -88,9 +82,14 @@ def import_records(
         raise ValueError(f"batch_size must be positive, got {batch_size}")
     repo = MeasurementRepository(session)
     known = repo.hardware_ids()
+    graph_repo = GraphRepository(session)
+    specs: dict[str, HardwareSpec] = {}
+    now = datetime.now(UTC)
     cleared: set[tuple[str, str]] = set()
     files: list[str] = []
     by_hardware: Counter[str] = Counter()
+    refused: Counter[str] = Counter()
+    examples: dict[str, str] = {}
     replaced = imported = 0
 
     def write(key: tuple[str, str], rows: list[dict[str, Any]]) -> None:
@@ -125,6 +124,15 @@ def import_records(
             group_key, group, group_hw = (source, source_file), [], Counter()
             if source_file not in files:
                 files.append(source_file)
+        if record.hardware_id not in specs:
+            specs[record.hardware_id] = get_spec(session, hardware_id=record.hardware_id)
+        problems = field_problems(record, spec=specs[record.hardware_id], graph_exists=graph_repo.exists, now=now)
+        if problems:  # not stored, as the API would not store it; counted, never dropped silently
+            first = problems[0]
+            reason = f"{first.code}/{first.field}"
+            refused[reason] += 1
+            examples.setdefault(reason, f"{source_file} row {source_row}: {first.message}")
+            continue
         group.append(record.to_row())
         group_hw[record.hardware_id] += 1
     if group_key is not None:
@@ -137,6 +145,9 @@ def import_records(
         imported=imported,
         replaced=replaced,
         imported_by_hardware=dict(sorted(by_hardware.items())),
+        refused=sum(refused.values()),
+        refused_by_reason=dict(sorted(refused.items())),
+        refused_examples=dict(sorted(examples.items())),
     )
     if isinstance(records, RecordStream):
         report = report.merge(skip_report(records))
@@ -198,29 +209,17 @@ ACTUALS_SOURCE = "scheduler"
 
 
 def _row_errors(session: Session, repo: MeasurementRepository, rows: Sequence[MeasurementCreate]) -> list[RowError]:
-    """Every row a stored measurement cannot be made of: a reserved import source, an ``op_kind`` or layer
-    config that is no layer (``invalid_layer_config``: :func:`app.measurements.validation.check_layer_config`),
-    an unknown device, a job row whose ``config.graph_id`` is no stored graph (``graph_not_found``, field
-    ``config.graph_id``: the job's model must be one the service can predict), a time the device cannot have
-    taken, a spread no repetitions have or a date in the future (``implausible_measurement``:
-    :func:`app.measurements.validation.check_plausible`, :func:`~app.measurements.validation.check_spread`,
-    :func:`~app.measurements.validation.check_measured_at`), and a configuration the device cannot run: a
-    precision mode it has no arithmetic for (``precision_not_supported``, :func:`app.core.precision.check_precision`)
-    or a GPU-only software stack on a CPU (``stack_not_supported``), as a prediction of it would answer."""
+    """Every row a stored measurement cannot be made of: a reserved import source (``reserved_source``: the
+    API's own rule, an import writes those sources), then the problems of
+    :func:`app.measurements.validation.field_problems`, the rule set ``layercast import`` applies too (a layer
+    config that is no layer, an unknown device or graph, a time the device cannot have taken, a configuration
+    it cannot run...)."""
     known = repo.hardware_ids()
     graph_repo = GraphRepository(session)
     specs: dict[str, HardwareSpec] = {}
     errors: list[RowError] = []
     now = datetime.now(UTC)
     for i, row in enumerate(rows):
-        try:
-            check_spread(time_ms_std=row.time_ms_std, granularity=row.granularity, repetitions=row.repetitions)
-        except ImplausibleMeasurement as exc:
-            errors.append(RowError(index=i, code=exc.code, field="time_ms_std", message=exc.message))
-        try:
-            check_measured_at(measured_at=row.measured_at, now=now)
-        except ImplausibleMeasurement as exc:
-            errors.append(RowError(index=i, code=exc.code, field="measured_at", message=exc.message))
         if row.source in IMPORT_SOURCES:
             errors.append(RowError(index=i, code="reserved_source", field="source",
                                    message=f"source {row.source!r} is reserved for imported data sets"))  # fmt: skip
@@ -228,41 +227,11 @@ def _row_errors(session: Session, repo: MeasurementRepository, rows: Sequence[Me
             errors.append(RowError(index=i, code="reserved_source", field="source", message=(
                 f"job rows of source {ACTUALS_SOURCE!r} calibrate job estimates: report them through "
                 "POST /v1/job-estimates/actuals, which checks them against the model")))
-        try:
-            check_layer_config(op_kind=row.op_kind, config=dict(row.config), batch_size=row.batch_size)
-            check_granularity(op_kind=row.op_kind, granularity=row.granularity)
-        except InvalidLayerConfig as exc:  # no layer, no floor: it must not be stored unchecked
-            errors.append(RowError(index=i, code=exc.code, field=exc.field, message=exc.message))
-            continue
-        if row.granularity == Granularity.JOB and "graph_id" in row.config:
-            graph_id = row.config["graph_id"]
-            if not isinstance(graph_id, str) or not graph_repo.exists(graph_id):
-                errors.append(RowError(index=i, code="graph_not_found", field="config.graph_id",
-                                       message=f"no graph with id {graph_id!r}: upload it first (POST /v1/graphs)"))
-        if row.hardware_id not in known:
-            errors.append(RowError(index=i, code="hardware_not_found", field="hardware_id",
-                                   message=f"unknown hardware id {row.hardware_id!r}: register it first"))  # fmt: skip
-            continue
-        if row.hardware_id not in specs:
+        if row.hardware_id in known and row.hardware_id not in specs:
             specs[row.hardware_id] = get_spec(session, hardware_id=row.hardware_id)
-        spec = specs[row.hardware_id]
-        if not stack_runs_on(row.software_stack, spec.kind):
-            errors.append(RowError(index=i, code="stack_not_supported", field="software_stack", message=(
-                f"software stack {row.software_stack.value!r} runs on GPUs only; {spec.id!r} is a "
-                f"{spec.kind.upper()}")))
-            continue
-        if str(row.precision) in PRECISION_MODES:  # a mode, not a storage format such as int8 or fp64
-            try:
-                check_precision(spec, str(row.precision))
-            except PrecisionNotSupported as exc:
-                errors.append(RowError(index=i, code=exc.code, field="precision", message=str(exc)))
-                continue
-        try:
-            check_plausible(time_ms=row.time_ms_median, granularity=row.granularity, config=dict(row.config),
-                            batch_size=row.batch_size, spec=specs[row.hardware_id], precision=str(row.precision),
-                            pass_=row.pass_.value, optimizer=row.optimizer)  # fmt: skip
-        except ImplausibleMeasurement as exc:
-            errors.append(RowError(index=i, code=exc.code, field="time_ms_median", message=exc.message))
+        for p in field_problems(reported_record(row), spec=specs.get(row.hardware_id), graph_exists=graph_repo.exists,
+                                now=now):  # fmt: skip
+            errors.append(RowError(index=i, code=p.code, field=p.field, message=p.message))
     return errors
 
 

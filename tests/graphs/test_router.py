@@ -68,6 +68,29 @@ def test_json_layer_list_upload_and_get(client: TestClient) -> None:
     assert listing["count"] == 1 and listing["items"][0]["id"] == gid
 
 
+def test_listing_pages_count_the_page_and_total_every_graph(client: TestClient) -> None:
+    """``count`` is the number of items in the page, ``total`` every stored graph; ``limit``/``offset`` page
+    through them in one stable order (newest first, ties by id), as ``GET /v1/measurements`` does."""
+    ids = set()
+    for width in (8, 16, 24):
+        r = client.post("/v1/graphs", json={"input_shape": [width], "layers": [{"op": "linear", "out_features": 4}]})
+        assert r.status_code == 201, r.text
+        ids.add(r.json()["id"])
+    first = client.get("/v1/graphs", params={"limit": 2}).json()
+    assert (first["count"], first["total"], first["limit"], first["offset"]) == (2, 3, 2, 0)
+    rest = client.get("/v1/graphs", params={"limit": 2, "offset": 2}).json()
+    assert (rest["count"], rest["total"], rest["limit"], rest["offset"]) == (1, 3, 2, 2)
+    paged = [g["id"] for g in first["items"] + rest["items"]]
+    assert set(paged) == ids and len(paged) == 3
+    assert [g["id"] for g in client.get("/v1/graphs").json()["items"]] == paged
+    beyond = client.get("/v1/graphs", params={"offset": 5}).json()
+    assert (beyond["count"], beyond["total"], beyond["items"]) == (0, 3, [])
+    assert client.get("/v1/graphs", params={"limit": 1000}).status_code == 200
+    for bad in ({"limit": 0}, {"limit": 1001}, {"limit": -1}, {"offset": -1}, {"limit": "many"}):
+        r = client.get("/v1/graphs", params=bad)
+        assert r.status_code == 422 and r.json()["error"]["code"] == "validation_error", bad
+
+
 def test_a_query_name_that_contradicts_the_body_name_is_422_and_stores_nothing(client: TestClient) -> None:
     r = client.post("/v1/graphs", json=JSON_GRAPH, params={"name": "other"})
     assert r.status_code == 422, r.text
@@ -90,6 +113,28 @@ def test_a_query_name_that_contradicts_the_body_name_is_422_and_stores_nothing(c
                                                   "application/octet-stream")},
                     data={"name": "same"}, params={"name": "same"})
     assert r.status_code == 201 and r.json()["name"] == "same", r.text
+
+
+def test_a_multipart_upload_with_unknown_or_repeated_fields_is_422_and_stores_nothing(client: TestClient) -> None:
+    """Form fields other than ``file`` and ``name``, or either given twice, were ignored (the first part won):
+    a client that sent ``batch_size`` as a form field, or two files, got a graph it did not ask for."""
+    part = ("squeezenet.onnx", light_model("squeezenet"), "application/octet-stream")
+    cases = [
+        ({"files": {"file": part}, "data": {"batch_size": "8", "dims": "seq=4"}},
+         {"unknown": ["batch_size", "dims"], "repeated": []}),
+        ({"files": [("file", part), ("file", ("b.onnx", light_model("shufflenet"), "application/octet-stream"))]},
+         {"unknown": [], "repeated": ["file"]}),
+        ({"files": [("file", part), ("name", (None, "a")), ("name", (None, "b")), ("extra", ("x.txt", b"x"))]},
+         {"unknown": ["extra"], "repeated": ["name"]}),
+    ]
+    for kwargs, expected in cases:
+        r = client.post("/v1/graphs", **kwargs)
+        assert r.status_code == 422, r.text
+        error = r.json()["error"]
+        assert error["code"] == "invalid_request", r.text
+        assert error["detail"] == {**expected, "allowed": ["file", "name"]}, r.text
+    assert client.get("/v1/graphs").json()["total"] == 0
+    assert client.post("/v1/graphs", files={"file": part}, data={"name": "sq"}).status_code == 201
 
 
 def test_layers_endpoint_at_requested_batch(client: TestClient) -> None:

@@ -39,7 +39,7 @@ BODY: dict[str, Any] = {
     "software_stack": "pytorch-eager",
     "granularity": "iteration",
     "batch_size": 64,
-    "config": {"model": "resnet50", "graph_id": 12},
+    "config": {"model": "resnet50"},
     "time_ms_median": 210.5,
     "time_ms_std": 3.2,
     "repetitions": 20,
@@ -92,6 +92,24 @@ def test_a_job_row_naming_a_graph_that_is_not_stored_is_refused(client: TestClie
         (1, "graph_not_found", "config.graph_id"), (2, "graph_not_found", "config.graph_id")]
     assert client.get("/v1/measurements").json()["total"] == 0
     assert _post(client, rows[0], rows[3]).status_code == 201  # a stored graph, or none named
+
+
+def test_an_iteration_row_naming_a_graph_that_is_not_stored_is_refused(client: TestClient) -> None:
+    """An iteration row's ``config.graph_id`` names the model that ran as surely as a job row's: an id no
+    stored graph has (or one that is no string) is refused with the code of a missing graph elsewhere in
+    the API, the row index named, and nothing of the batch stored."""
+    graph = client.post("/v1/graphs", json={"input_shape": [8], "layers": [{"op": "linear", "out_features": 4}]})
+    assert graph.status_code == 201, graph.text
+    rows = [{**BODY, "config": {"graph_id": graph.json()["id"]}}, BODY,
+            {**BODY, "config": {"model": "resnet50", "graph_id": "f" * 64}}, {**BODY, "config": {"graph_id": 12}}]
+    response = _post(client, *rows)
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["code"] == "invalid_measurements"
+    assert [(e["index"], e["code"], e["field"]) for e in error["detail"]["errors"]] == [
+        (2, "graph_not_found", "config.graph_id"), (3, "graph_not_found", "config.graph_id")]
+    assert client.get("/v1/measurements").json()["total"] == 0
+    assert _post(client, rows[0], rows[1]).status_code == 201
 
 
 def test_a_row_the_device_cannot_have_run_is_refused(client: TestClient) -> None:

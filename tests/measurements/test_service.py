@@ -155,6 +155,31 @@ def test_import_rejects_bad_records(session: Session) -> None:
     assert _count(session) == 0
 
 
+def test_import_refuses_rows_the_api_refuses_and_reports_them(session: Session) -> None:
+    """The rows POST /v1/measurements refuses (app.measurements.validation.field_problems) are not stored by an
+    import either: counted per reason, the rest of the file stored; they used to be stored silently."""
+    rows = [_record(context={"source_file": "x.csv", "source_row": i}, **bad) for i, bad in enumerate([
+        {}, {"time_ms_median": 1e-6}, {"op_kind": "gemmm"}, {"time_ms_std": 1e300}, {"time_ms_median": 2e-6}])]
+    report = service.import_records(session, records=rows)
+    assert (report.imported, report.refused) == (1, 4)
+    assert report.refused_by_reason == {"implausible_measurement/time_ms_median": 2,
+                                        "implausible_measurement/time_ms_std": 1, "invalid_layer_config/op_kind": 1}
+    assert report.refused_examples["invalid_layer_config/op_kind"].startswith("x.csv row 2: op_kind 'gemmm'")
+    assert _count(session) == 1
+
+
+def test_cli_import_reports_refused_rows(sqlite_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from app.measurements.cli import main
+
+    _head(JUSTUS_K80, tmp_path / "dense_Tesla_K80.csv.gz", 20,
+          extra="21,2573,3176,Tesla K80,none,32,1e-9,1e-9,1e-9,0,x_20180907.pkl,tanh,forward\n")
+    assert main(["justus", "--database-url", sqlite_url, "--data-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "21 rows read, 20 measurements imported" in out and "1 refused" in out, out
+    assert "refused per reason: implausible_measurement/time_ms_median 1" in out, out
+    assert "dense_Tesla_K80.csv.gz row 20: time_ms_median 1e-09 ms is below" in out, out
+
+
 def _create(session: Session, *rows: MeasurementCreate, key: str | None = None,
             submitter: str | None = None) -> MeasurementBatchRead:  # fmt: skip
     return service.create_measurements(session, data=MeasurementBatchCreate(measurements=list(rows)),
