@@ -7,6 +7,7 @@ from typing import Any
 
 from fastapi import APIRouter, status
 
+from app.auth import PrincipalDep
 from app.deps import PredictorDep, SessionDep
 from app.estimates import service
 from app.estimates.schemas import (
@@ -66,9 +67,10 @@ def estimate_jobs(body: JobEstimatesCreate, session: SessionDep, predictor: Pred
 
 @router.post("/job-estimates/actuals", response_model=JobActualsRead, responses=_BATCH_ERRORS,
              status_code=status.HTTP_201_CREATED, tags=["job-estimates"], summary="Report measured job durations")
-def record_actuals(body: JobActualsCreate, session: SessionDep, predictor: PredictorDep) -> JobActualsRead:
+def record_actuals(body: JobActualsCreate, session: SessionDep, predictor: PredictorDep,
+                   principal: PrincipalDep) -> JobActualsRead:
     """Store measured whole-job durations; later estimates of the same graph and hardware use them."""
-    return service.record_actuals(session, predictor, request=body)
+    return service.record_actuals(session, predictor, request=body, submitter=principal.key_id)
 
 
 @router.post("/comparisons", response_model=ComparisonRead, responses=_COMPARE_ERRORS, tags=["comparisons"],

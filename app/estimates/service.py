@@ -308,10 +308,12 @@ def estimate_jobs(session: Session, predictor: Predictor, *, request: JobEstimat
                             failed=sum(a.error is not None for a in answers), estimates=answers)
 
 
-def record_actuals(session: Session, predictor: Predictor, *, request: JobActualsCreate) -> JobActualsRead:
+def record_actuals(session: Session, predictor: Predictor, *, request: JobActualsCreate,
+                   submitter: str | None = None) -> JobActualsRead:
     """Store each measured job as a whole-job measurement (``granularity`` ``job``, source
     :data:`ACTUALS_SOURCE`) with the model's uncalibrated p50 at recording time and the predictor version,
-    so later estimates of the same graph and hardware are calibrated by it. Flushes.
+    so later estimates of the same graph and hardware are calibrated by it; recorded as reported by the API
+    key id ``submitter`` (None: anonymous), as ``POST /v1/measurements`` rows are. Flushes.
 
     Raises :class:`TooManyItems` (413) beyond :data:`MAX_JOBS`; a job that cannot be predicted (unknown
     graph or device...) is not stored and says why.
@@ -339,7 +341,7 @@ def record_actuals(session: Session, predictor: Predictor, *, request: JobActual
             optimizer=actual.optimizer, precision=actual.precision.value,
             software_stack=actual.software_stack.value, granularity=Granularity.JOB.value,
             batch_size=actual.batch_size, config=config, time_ms_median=actual.measured_s * 1e3,
-            context=dict(actual.context),
+            context=dict(actual.context), submitter=submitter,
         ))
         read = JobActualRead(index=i, measurement_id=row.id, predicted_s=m.p50_s, ratio=ratio)
         stored.append((i, read))
