@@ -34,9 +34,10 @@ _BATCH_ERRORS: dict[int | str, dict[str, Any]] = {
     422: {"model": ErrorResponse, "description": f"validation_error; {_ITEMS}"},
 }
 _COMPARE_ERRORS: dict[int | str, dict[str, Any]] = {
-    404: {"model": ErrorResponse, "description": "graph_not_found"},
+    404: {"model": ErrorResponse, "description": "graph_not_found; hardware_not_found for the sweep's device"},
     422: {"model": ErrorResponse, "description": "validation_error, invalid_graph, unbound_dimension, "
-                                                 "unknown_dimension, invalid_request; for the sweep's device also "
+                                                 "unknown_dimension, dims_names_batch_axis, invalid_request; for "
+                                                 "the sweep's device also "
                                                  "precision_not_supported, stack_not_supported, no_costed_layers"},
 }
 

@@ -21,7 +21,15 @@ from sqlalchemy.orm import Session
 from app.core.aggregate import Aggregate, LayerSums
 from app.core.precision import PRECISION_SEMANTICS
 from app.core.vocab import Granularity, Pass
-from app.errors import InvalidRequest, LayercastError, NoCostedLayers, TooManyItems
+from app.errors import (
+    BatchAxisInDims,
+    InvalidRequest,
+    LayercastError,
+    NoCostedLayers,
+    TooManyItems,
+    UnboundDimension,
+    UnknownDimension,
+)
 from app.estimates import engine
 from app.estimates.calibration import MAX_ACTUAL_RATIO, UNCALIBRATED, Calibration, RatioStats, calibrate_stats
 from app.estimates.engine import GraphCache, Scenario
@@ -67,10 +75,13 @@ def _limit(items: Sequence[Any], limit: int, what: str) -> None:
                            detail={"count": len(items), "limit": limit})
 
 
-def _attempt(fn: Callable[[], T]) -> T | ItemError:
-    """``fn()``, or the :class:`ItemError` of the domain error (or request validation error) it raised."""
+def _attempt(fn: Callable[[], T], *, raising: tuple[type[LayercastError], ...] = ()) -> T | ItemError:
+    """``fn()``, or the :class:`ItemError` of the domain error (or request validation error) it raised; the
+    errors of ``raising`` are raised, not answered in the item."""
     try:
         return fn()
+    except raising:
+        raise
     except LayercastError as exc:
         return ItemError(code=exc.code, message=exc.message)
     except ValidationError as exc:
@@ -391,14 +402,19 @@ def _spread(request: ComparisonCreate, n: int) -> dict[str, Any]:
             "inter_node_latency_s": request.inter_node_latency_s}
 
 
+#: Errors of a comparison's ``dims`` against its graph: the same on every device and device count, so the
+#: request is refused (422) as its sweep's would be, not answered as a table of identical ``unavailable`` rows.
+_REQUEST_ERRORS = (UnboundDimension, UnknownDimension, BatchAxisInDims)
+
+
 def compare(session: Session, predictor: Predictor, *, request: ComparisonCreate) -> ComparisonRead:
     """One row per (device, device count) that can run the job; the others in ``unavailable`` with their
     code; Pareto front over job time, cost and energy; optional batch-size sweep on one device.
 
     Raises :class:`app.errors.GraphNotFound` (404) for an unknown graph, :class:`app.errors.InvalidRequest`
     (422, ``detail.unknown_price_ids``) when ``price_usd_per_hour`` names a device the comparison does not
-    include, and, for the sweep, the errors of its device and batch sizes (404/422); unknown hardware ids of
-    the rows are listed as unavailable.
+    include, the :data:`_REQUEST_ERRORS` (422) for ``dims`` that do not bind the graph, and, for the sweep, the
+    errors of its device and batch sizes (404/422); unknown hardware ids of the rows are listed as unavailable.
     """
     cache = GraphCache(session, predictor)
     graphs.get_graph(session, graph_id=request.graph_id)
@@ -421,7 +437,7 @@ def compare(session: Session, predictor: Predictor, *, request: ComparisonCreate
         for n in dict.fromkeys(request.device_counts):  # a count given twice is one row, as an id given twice
             job = base.model_copy(update={"hardware_id": hw_id, "device_count": n, **_spread(request, n)})
             s = _attempt(partial(_job_scenario, cache, job, price_usd_per_hour=request.price_usd_per_hour.get(hw_id),
-                                 **extra))
+                                 **extra), raising=_REQUEST_ERRORS)
             if isinstance(s, ItemError):
                 unavailable.append(Unavailable(hardware_id=hw_id, device_count=n, code=s.code, reason=s.message))
             else:

@@ -150,3 +150,22 @@ def test_a_graph_with_no_costable_layer_has_no_rows(client: TestClient, custom_o
     assert body["rows"] == []
     assert [(u["hardware_id"], u["code"]) for u in body["unavailable"]] == [
         ("a100-sxm4-40gb", "no_costed_layers"), ("h100-sxm", "no_costed_layers")]
+
+
+def test_dims_that_do_not_bind_the_graph_are_a_422_not_a_table_of_refusals(client: TestClient) -> None:
+    """The dims are the request's, the same on every device: a missing or misspelt one used to answer 200 with no
+    rows and every device ``unavailable`` for that one reason, though the route documents it as a 422 (and its
+    sweep already raised it)."""
+    from tests.helpers import seq_matmul_onnx
+
+    r = client.post("/v1/graphs", params={"dims": "seq=64"}, content=seq_matmul_onnx(),
+                    headers={"content-type": "application/octet-stream"})
+    assert r.status_code == 201, r.text
+    graph_id = r.json()["id"]
+    devices = {"hardware_ids": ["a100-sxm4-40gb", "t4"], "device_counts": [1, 2]}
+    for dims, code in (({}, "unbound_dimension"), ({"seq": 64, "sq": 64}, "unknown_dimension"),
+                       ({"seq": 64, "batch": 8}, "dims_names_batch_axis")):
+        r = client.post("/v1/comparisons", json={"graph_id": graph_id, **JOB, **devices, "dims": dims})
+        assert r.status_code == 422 and r.json()["error"]["code"] == code, (dims, r.text)
+    body = _compare(client, graph_id, **devices, dims={"seq": 64})
+    assert len(body["rows"]) == 4 and body["unavailable"] == []
