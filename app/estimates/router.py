@@ -33,6 +33,11 @@ _BATCH_ERRORS: dict[int | str, dict[str, Any]] = {
     413: {"model": ErrorResponse, "description": "too_many_items, payload_too_large"},
     422: {"model": ErrorResponse, "description": f"validation_error; {_ITEMS}"},
 }
+_ACTUALS_ERRORS: dict[int | str, dict[str, Any]] = {
+    **_BATCH_ERRORS,
+    422: {"model": ErrorResponse, "description": f"validation_error; {_ITEMS}; implausible_actual (an actual over "
+                                                 "100x away from the estimate) is answered in its item too"},
+}
 _COMPARE_ERRORS: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorResponse, "description": "graph_not_found; hardware_not_found for the sweep's device"},
     422: {"model": ErrorResponse, "description": "validation_error, invalid_graph, unbound_dimension, "
@@ -66,7 +71,7 @@ def estimate_jobs(body: JobEstimatesCreate, session: SessionDep, predictor: Pred
     return answer
 
 
-@router.post("/job-estimates/actuals", response_model=JobActualsRead, responses=_BATCH_ERRORS,
+@router.post("/job-estimates/actuals", response_model=JobActualsRead, responses=_ACTUALS_ERRORS,
              status_code=status.HTTP_201_CREATED, tags=["job-estimates"], summary="Report measured job durations")
 def record_actuals(body: JobActualsCreate, session: SessionDep, predictor: PredictorDep,
                    principal: PrincipalDep) -> JobActualsRead:

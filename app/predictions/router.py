@@ -18,8 +18,9 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorResponse, "description": "graph_not_found, hardware_not_found"},
     422: {
         "model": ErrorResponse,
-        "description": "validation_error, invalid_graph, unbound_dimension, precision_not_supported, "
-                       "stack_not_supported, no_interconnect",
+        "description": "validation_error, invalid_graph, unbound_dimension, unknown_dimension, "
+                       "dims_names_batch_axis, limit_exceeded, precision_not_supported, stack_not_supported, "
+                       "no_interconnect",
     },
 }
 

@@ -165,6 +165,8 @@ def test_implausible_actuals_are_refused_and_cannot_poison_later_estimates(clien
     body = r.json()
     assert body["recorded"] == 1
     assert [a["error"]["code"] for a in body["actuals"][:2]] == ["implausible_actual", "implausible_actual"]
+    documented = client.get("/openapi.json").json()["paths"]["/v1/job-estimates/actuals"]["post"]["responses"]
+    assert "implausible_actual" in documented["422"]["description"]  # the item codes are listed there
     after = client.post("/v1/job-estimates", json={"jobs": [job]})
     assert after.status_code == 200
     est = after.json()["estimates"][0]
