@@ -327,12 +327,14 @@ def record_actuals(session: Session, predictor: Predictor, *, request: JobActual
     key id ``submitter`` (None: anonymous), as ``POST /v1/measurements`` rows are. Flushes.
 
     Raises :class:`TooManyItems` (413) beyond :data:`MAX_JOBS`; a job that cannot be predicted (unknown
-    graph or device...) is not stored and says why.
+    graph or device...) is not stored and says why; one refused as ``implausible_actual`` still answers the
+    ``actuals`` and ``calibration_factor`` its graph and hardware have.
     """
     _limit(request.actuals, MAX_JOBS, "actuals")
     models = _model_jobs(session, predictor, request.actuals)
     repo = MeasurementRepository(session)
     stored: list[tuple[int, JobActualRead]] = []
+    known: list[tuple[int, JobActualRead]] = []  # stored or refused as implausible: its graph and device exist
     answers: list[JobActualRead] = []
     for i, (actual, m) in enumerate(zip(request.actuals, models, strict=True)):
         if isinstance(m, ItemError):
@@ -344,6 +346,7 @@ def record_actuals(session: Session, predictor: Predictor, *, request: JobActual
                 code="implausible_actual",
                 message=f"measured_s {actual.measured_s:g} s is {ratio:.3g}x the estimate {m.p50_s:.4g} s; "
                         f"actuals more than {MAX_ACTUAL_RATIO:g}x away from it either way are not recorded")))
+            known.append((i, answers[-1]))
             continue
         config = {k: v for k, v in actual.model_dump(mode="json").items() if k not in ("measured_s", "context")}
         config.update(predicted_s=m.p50_s, predictor_version=predictor.version)
@@ -356,9 +359,10 @@ def record_actuals(session: Session, predictor: Predictor, *, request: JobActual
         ))
         read = JobActualRead(index=i, measurement_id=row.id, predicted_s=m.p50_s, ratio=ratio)
         stored.append((i, read))
+        known.append((i, read))
         answers.append(read)
     calibrations = _calibrations(session, predictor.version, request.actuals)
-    for i, read in stored:
+    for i, read in known:  # the calibration its graph and hardware now have, whether this one was stored or not
         cal = calibrations.get(_key(request.actuals[i].graph_id, request.actuals[i].hardware_id), UNCALIBRATED)
         read.actuals, read.calibration_factor = cal.actuals, cal.factor
     return JobActualsRead(predictor_version=predictor.version, recorded=len(stored),
