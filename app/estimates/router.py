@@ -7,6 +7,7 @@ from typing import Any
 
 from fastapi import APIRouter, status
 
+from app.auth import PrincipalDep
 from app.deps import PredictorDep, SessionDep
 from app.estimates import service
 from app.estimates.schemas import (
@@ -32,13 +33,18 @@ _BATCH_ERRORS: dict[int | str, dict[str, Any]] = {
     413: {"model": ErrorResponse, "description": "too_many_items, payload_too_large"},
     422: {"model": ErrorResponse, "description": f"validation_error; {_ITEMS}"},
 }
+_ACTUALS_ERRORS: dict[int | str, dict[str, Any]] = {
+    **_BATCH_ERRORS,
+    422: {"model": ErrorResponse, "description": f"validation_error; {_ITEMS}; implausible_actual (an actual over "
+                                                 "100x away from the estimate) is answered in its item too"},
+}
 _COMPARE_ERRORS: dict[int | str, dict[str, Any]] = {
-    404: {"model": ErrorResponse, "description": "graph_not_found"},
+    404: {"model": ErrorResponse, "description": "graph_not_found; hardware_not_found for the sweep's device"},
     422: {"model": ErrorResponse, "description": "validation_error, invalid_graph, unbound_dimension, "
-                                                 "unknown_dimension, invalid_request, duplicate_batch_sizes (a "
-                                                 "sweep batch size given twice; detail.duplicates); for the "
-                                                 "sweep's device also precision_not_supported, "
-                                                 "stack_not_supported, no_costed_layers"},
+                                                 "unknown_dimension, dims_names_batch_axis, invalid_request, "
+                                                 "duplicate_batch_sizes (a sweep batch size given twice; "
+                                                 "detail.duplicates); for the sweep's device also "
+                                                 "precision_not_supported, stack_not_supported, no_costed_layers"},
 }
 
 
@@ -66,11 +72,12 @@ def estimate_jobs(body: JobEstimatesCreate, session: SessionDep, predictor: Pred
     return answer
 
 
-@router.post("/job-estimates/actuals", response_model=JobActualsRead, responses=_BATCH_ERRORS,
+@router.post("/job-estimates/actuals", response_model=JobActualsRead, responses=_ACTUALS_ERRORS,
              status_code=status.HTTP_201_CREATED, tags=["job-estimates"], summary="Report measured job durations")
-def record_actuals(body: JobActualsCreate, session: SessionDep, predictor: PredictorDep) -> JobActualsRead:
+def record_actuals(body: JobActualsCreate, session: SessionDep, predictor: PredictorDep,
+                   principal: PrincipalDep) -> JobActualsRead:
     """Store measured whole-job durations; later estimates of the same graph and hardware use them."""
-    return service.record_actuals(session, predictor, request=body)
+    return service.record_actuals(session, predictor, request=body, submitter=principal.key_id)
 
 
 @router.post("/comparisons", response_model=ComparisonRead, responses=_COMPARE_ERRORS, tags=["comparisons"],

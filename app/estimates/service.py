@@ -22,7 +22,16 @@ from sqlalchemy.orm import Session
 from app.core.aggregate import Aggregate, LayerSums
 from app.core.precision import PRECISION_SEMANTICS
 from app.core.vocab import Granularity, Pass
-from app.errors import DuplicateBatchSizes, InvalidRequest, LayercastError, NoCostedLayers, TooManyItems
+from app.errors import (
+    BatchAxisInDims,
+    DuplicateBatchSizes,
+    InvalidRequest,
+    LayercastError,
+    NoCostedLayers,
+    TooManyItems,
+    UnboundDimension,
+    UnknownDimension,
+)
 from app.estimates import engine
 from app.estimates.calibration import MAX_ACTUAL_RATIO, UNCALIBRATED, Calibration, RatioStats, calibrate_stats
 from app.estimates.engine import GraphCache, Scenario
@@ -69,10 +78,13 @@ def _limit(items: Sequence[Any], limit: int, what: str) -> None:
                            detail={"count": len(items), "limit": limit})
 
 
-def _attempt(fn: Callable[[], T]) -> T | ItemError:
-    """``fn()``, or the :class:`ItemError` of the domain error (or request validation error) it raised."""
+def _attempt(fn: Callable[[], T], *, raising: tuple[type[LayercastError], ...] = ()) -> T | ItemError:
+    """``fn()``, or the :class:`ItemError` of the domain error (or request validation error) it raised; the
+    errors of ``raising`` are raised, not answered in the item."""
     try:
         return fn()
+    except raising:
+        raise
     except LayercastError as exc:
         return ItemError(code=exc.code, message=exc.message, detail=exc.detail)
     except ValidationError as exc:
@@ -310,18 +322,22 @@ def estimate_jobs(session: Session, predictor: Predictor, *, request: JobEstimat
                             failed=sum(a.error is not None for a in answers), estimates=answers)
 
 
-def record_actuals(session: Session, predictor: Predictor, *, request: JobActualsCreate) -> JobActualsRead:
+def record_actuals(session: Session, predictor: Predictor, *, request: JobActualsCreate,
+                   submitter: str | None = None) -> JobActualsRead:
     """Store each measured job as a whole-job measurement (``granularity`` ``job``, source
     :data:`ACTUALS_SOURCE`) with the model's uncalibrated p50 at recording time and the predictor version,
-    so later estimates of the same graph and hardware are calibrated by it. Flushes.
+    so later estimates of the same graph and hardware are calibrated by it; recorded as reported by the API
+    key id ``submitter`` (None: anonymous), as ``POST /v1/measurements`` rows are. Flushes.
 
     Raises :class:`TooManyItems` (413) beyond :data:`MAX_JOBS`; a job that cannot be predicted (unknown
-    graph or device...) is not stored and says why.
+    graph or device...) is not stored and says why; one refused as ``implausible_actual`` still answers the
+    ``actuals`` and ``calibration_factor`` its graph and hardware have.
     """
     _limit(request.actuals, MAX_JOBS, "actuals")
     models = _model_jobs(session, predictor, request.actuals)
     repo = MeasurementRepository(session)
     stored: list[tuple[int, JobActualRead]] = []
+    known: list[tuple[int, JobActualRead]] = []  # stored or refused as implausible: its graph and device exist
     answers: list[JobActualRead] = []
     for i, (actual, m) in enumerate(zip(request.actuals, models, strict=True)):
         if isinstance(m, ItemError):
@@ -333,6 +349,7 @@ def record_actuals(session: Session, predictor: Predictor, *, request: JobActual
                 code="implausible_actual",
                 message=f"measured_s {actual.measured_s:g} s is {ratio:.3g}x the estimate {m.p50_s:.4g} s; "
                         f"actuals more than {MAX_ACTUAL_RATIO:g}x away from it either way are not recorded")))
+            known.append((i, answers[-1]))
             continue
         config = {k: v for k, v in actual.model_dump(mode="json").items() if k not in ("measured_s", "context")}
         config.update(predicted_s=m.p50_s, predictor_version=predictor.version)
@@ -341,13 +358,14 @@ def record_actuals(session: Session, predictor: Predictor, *, request: JobActual
             optimizer=actual.optimizer, precision=actual.precision.value,
             software_stack=actual.software_stack.value, granularity=Granularity.JOB.value,
             batch_size=actual.batch_size, config=config, time_ms_median=actual.measured_s * 1e3,
-            context=dict(actual.context),
+            context=dict(actual.context), submitter=submitter,
         ))
         read = JobActualRead(index=i, measurement_id=row.id, predicted_s=m.p50_s, ratio=ratio)
         stored.append((i, read))
+        known.append((i, read))
         answers.append(read)
     calibrations = _calibrations(session, predictor.version, request.actuals)
-    for i, read in stored:
+    for i, read in known:  # the calibration its graph and hardware now have, whether this one was stored or not
         cal = calibrations.get(_key(request.actuals[i].graph_id, request.actuals[i].hardware_id), UNCALIBRATED)
         read.actuals, read.calibration_factor = cal.actuals, cal.factor
     return JobActualsRead(predictor_version=predictor.version, recorded=len(stored),
@@ -404,6 +422,11 @@ def _sweep_sizes(sweep: BatchSweep | None) -> list[int]:
     return sorted(sweep.batch_sizes)
 
 
+#: Errors of a comparison's ``dims`` against its graph: the same on every device and device count, so the
+#: request is refused (422) as its sweep's would be, not answered as a table of identical ``unavailable`` rows.
+_REQUEST_ERRORS = (UnboundDimension, UnknownDimension, BatchAxisInDims)
+
+
 def compare(session: Session, predictor: Predictor, *, request: ComparisonCreate) -> ComparisonRead:
     """One row per (device, device count) that can run the job; the others in ``unavailable`` with their
     code; Pareto front over job time, cost and energy; optional batch-size sweep on one device.
@@ -411,8 +434,9 @@ def compare(session: Session, predictor: Predictor, *, request: ComparisonCreate
     Raises :class:`app.errors.GraphNotFound` (404) for an unknown graph, :class:`app.errors.InvalidRequest`
     (422, ``detail.unknown_price_ids``) when ``price_usd_per_hour`` names a device the comparison does not
     include, :class:`app.errors.DuplicateBatchSizes` (422, ``detail.duplicates``) for a sweep that names a batch
-    size twice, and, for the sweep, the errors of its device and batch sizes (404/422); unknown hardware ids
-    of the rows are listed as unavailable. The sweep's rows are in ascending batch size.
+    size twice, the :data:`_REQUEST_ERRORS` (422) for ``dims`` that do not bind the graph, and, for the sweep,
+    the errors of its device and batch sizes (404/422); unknown hardware ids of the rows are listed as
+    unavailable. The sweep's rows are in ascending batch size.
     """
     sweep_sizes = _sweep_sizes(request.sweep)
     cache = GraphCache(session, predictor)
@@ -436,7 +460,7 @@ def compare(session: Session, predictor: Predictor, *, request: ComparisonCreate
         for n in dict.fromkeys(request.device_counts):  # a count given twice is one row, as an id given twice
             job = base.model_copy(update={"hardware_id": hw_id, "device_count": n, **_spread(request, n)})
             s = _attempt(partial(_job_scenario, cache, job, price_usd_per_hour=request.price_usd_per_hour.get(hw_id),
-                                 **extra))
+                                 **extra), raising=_REQUEST_ERRORS)
             if isinstance(s, ItemError):
                 unavailable.append(Unavailable(hardware_id=hw_id, device_count=n, code=s.code, reason=s.message,
                                                detail=s.detail))

@@ -18,10 +18,11 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorResponse, "description": "graph_not_found, hardware_not_found"},
     422: {
         "model": ErrorResponse,
-        "description": "validation_error, invalid_graph, unbound_dimension, precision_not_supported, "
-                       "stack_not_supported, no_interconnect, too_many_devices_per_node (more than 8 devices in "
-                       "a node; detail.nodes_needed), conflicting_hardware (inline hardware under a stored "
-                       "device's id that differs from it; detail.fields)",
+        "description": "validation_error, invalid_graph, unbound_dimension, unknown_dimension, "
+                       "dims_names_batch_axis, limit_exceeded, precision_not_supported, stack_not_supported, "
+                       "no_interconnect, too_many_devices_per_node (more than 8 devices in a node; "
+                       "detail.nodes_needed), conflicting_hardware (inline hardware under a stored device's id "
+                       "that differs from it; detail.fields)",
     },
 }
 

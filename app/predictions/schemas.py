@@ -87,9 +87,11 @@ class PredictionCreate(Schema):
         default=None, strict=True, gt=0, allow_inf_nan=False, description="write bandwidth of the checkpoint storage")
     price_usd_per_hour: float | None = Field(
         default=None, strict=True, gt=0, allow_inf_nan=False,
-        description="price per device-hour (USD); default: the catalog's on-demand list price")
+        description="price per device-hour (USD) of the job's cost_usd (needs epochs); default: the catalog's "
+                    "on-demand list price")
     grid_gco2_per_kwh: float | None = Field(
-        default=None, strict=True, ge=0, allow_inf_nan=False, description="grid carbon intensity for the CO2 estimate")
+        default=None, strict=True, ge=0, allow_inf_nan=False,
+        description="grid carbon intensity for the job's CO2 estimate (needs epochs)")
     detail: Literal["summary", "layers"] = Field(
         default="layers", description="'layers': one row per layer in 'layers'; 'summary': totals, iteration, "
                                       "epoch, job and memory only ('layers' is empty)")
@@ -117,6 +119,9 @@ class PredictionCreate(Schema):
             raise ValueError("give 'checkpoint_every_epochs' and 'checkpoint_write_bytes_per_s' together")
         if self.checkpoint_every_epochs is not None and self.epochs is None:
             raise ValueError("'checkpoint_every_epochs' needs 'epochs'")
+        for name in ("price_usd_per_hour", "grid_gco2_per_kwh"):  # they price the job (cost_usd, co2_kg) only
+            if getattr(self, name) is not None and self.epochs is None:
+                raise ValueError(f"'{name}' needs 'epochs' (and 'dataset_size'): it applies to the job only")
         return self
 
     @property

@@ -182,3 +182,22 @@ def test_more_devices_in_a_node_than_a_node_holds_are_unavailable_rows(client: T
     everything = _compare(client, resnet_id, device_counts=[16])
     assert everything["rows"] == [] and everything["unavailable"]
     assert {u["code"] for u in everything["unavailable"]} == {"too_many_devices_per_node"}
+
+
+def test_dims_that_do_not_bind_the_graph_are_a_422_not_a_table_of_refusals(client: TestClient) -> None:
+    """The dims are the request's, the same on every device: a missing or misspelt one used to answer 200 with no
+    rows and every device ``unavailable`` for that one reason, though the route documents it as a 422 (and its
+    sweep already raised it)."""
+    from tests.helpers import seq_matmul_onnx
+
+    r = client.post("/v1/graphs", params={"dims": "seq=64"}, content=seq_matmul_onnx(),
+                    headers={"content-type": "application/octet-stream"})
+    assert r.status_code == 201, r.text
+    graph_id = r.json()["id"]
+    devices = {"hardware_ids": ["a100-sxm4-40gb", "t4"], "device_counts": [1, 2]}
+    for dims, code in (({}, "unbound_dimension"), ({"seq": 64, "sq": 64}, "unknown_dimension"),
+                       ({"seq": 64, "batch": 8}, "dims_names_batch_axis")):
+        r = client.post("/v1/comparisons", json={"graph_id": graph_id, **JOB, **devices, "dims": dims})
+        assert r.status_code == 422 and r.json()["error"]["code"] == code, (dims, r.text)
+    body = _compare(client, graph_id, **devices, dims={"seq": 64})
+    assert len(body["rows"]) == 4 and body["unavailable"] == []

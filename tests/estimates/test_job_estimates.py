@@ -165,11 +165,19 @@ def test_implausible_actuals_are_refused_and_cannot_poison_later_estimates(clien
     body = r.json()
     assert body["recorded"] == 1
     assert [a["error"]["code"] for a in body["actuals"][:2]] == ["implausible_actual", "implausible_actual"]
+    documented = client.get("/openapi.json").json()["paths"]["/v1/job-estimates/actuals"]["post"]["responses"]
+    assert "implausible_actual" in documented["422"]["description"]  # the item codes are listed there
     after = client.post("/v1/job-estimates", json={"jobs": [job]})
     assert after.status_code == 200
     est = after.json()["estimates"][0]
     assert est["actuals"] == 1 and 1.0 < est["calibration_factor"] < 1.2
     assert math.isfinite(est["p90_s"]) and est["p90_s"] > est["p50_s"]
+    # a refused actual still says how its graph and hardware stand (it said 0 actuals and factor 1.0, as if the
+    # stored ones were gone)
+    refused = client.post("/v1/job-estimates/actuals", json={"actuals": [{**job, "measured_s": 1e300}]}).json()
+    assert refused["recorded"] == 0 and refused["actuals"][0]["error"]["code"] == "implausible_actual"
+    assert refused["actuals"][0]["actuals"] == 1
+    assert refused["actuals"][0]["calibration_factor"] == pytest.approx(est["calibration_factor"], rel=1e-12)
 
 
 def test_job_rows_of_the_actuals_source_cannot_be_posted_as_measurements(client: TestClient, resnet_id: str) -> None:

@@ -92,6 +92,18 @@ def test_bad_data_parallel_requests_are_422(client: TestClient, resnet_id: str, 
     assert r.json()["error"]["code"] == code
 
 
+@pytest.mark.parametrize("extra", [{"price_usd_per_hour": 3.0}, {"grid_gco2_per_kwh": 400.0},
+                                   {"price_usd_per_hour": 3.0, "dataset_size": 50_000}])
+def test_a_price_or_grid_intensity_without_a_job_is_422_not_ignored(client: TestClient, resnet_id: str,
+                                                                      extra: dict) -> None:
+    """Both apply to the job only (cost_usd, co2_kg): without epochs there is none, and the answer used to
+    drop them without a word, as if the caller had not asked for a cost."""
+    r = client.post("/v1/predictions", json={"graph_id": resnet_id, "hardware_id": "a100-sxm4-80gb",
+                                             "batch_size": 32, **extra})
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["code"] == "validation_error" and "needs 'epochs'" in r.json()["error"]["message"]
+
+
 def test_input_pipeline_eval_passes_and_checkpoints(client: TestClient, resnet_id: str) -> None:
     base = {"graph_id": resnet_id, "hardware_id": "v100-sxm2-16gb", "batch_size": 32, "optimizer": "adam",
             "dataset_size": 10_000, "epochs": 4}

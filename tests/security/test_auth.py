@@ -118,6 +118,20 @@ def test_scoped_keys(client: TestClient, keys: dict[str, str], db_url: str) -> N
     assert client.post("/v1/measurements", json=batch(MEASUREMENT), headers=_bearer(keys["admin"])).status_code == 201
 
 
+def test_job_actuals_carry_their_submitter(client: TestClient, keys: dict[str, str]) -> None:
+    """A scheduler's actuals are measurements like any other: the key that reported them is recorded (the
+    README's "Owners"), so an operator can tell whose reports calibrate the estimates."""
+    graph_id = client.post("/v1/graphs", json=json_graph(name="sched")).json()["id"]
+    job = {"graph_id": graph_id, "hardware_id": "a100-sxm4-40gb", "batch_size": 8, "dataset_size": 800,
+           "epochs": 1}
+    predicted_s = client.post("/v1/job-estimates", json={"jobs": [job]}).json()["estimates"][0]["p50_s"]
+    r = client.post("/v1/job-estimates/actuals", json={"actuals": [{**job, "measured_s": 1.2 * predicted_s}]},
+                    headers=_bearer(keys["measure"]))
+    assert r.status_code == 201 and r.json()["recorded"] == 1, r.text
+    stored = client.get("/v1/measurements", params={"source": "scheduler", "granularity": "job"}).json()["items"]
+    assert [m["submitter"] for m in stored] == [keys["measure"].split("_")[1]]
+
+
 @pytest.mark.parametrize("bad", ["wrong", "lck_0000000000000000_nope", "lck_zz_x", "", "lck__", "lck_" + "f" * 500])
 def test_unknown_or_malformed_keys_are_401(client: TestClient, keys: dict[str, str], bad: str) -> None:
     real = keys["measure"]
