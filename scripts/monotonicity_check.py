@@ -107,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
 
         upgrade(os.environ["LAYERCAST_DATABASE_URL"])
         with TestClient(create_app(), base_url="http://localhost") as client:
-            print(f"| device | precision | pairs ({args.mode}) | inverted | inverted > 10 % | worst (grown / smaller) |")
+            print(f"| device | precision | pairs ({args.mode}) | inverted | inverted > 10 % "
+                  "| worst (grown / smaller) |")
             print("|---|---|---|---|---|---|")
             for hw, precision in settings:
                 res = check(client, hw, precision, args.mode)
