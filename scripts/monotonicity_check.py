@@ -97,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     settings = SETTINGS if args.devices is None else tuple(
         (d, p) for d, p in SETTINGS if d in args.devices.split(","))
+    if not settings:
+        parser.error(f"--devices names none of {sorted({d for d, _ in SETTINGS})}")
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["LAYERCAST_DATABASE_URL"] = f"sqlite:///{tmp}/monotonicity.db"
         os.environ["LAYERCAST_IMPORT_WORKER_AT_START"] = "false"
@@ -114,8 +116,9 @@ def main(argv: list[str] | None = None) -> int:
                 res = check(client, hw, precision, args.mode)
                 n = max(res["pairs"], 1)
                 ratio, pair = res["worst"]
+                worst = "none" if pair is None else f"{ratio:.2f} {pair[0]} -> {pair[1]}"
                 print(f"| {hw} | {precision} | {res['pairs']} | {100 * res['inverted'] / n:.1f} % | "
-                      f"{100 * res['far'] / n:.1f} % | {ratio:.2f} {pair[0]} -> {pair[1]} |", flush=True)
+                      f"{100 * res['far'] / n:.1f} % | {worst} |", flush=True)
     return 0
 
 

@@ -382,7 +382,7 @@ def add_parsers(sub: Any) -> None:
         p.add_argument("--nodes", type=int, default=1,
                        help="nodes the --device-count devices sit on, evenly, at most 8 per node (default 1)")
         p.add_argument("--price-usd-per-hour", type=float, default=None,
-                       help="price per device-hour (default: the catalog's list price)")
+                       help="price per device-hour (default: the catalog's list price; needs --epochs)")
         p.add_argument("--precision", default="fp32", choices=[x.value for x in Precision])
         p.add_argument("--mode", default="training", choices=["training", "inference"])
         p.add_argument("--optimizer", default="sgd")
@@ -570,6 +570,11 @@ def run(args: argparse.Namespace) -> int:
     """Run a parsed ``predict``/``compare``/``gate`` command; returns the exit code (see module docstring)."""
     if args.epochs is not None and args.dataset_size is None:
         print("layercast: --epochs needs --dataset-size", file=sys.stderr)
+        return EXIT_ERROR
+    if args.nodes < 1 or args.device_count < 1 or args.device_count % args.nodes:
+        # checked here, for both backends: a comparison's devices_per_node would round it to other nodes
+        print(f"layercast: --device-count {args.device_count} must spread evenly over --nodes {args.nodes} "
+              "(both at least 1)", file=sys.stderr)
         return EXIT_ERROR
     for path in (args.model, getattr(args, "baseline", None)):
         if path is not None and not path.is_file():

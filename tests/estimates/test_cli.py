@@ -273,6 +273,11 @@ def test_more_than_a_node_of_devices_needs_nodes(models: dict[str, Path], client
                                                  "device_count": 16, "nodes": 2}).json()
     assert offline["iteration"]["time_ms"] == pytest.approx(served["iteration"]["time_ms"], rel=1e-9)
     assert offline["iteration"]["allreduce_ms"] > 0
+    # a count that does not spread evenly is refused before either backend (a comparison would round it)
+    for bad in (["--nodes", "3"], ["--nodes", "0"]):
+        for command in ("predict", "compare"):
+            assert main([command, str(models["resnet"]), *job, *bad, "--server", "http://127.0.0.1:9"]) == 2
+            assert "must spread evenly" in capsys.readouterr().err
 
 
 def _with_unknown_op(content: bytes, op: str = "Relu") -> bytes:
