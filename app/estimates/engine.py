@@ -152,6 +152,14 @@ class GraphCache:
 
         return _remembered(self._analyses, key, bind)
 
+    def check_binding(self, request: PredictionCreate) -> None:
+        """Bind ``request``'s graph at its batch and ``dims`` for a GPU, as its first GPU row would (the binding
+        is kept for them): raises what :meth:`_bound` raises (404 ``graph_not_found``; 422 ``invalid_graph``,
+        ``unbound_dimension``, ``unknown_dimension``, ``dims_names_batch_axis``), none of which depends on the
+        device. A comparison checks this once before its rows, so that dims that cannot bind the graph are a
+        422 even when every row would fail earlier on its own device."""
+        self._bound(request, "gpu")
+
     def preload_hardware(self, hardware_ids: set[str]) -> None:
         """Load the specs of ``hardware_ids`` in one query (1,000 jobs name a few dozen devices), so that
         :meth:`spec` of each needs no query of its own; unknown ids are left to :meth:`spec` to refuse."""

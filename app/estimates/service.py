@@ -454,6 +454,8 @@ def compare(session: Session, predictor: Predictor, *, request: ComparisonCreate
                    dataset_size=request.dataset_size, epochs=request.epochs, precision=request.precision,
                    optimizer=request.optimizer, software_stack=request.software_stack, dims=request.dims)
     extra: dict[str, Any] = {"mode": request.mode, "grid_gco2_per_kwh": request.grid_gco2_per_kwh}
+    # the dims are the request's, the same on every row: refused here even when every row fails before binding
+    cache.check_binding(_job_request(base, **extra))
     unavailable: list[Unavailable] = []
     scenarios: list[Scenario] = []
     for hw_id in dict.fromkeys(hardware_ids):

@@ -199,5 +199,10 @@ def test_dims_that_do_not_bind_the_graph_are_a_422_not_a_table_of_refusals(clien
                        ({"seq": 64, "batch": 8}, "dims_names_batch_axis")):
         r = client.post("/v1/comparisons", json={"graph_id": graph_id, **JOB, **devices, "dims": dims})
         assert r.status_code == 422 and r.json()["error"]["code"] == code, (dims, r.text)
+    # also when every row fails before it binds (an unknown device, a count over a node, bf16 on a K80)
+    for rows in ({"hardware_ids": ["nope-gpu"]}, {"hardware_ids": ["t4"], "device_counts": [16]},
+                 {"hardware_ids": ["k80"], "precision": "bf16"}):
+        r = client.post("/v1/comparisons", json={"graph_id": graph_id, **JOB, **rows, "dims": {}})
+        assert r.status_code == 422 and r.json()["error"]["code"] == "unbound_dimension", (rows, r.text)
     body = _compare(client, graph_id, **devices, dims={"seq": 64})
     assert len(body["rows"]) == 4 and body["unavailable"] == []
