@@ -449,12 +449,17 @@ def describe_module(module: Any, example_inputs: Any, *, input_names: list[str] 
     form, with the batch statistics, what a training prediction costs without the service's eval-mode
     export warning), else in eval mode (what an inference prediction costs). The export runs the forward once;
     the module's buffers (BatchNorm's running mean, variance and batch count) and its own mode are restored
-    afterwards, so the module is as it was. torch is imported here only. Raises whatever
-    ``torch.onnx.export`` raises for a module it cannot export.
+    afterwards, so the module is as it was. A training export of batch-1 inputs traces them repeated to batch 2
+    (BatchNorm cannot train on one value per channel; axis 0 is symbolic either way). torch is imported here
+    only. Raises whatever ``torch.onnx.export`` raises for a module it cannot export.
     """
     import torch
 
     inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+    if training and any(isinstance(x, torch.Tensor) and x.dim() > 0 and x.shape[0] == 1 for x in inputs):
+        # BatchNorm refuses to train on one value per channel; axis 0 is symbolic, so trace at batch 2
+        inputs = tuple(torch.cat([x, x]) if isinstance(x, torch.Tensor) and x.dim() > 0 and x.shape[0] == 1
+                       else x for x in inputs)
     names = input_names or [f"input_{i}" for i in range(len(inputs))]
     was_training = module.training
     buffers = {name: b.detach().clone() for name, b in module.named_buffers()}

@@ -178,23 +178,23 @@ def test_predict_module_exports_in_the_predictions_mode_and_leaves_the_module_as
     torch = pytest.importorskip("torch")
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
-                                torch.nn.Flatten(), torch.nn.Linear(8 * 8 * 8, 10))
+                                torch.nn.Flatten(), torch.nn.Linear(8 * 8 * 8, 10), torch.nn.BatchNorm1d(10))
     bn = model[1]
     with torch.no_grad():  # statistics no single batch would produce, so any update shows
         bn.running_mean.fill_(0.25)
         bn.running_var.fill_(4.0)
-    for training in (True, False):
+    for training, batch in ((True, 2), (False, 2), (True, 1)):  # batch 1: BatchNorm cannot train on it
         model.train(training)
         before = {name: b.clone() for name, b in model.named_buffers()}
-        cost = api.predict_module(model, (torch.randn(2, 3, 8, 8) * 5 + 3,), hardware_id="p100", batch_size=16,
-                                  mode=mode)
+        cost = api.predict_module(model, (torch.randn(batch, 3, 8, 8) * 5 + 3,), hardware_id="p100",
+                                  batch_size=16, mode=mode)
         assert cost.mode == mode and cost.iteration.time_ms > 0
         assert not any(w.startswith("eval-mode export") for w in cost.warnings), cost.warnings
         assert model.training is training  # the module's own mode, whatever the prediction's
         for name, b in model.named_buffers():
             assert torch.equal(b, before[name]), name
     graph = api.get_graph(cost.graph_id)
-    assert graph.summary.op_counts.get("BatchNormalization") == 1
+    assert graph.summary.op_counts.get("BatchNormalization") == 2
 
 
 def test_client_import_does_not_import_torch() -> None:
