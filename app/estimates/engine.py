@@ -185,8 +185,8 @@ class GraphCache:
         (404 graph/hardware not found, 422 too_many_devices_per_node, precision_not_supported, stack_not_supported,
         no_interconnect, graph import errors)."""
         assert request.hardware_id is not None
+        hw = self.spec(request.hardware_id)  # an unknown id is hardware_not_found whatever else is wrong
         check_devices_per_node(request)
-        hw = self.spec(request.hardware_id)
         precision = checked_precision(hw, request.precision)
         check_stack(hw, request.software_stack)
         check_interconnect(hw, request)

@@ -530,14 +530,16 @@ def predict(session: Session, predictor: Predictor, *, request: PredictionCreate
     for an inline spec under a stored device's id that differs from it
     (:func:`app.hardware.service.resolve_inline`).
     """
-    check_devices_per_node(request)  # before any lookup: it depends on the request alone
     unchecked = None
     if request.hardware_id is not None:
         hw = hardware_service.get_spec(session, hardware_id=request.hardware_id)
     else:
         assert request.hardware is not None
         hw, unchecked = hardware_service.resolve_inline(session, data=request.hardware)
-    check_stack(hw, request.software_stack)  # before the import: a refused request costs no analysis
+    # after the device (an unknown id is a 404 whatever else is wrong), before the import: a refused request
+    # costs no analysis
+    check_devices_per_node(request)
+    check_stack(hw, request.software_stack)
     # analysed for the device's kind: what the stack fuses on a GPU and on a CPU differs (app.core.fusion)
     if request.graph_id is not None:
         bound = graphs.bound_graph(session, graph_id=request.graph_id, batch_size=request.per_device_batch_size,

@@ -212,5 +212,8 @@ def test_more_devices_in_a_node_than_a_node_holds_is_a_422_naming_the_nodes_need
         assert error["detail"] == {"device_count": count, "nodes": nodes, "devices_per_node": count // nodes,
                                    "max_devices_per_node": MAX_DEVICES_PER_NODE, "nodes_needed": needed}
         assert f"{needed} nodes" in error["message"]
+    # an unknown device is a 404 whatever else is wrong with the request
+    r = client.post("/v1/predictions", json={**body, "hardware_id": "no-such-gpu"})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "hardware_not_found", r.text
     # the nodes it names are enough, and the count spreads evenly over them
     _predict(client, **{**body, "nodes": needed}, hardware_id="a100-sxm4-80gb")
