@@ -212,7 +212,11 @@ async def create_graph(
             _check_form_fields([key for key, _ in form.multi_items()])
             upload = form.get("file")
             if upload is None or isinstance(upload, str):
-                raise InvalidRequest("multipart upload needs a file field named 'file'")
+                raise InvalidRequest("multipart upload needs a file field named 'file'",
+                                     detail={"field": "file", "expected": "a file part"})
+            if form.get("name") is not None and not isinstance(form.get("name"), str):
+                raise InvalidRequest("multipart field 'name' must be a text field, not a file",
+                                     detail={"field": "name", "expected": "a text field"})
             # Starlette spooled the part to an unnamed temporary file: copied to ours while hashed, so that a
             # large one has a path the import worker process can open
             while chunk := await upload.read(_CHUNK_BYTES):

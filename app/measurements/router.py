@@ -27,7 +27,8 @@ _CREATE_ERRORS: dict[int | str, dict[str, Any]] = {
     413: {"model": ErrorResponse, "description": "too_many_items (more than 5,000 rows), payload_too_large"},
     422: {"model": ErrorResponse, "description": "validation_error (detail.errors[].loc names the row index), "
           "invalid_measurements (detail.errors[]: index, code hardware_not_found | graph_not_found (an iteration or "
-          "job row's config.graph_id) | reserved_source (an "
+          "job row's config.graph_id) | invalid_layer_config (a config.layer that is not the op_kind it "
+          "claims, or that no layer of that kind can be) | reserved_source (an "
           "import's source; a job row of source scheduler: POST /v1/job-estimates/actuals) | "
           "precision_not_supported | stack_not_supported (a configuration the device cannot run; a CPU runs bf16 "
           "and fp16 autocast in software) | "

@@ -133,6 +133,13 @@ def test_a_multipart_upload_with_unknown_or_repeated_fields_is_422_and_stores_no
         error = r.json()["error"]
         assert error["code"] == "invalid_request", r.text
         assert error["detail"] == {**expected, "allowed": ["file", "name"]}, r.text
+    # a name sent as a file part, or a file sent as text, is refused (the name was ignored, the graph named after
+    # its file)
+    for kwargs, field in (({"files": [("file", part), ("name", ("n.txt", b"my-graph"))]}, "name"),
+                          ({"data": {"file": "not a file"}, "files": {"name": (None, "x")}}, "file")):
+        r = client.post("/v1/graphs", **kwargs)
+        assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request", r.text
+        assert r.json()["error"]["detail"]["field"] == field, r.text
     assert client.get("/v1/graphs").json()["total"] == 0
     assert client.post("/v1/graphs", files={"file": part}, data={"name": "sq"}).status_code == 201
 
