@@ -203,6 +203,10 @@ def floor_ms(*, config: dict[str, Any], batch_size: int, spec: HardwareSpec, pre
     does not rebuild into exactly one layer or the precision/pass has no floor."""
     if not isinstance(config.get("layer"), dict) or "input_shape" not in config:
         return None
+    if spec.kind == "cpu" and precision in CPU_AUTOCAST_MODES and precision not in spec.peak_flops_per_s:
+        # autocast in software on a CPU without 16-bit arithmetic: no faster than the fp32 arithmetic, and at
+        # least half the fp32 bytes, which FLOOR_TOLERANCE's factor 5 leaves room for (it had no floor at all)
+        precision = Precision.FP32.value
     try:
         layers = _rebuilt_layers(config, batch_size=batch_size, dtype=_DTYPE.get(precision, "float32"))
         if len(layers) != 1:

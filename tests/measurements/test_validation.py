@@ -251,6 +251,9 @@ def test_field_problems_is_one_rule_set_over_a_record() -> None:
     assert problems(precision="bf16", spec=load_catalog()["k80"]) == [("precision_not_supported", "precision")]
     cpu = replace(load_catalog()["k80"], kind="cpu", id="a-cpu")  # no bf16 nor tf32 peak
     assert problems(precision="bf16", spec=cpu, time_ms_median=500.0) == []  # CPU autocast: a real time
+    # ... but not one faster than the fp32 arithmetic allows (it had no floor at all)
+    assert problems(precision="bf16", spec=cpu, time_ms_median=0.001) == [("implausible_measurement",
+                                                                         "time_ms_median")]
     assert problems(precision="tf32", spec=cpu, time_ms_median=500.0) == [("precision_not_supported", "precision")]
     assert problems(software_stack=SoftwareStack.CUDA_LIBRARY, spec=replace(A100, kind="cpu")) == [
         ("stack_not_supported", "software_stack")]
