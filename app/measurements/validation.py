@@ -10,10 +10,12 @@ bound), which ``POST /v1/measurements`` reports as row code ``implausible_measur
 * ``above_maximum``: over :data:`MAX_TIME_MS` of its granularity (a kernel or layer over an hour, an
   iteration over a day, a job over a year): no benchmark or scheduler reports such a thing by design,
   while an overflowed or unit-confused value does.
-* ``below_physics_floor``: a layer in the JSON layer vocabulary (``config`` ``{"input_shape", "layer"}``,
-  granularity ``kernel`` or ``layer``) timed under :data:`FLOOR_TOLERANCE` × its roofline floor on the
-  device (:func:`app.core.precision.physics_floor_ms`: the cheapest algorithm's FLOPs at the peak of the
-  precision, or its DRAM bytes at the datasheet bandwidth, whichever is slower). The tolerance is 0.2,
+* ``below_physics_floor``: a layer in the JSON layer vocabulary (``config`` ``{"input_shape", "layer"}``) or
+  an importers' shape record (:data:`SHAPE_RECORD_KINDS`, rebuilt by
+  :func:`app.core.shape_records.shape_record_layer`), granularity ``kernel`` or ``layer``, timed under
+  :data:`FLOOR_TOLERANCE` × its roofline floor on the device (:func:`app.core.precision.physics_floor_ms`:
+  the cheapest algorithm's FLOPs at the peak of the precision, or its DRAM bytes at the datasheet bandwidth,
+  whichever is slower). The tolerance is 0.2,
   not 1, because real measurements do beat that floor: its byte term counts DRAM traffic while a working
   set that fits in L2 (40 MB on an A100) is read at 2-3x DRAM bandwidth, boost clocks run above the
   datasheet clock, and cuDNN's FFT convolutions do fewer FLOPs than the cheapest algorithm the cost model
@@ -22,7 +24,10 @@ bound), which ``POST /v1/measurements`` reports as row code ``implausible_measur
   0.219 and 0.220, two 7x7 Justus forward convolutions on a P100 (2.25 ms for a 10.3 ms floor, an FFT
   algorithm), then 0.258 and 0.271 (also 7x7 P100 convolutions); no other source went under 0.56. The first
   tolerance, 0.25, was set from 19,400 of these rows (smallest 0.32) and refused those two. A factor of 5
-  below the floor is refused; the issue's poisoned model was 18x too fast.
+  below the floor is refused; the issue's poisoned model was 18x too fast. The shape records' own smallest
+  ratios (every public row, 2026-12-03): Vidur element-wise 0.56 and RoPE 0.67 (A40, L2-resident tensors),
+  DeepBench GEMM 0.94 (GTX 1080 Ti), NeuSight batched matmul 1.09 and element-wise 1.17 (A100 PCIe).
+  A CPU without 16-bit arithmetic that runs bf16/fp16 autocast in software is held to the fp32 floor.
   Configs in other vocabularies (the profiler's ``graph``/``shapes``, whole models, jobs) and precisions or
   passes without a floor (``fp8``, ``backward_input``) get only the first two bounds.
 
@@ -67,6 +72,7 @@ from app.core.hardware import HardwareSpec
 from app.core.ir import Layer, OpKind
 from app.core.json_import import import_json
 from app.core.precision import Precision, PrecisionNotSupported, check_precision, physics_floor_ms
+from app.core.shape_records import COLLECTIVE_OPS, shape_record_layer
 from app.core.vocab import Granularity, stack_runs_on
 from app.errors import LayercastError
 from app.measurements.importers import MeasurementRecord
@@ -118,7 +124,8 @@ COLLECTIVE_KINDS = frozenset({"allreduce", "send_recv"})
 #: The importers' shape records (``app.measurements.importers`` module doc): ``{"layer": {"op": ...}}`` without
 #: ``input_shape``, for work the JSON layer vocabulary does not express (DeepBench's bare GEMM ``m``/``n``/``k``,
 #: NeuSight's batched ``matmul`` ``a``/``b``, Vidur's ``elementwise`` and ``rope``, the collectives), by op →
-#: the ``op_kind`` values each may carry. Not rebuilt here (they have no floor: only the time bounds apply).
+#: the ``op_kind`` values each may carry. Rebuilt with :func:`app.core.shape_records.shape_record_layer`: a
+#: record no layer can be is refused, the others get the physics floor (collectives only the time bounds).
 SHAPE_RECORD_KINDS: dict[str, frozenset[str]] = {
     "matmul": frozenset({"gemm", "matmul"}),
     "elementwise": frozenset({"elementwise"}),
@@ -167,6 +174,13 @@ def check_layer_config(*, op_kind: str, config: dict[str, Any], batch_size: int)
             raise InvalidLayerConfig(
                 f"op_kind {op_kind!r} is not the kind of a {op!r} shape record "
                 f"({' or '.join(sorted(shape_kinds))})", field="op_kind")
+        try:
+            built = shape_record_layer(layer_spec, "float32")
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidLayerConfig(f"config.layer is no {op!r} shape record: {exc}", field="config.layer") from exc
+        if built is None and op not in COLLECTIVE_OPS:
+            raise InvalidLayerConfig(f"config.layer is no {op!r} shape record this service can cost "
+                                     f"(fn {layer_spec.get('fn')!r})", field="config.layer")
         return
     if "input_shape" not in config:
         raise InvalidLayerConfig("config.layer needs config.input_shape (one sample, no batch axis)",
@@ -201,14 +215,19 @@ def floor_ms(*, config: dict[str, Any], batch_size: int, spec: HardwareSpec, pre
              optimizer: str = "none") -> float | None:  # fmt: skip
     """The roofline floor (ms) of a JSON-vocabulary layer ``config`` on ``spec``, or None when the config
     does not rebuild into exactly one layer or the precision/pass has no floor."""
-    if not isinstance(config.get("layer"), dict) or "input_shape" not in config:
+    if not isinstance(config.get("layer"), dict):
         return None
     if spec.kind == "cpu" and precision in CPU_AUTOCAST_MODES and precision not in spec.peak_flops_per_s:
         # autocast in software on a CPU without 16-bit arithmetic: no faster than the fp32 arithmetic, and at
         # least half the fp32 bytes, which FLOOR_TOLERANCE's factor 5 leaves room for (it had no floor at all)
         precision = Precision.FP32.value
     try:
-        layers = _rebuilt_layers(config, batch_size=batch_size, dtype=_DTYPE.get(precision, "float32"))
+        dtype = _DTYPE.get(precision, "float32")
+        if "input_shape" in config:
+            layers = _rebuilt_layers(config, batch_size=batch_size, dtype=dtype)
+        else:  # a shape record (its shapes are absolute: no batch axis to bind)
+            built = shape_record_layer(config["layer"], dtype)
+            layers = [] if built is None else [built]
         if len(layers) != 1:
             return None
         return physics_floor_ms(layers[0], layer_cost(layers[0]), spec, precision, pass_, optimizer=optimizer)

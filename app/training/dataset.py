@@ -39,6 +39,7 @@ from app.core.features import RAW_FIELDS, features_from_raw, raw_quantities
 from app.core.hardware import HardwareSpec
 from app.core.ir import ConvAttrs, GemmAttrs, Layer, OpKind, Tensor
 from app.core.json_import import import_json
+from app.core.shape_records import shape_record_layer
 from app.core.vocab import Granularity
 from app.errors import InvalidGraph
 from app.hardware.catalog import spec_from_dict
@@ -59,7 +60,6 @@ SKIP_BAD_CONFIG = "config_does_not_rebuild"
 SKIP_NO_STACK = "software_stack_missing"
 
 _DTYPE = {"fp16": "float16", "bf16": "bfloat16", "fp64": "float64"}  # every other precision: float32 tensors
-_ELEMENTWISE_OPS = {"add": "Add", "mul": "Mul", "pow": "Pow", "div": "Div", "sub": "Sub"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,48 +207,6 @@ def _justus_layer(config: Mapping[str, Any], batch: int) -> Layer:
                               out_features=int(layer["out_features"]), activation=act)  # fmt: skip
 
 
-def _shape_layer(op: Mapping[str, Any], dtype: str) -> Layer | None:
-    """IR layer of a shape record the JSON vocabulary does not express (see the importers), or None."""
-    name = str(op["op"])
-    if name == "matmul" and "a" in op:
-        a, b = tuple(int(v) for v in op["a"]), tuple(int(v) for v in op["b"])
-        if len(a) < 2 or a[:-2] != b[:-2] or a[-1] != b[-2]:
-            raise ValueError(f"matmul shapes do not chain: {a} @ {b}")
-        out = (*a[:-1], b[-1])
-        return Layer("matmul", "MatMul", OpKind.MATMUL, (Tensor("a", a, dtype), Tensor("b", b, dtype)),
-                     (Tensor("y", out, dtype),), attrs=GemmAttrs(m=a[-2], n=b[-1], k=a[-1], batch=a[:-2]))
-    if name == "matmul" and "m" in op:  # DeepBench: C[m×n] = op(A)[m×k]·op(B)[k×n], both operands inputs
-        m, n, k = int(op["m"]), int(op["n"]), int(op["k"])
-        a_shape = (k, m) if op.get("a_trans") else (m, k)
-        b_shape = (n, k) if op.get("b_trans") else (k, n)
-        return Layer("gemm", "MatMul", OpKind.MATMUL, (Tensor("a", a_shape, dtype), Tensor("b", b_shape, dtype)),
-                     (Tensor("y", (m, n), dtype),), attrs=GemmAttrs(m=m, n=n, k=k))
-    if name == "elementwise":
-        shape = tuple(int(v) for v in op["shape"])
-        x = Tensor("x", shape, dtype)
-        fn = str(op["fn"])
-        if fn == "silu_and_mul":  # SiLU(gate) * up, [T, 2F] -> [T, F] (FLOPs: costs.FUSED_ELEMENTWISE_FLOPS_PER_OUTPUT)
-            out = (*shape[:-1], shape[-1] // 2)
-            return Layer(fn, "SiluAndMul", OpKind.ELEMENTWISE, (x,), (Tensor("y", out, dtype),))
-        if fn not in _ELEMENTWISE_OPS:
-            return None
-        n_tensors = int(op.get("operands", 2))  # tensor operands of a chained op: a + b + c has 3 (2 FLOPs/output)
-        if n_tensors < 2:
-            raise ValueError(f"an element-wise op has at least 2 tensor operands, got {n_tensors}")
-        others = tuple(Tensor(f"x{i}", shape, dtype) for i in range(2, n_tensors + 1))
-        inputs = (x,) if op.get("operand") == "scalar" else (x, *others)
-        return Layer(fn, _ELEMENTWISE_OPS[fn], OpKind.ELEMENTWISE, inputs, (Tensor("y", shape, dtype),))
-    if name == "rope":  # in place on q and k; with rotary_dim, each token's position (int64) and cos/sin row
-        q_shape, k_shape = tuple(int(v) for v in op["q_shape"]), tuple(int(v) for v in op["k_shape"])
-        aux: tuple[Tensor, ...] = ()
-        if "rotary_dim" in op:
-            tokens = q_shape[0]
-            aux = (Tensor("positions", (tokens,), "int64"), Tensor("cos_sin", (tokens, int(op["rotary_dim"])), dtype))
-        return Layer("rope", "Rope", OpKind.ELEMENTWISE, (Tensor("q", q_shape, dtype), Tensor("k", k_shape, dtype),
-                     *aux), (Tensor("q_out", q_shape, dtype), Tensor("k_out", k_shape, dtype)))  # fmt: skip
-    return None
-
-
 def record_layer(*, source: str, config: Mapping[str, Any], batch_size: int, precision: str) -> Layer | str:
     """The IR layer of one stored measurement, or the skip reason (``SKIP_*``) when it has none.
 
@@ -277,7 +235,7 @@ def record_layer(*, source: str, config: Mapping[str, Any], batch_size: int, pre
             doc = {"input_shape": list(config["input_shape"]), "input_dtype": dtype, "layers": [dict(layer_spec)]}
             layers = import_json(doc, batch_size=batch_size).layers
             return layers[0] if len(layers) == 1 else SKIP_MULTI_LAYER
-        built = _shape_layer(layer_spec, dtype)
+        built = shape_record_layer(layer_spec, dtype)
         return built if built is not None else SKIP_NO_BUILDER
     except (InvalidGraph, KeyError, TypeError, ValueError):
         return SKIP_BAD_CONFIG

@@ -231,6 +231,33 @@ def _record(**overrides: Any) -> MeasurementRecord:
     return MeasurementRecord(**{**values, **overrides})
 
 
+def test_shape_records_are_checked_and_held_to_their_floor(client: TestClient) -> None:
+    """A shape record carried no check and no floor, so any GEMM time could poison the data: a 65,536-cubed
+    matmul in 0.0002 ms (2.8e21 FLOP/s on an A100), a matmul with no fields, negative sizes, a collective
+    without its size. Each is refused now; the real records of every public source still import
+    (``layercast import``: 0 refused)."""
+    kernel = {**LAYER, "granularity": "kernel", "hardware_id": "a100-pcie-80gb", "precision": "fp16"}
+    cases = [
+        ("gemm", {"op": "matmul", "m": 65536, "n": 65536, "k": 65536}, 0.0002, "implausible_measurement",
+         "time_ms_median"),
+        ("gemm", {"op": "matmul"}, 1.0, "invalid_layer_config", "config.layer"),
+        ("gemm", {"op": "matmul", "m": -3, "n": 4, "k": 4}, 1.0, "invalid_layer_config", "config.layer"),
+        ("matmul", {"op": "matmul", "a": [8, 64, 64], "b": [8, 32, 64]}, 1.0, "invalid_layer_config", "config.layer"),
+        ("elementwise", {"op": "elementwise", "fn": "add", "shape": [1 << 30]}, 0.001, "implausible_measurement",
+         "time_ms_median"),
+        ("elementwise", {"op": "elementwise", "fn": "frobnicate", "shape": [8]}, 1.0, "invalid_layer_config",
+         "config.layer"),
+        ("allreduce", {"op": "allreduce"}, 1.0, "invalid_layer_config", "config.layer"),
+    ]
+    for op_kind, layer, t, code, field in cases:
+        r = client.post("/v1/measurements", json={"measurements": [
+            {**kernel, "op_kind": op_kind, "time_ms_median": t, "batch_size": 1, "config": {"layer": layer}}]})
+        assert r.status_code == 422, (layer, r.text)
+        [error] = r.json()["error"]["detail"]["errors"]
+        assert (error["code"], error["field"]) == (code, field), (layer, error)
+    assert client.get("/v1/measurements").json()["total"] == 0
+
+
 def test_field_problems_is_one_rule_set_over_a_record() -> None:
     """The per-row checks of ``POST /v1/measurements`` and ``layercast import``: every problem of a row, the
     device's and the graph's checks given the stored device and graphs."""
