@@ -176,10 +176,15 @@ class JobActualRead(Schema):
 
 
 class JobActualsRead(Schema):
+    """What a report answers. ``replayed`` is true when the ``Idempotency-Key`` was seen before with the same
+    body: the answer is the first one's (its figures as they were then), nothing was stored again."""
+
     predictor_version: str
     recorded: int
     failed: int
     actuals: list[JobActualRead]
+    idempotency_key: str | None = None
+    replayed: bool = False
 
 
 # ------------------------------------------------------------------------------------------ comparisons

@@ -48,6 +48,7 @@ from app.estimates.schemas import (
     ComparisonRead,
     ComparisonRow,
     ItemError,
+    JobActual,
     JobActualRead,
     JobActualsCreate,
     JobActualsRead,
@@ -60,9 +61,14 @@ from app.estimates.schemas import (
 )
 from app.graphs import service as graphs
 from app.hardware import service as hardware_service
-from app.measurements.models import Measurement, PredictorVersion
+from app.measurements.models import Measurement, MeasurementBatch, PredictorVersion
 from app.measurements.repository import MeasurementRepository
-from app.measurements.service import ACTUALS_SOURCE  # source of POST /v1/job-estimates/actuals rows
+from app.measurements.service import (
+    ACTUALS_SOURCE,  # source of POST /v1/job-estimates/actuals rows
+    claim_batch,
+    idempotent_request,
+    stored_batch,
+)
 from app.predictions.schemas import PredictionCreate
 from app.predictions.service import answer_warnings, estimate, loss_ms
 from app.predictor.base import Predictor
@@ -322,54 +328,96 @@ def estimate_jobs(session: Session, predictor: Predictor, *, request: JobEstimat
                             failed=sum(a.error is not None for a in answers), estimates=answers)
 
 
+@dataclass(slots=True)
+class _Judged:
+    """The verdict on the actuals of one report: an answer per item, the rows to store (item index → the
+    :class:`Measurement` columns) and the items whose graph and device exist (stored, or refused as
+    implausible), which answer the calibration their graph and hardware have."""
+
+    answers: list[JobActualRead]
+    rows: dict[int, dict[str, Any]]
+    known: list[int]
+
+
+def _judge_actuals(actuals: Sequence[JobActual], models: Sequence[_JobModel | ItemError], *,
+                   predictor_version: str, submitter: str | None) -> _Judged:  # fmt: skip
+    """Each actual against the model's answer for its job: a job that cannot be predicted fails with its
+    error, one more than :data:`MAX_ACTUAL_RATIO` away from the estimate fails ``implausible_actual``; the
+    others become whole-job measurement rows."""
+    judged = _Judged(answers=[], rows={}, known=[])
+    for i, (actual, m) in enumerate(zip(actuals, models, strict=True)):
+        if isinstance(m, ItemError):
+            judged.answers.append(JobActualRead(index=i, error=m))
+            continue
+        judged.known.append(i)
+        ratio = actual.measured_s / m.p50_s
+        if not 1 / MAX_ACTUAL_RATIO <= ratio <= MAX_ACTUAL_RATIO:
+            judged.answers.append(JobActualRead(index=i, predicted_s=m.p50_s, ratio=ratio, error=ItemError(
+                code="implausible_actual",
+                message=f"measured_s {actual.measured_s:g} s is {ratio:.3g}x the estimate {m.p50_s:.4g} s; "
+                        f"actuals more than {MAX_ACTUAL_RATIO:g}x away from it either way are not recorded")))
+            continue
+        config = {k: v for k, v in actual.model_dump(mode="json").items() if k not in ("measured_s", "context")}
+        config.update(predicted_s=m.p50_s, predictor_version=predictor_version)
+        judged.rows[i] = dict(
+            hardware_id=actual.hardware_id, source=ACTUALS_SOURCE, op_kind="job", pass_=Pass.TRAIN_STEP.value,
+            optimizer=actual.optimizer, precision=actual.precision.value,
+            software_stack=actual.software_stack.value, granularity=Granularity.JOB.value,
+            batch_size=actual.batch_size, config=config, time_ms_median=actual.measured_s * 1e3,
+            context=dict(actual.context), submitter=submitter)
+        judged.answers.append(JobActualRead(index=i, predicted_s=m.p50_s, ratio=ratio))
+    return judged
+
+
+def _replayed(row: MeasurementBatch, idempotency_key: str) -> JobActualsRead:
+    assert row.answer is not None  # same digest: the same actuals body, whose answer was stored with it
+    return JobActualsRead.model_validate(row.answer).model_copy(
+        update={"idempotency_key": idempotency_key, "replayed": True})
+
+
 def record_actuals(session: Session, predictor: Predictor, *, request: JobActualsCreate,
-                   submitter: str | None = None) -> JobActualsRead:
+                   submitter: str | None = None, idempotency_key: str | None = None) -> JobActualsRead:
     """Store each measured job as a whole-job measurement (``granularity`` ``job``, source
     :data:`ACTUALS_SOURCE`) with the model's uncalibrated p50 at recording time and the predictor version,
     so later estimates of the same graph and hardware are calibrated by it; recorded as reported by the API
     key id ``submitter`` (None: anonymous), as ``POST /v1/measurements`` rows are. Flushes.
+
+    ``idempotency_key`` works as ``POST /v1/measurements``' (the same mechanism and table:
+    :func:`app.measurements.service.idempotent_request`, ``stored_batch``, ``claim_batch``): a report stored
+    before under the key with the same body is answered again (``replayed``; the first answer, nothing stored),
+    one with another body raises :class:`app.measurements.service.IdempotencyKeyReused` (409), a malformed key
+    :class:`app.measurements.service.InvalidIdempotencyKey` (422).
 
     Raises :class:`TooManyItems` (413) beyond :data:`MAX_JOBS`; a job that cannot be predicted (unknown
     graph or device...) is not stored and says why; one refused as ``implausible_actual`` still answers the
     ``actuals`` and ``calibration_factor`` its graph and hardware have.
     """
     _limit(request.actuals, MAX_JOBS, "actuals")
+    idem = idempotent_request(idempotency_key, submitter=submitter, body=request)
+    seen = stored_batch(session, idem)
+    if idem is not None and seen is not None:
+        return _replayed(seen, idem.idempotency_key)
     models = _model_jobs(session, predictor, request.actuals)
-    repo = MeasurementRepository(session)
-    stored: list[tuple[int, JobActualRead]] = []
-    known: list[tuple[int, JobActualRead]] = []  # stored or refused as implausible: its graph and device exist
-    answers: list[JobActualRead] = []
-    for i, (actual, m) in enumerate(zip(request.actuals, models, strict=True)):
-        if isinstance(m, ItemError):
-            answers.append(JobActualRead(index=i, error=m))
-            continue
-        ratio = actual.measured_s / m.p50_s
-        if not 1 / MAX_ACTUAL_RATIO <= ratio <= MAX_ACTUAL_RATIO:
-            answers.append(JobActualRead(index=i, predicted_s=m.p50_s, ratio=ratio, error=ItemError(
-                code="implausible_actual",
-                message=f"measured_s {actual.measured_s:g} s is {ratio:.3g}x the estimate {m.p50_s:.4g} s; "
-                        f"actuals more than {MAX_ACTUAL_RATIO:g}x away from it either way are not recorded")))
-            known.append((i, answers[-1]))
-            continue
-        config = {k: v for k, v in actual.model_dump(mode="json").items() if k not in ("measured_s", "context")}
-        config.update(predicted_s=m.p50_s, predictor_version=predictor.version)
-        row = repo.add(Measurement(
-            hardware_id=actual.hardware_id, source=ACTUALS_SOURCE, op_kind="job", pass_=Pass.TRAIN_STEP.value,
-            optimizer=actual.optimizer, precision=actual.precision.value,
-            software_stack=actual.software_stack.value, granularity=Granularity.JOB.value,
-            batch_size=actual.batch_size, config=config, time_ms_median=actual.measured_s * 1e3,
-            context=dict(actual.context), submitter=submitter,
-        ))
-        read = JobActualRead(index=i, measurement_id=row.id, predicted_s=m.p50_s, ratio=ratio)
-        stored.append((i, read))
-        known.append((i, read))
-        answers.append(read)
+    judged = _judge_actuals(request.actuals, models, predictor_version=predictor.version, submitter=submitter)
+    claim: MeasurementBatch | None = None
+    if idem is not None:
+        claim, won = claim_batch(session, idem)
+        if not won:
+            return _replayed(claim, idem.idempotency_key)
+    ids = MeasurementRepository(session).insert_returning_ids(list(judged.rows.values()))
+    for i, measurement_id in zip(judged.rows, ids, strict=True):
+        judged.answers[i].measurement_id = measurement_id
     calibrations = _calibrations(session, predictor.version, request.actuals)
-    for i, read in known:  # the calibration its graph and hardware now have, whether this one was stored or not
+    for i in judged.known:  # the calibration its graph and hardware now have, whether this one was stored or not
         cal = calibrations.get(_key(request.actuals[i].graph_id, request.actuals[i].hardware_id), UNCALIBRATED)
-        read.actuals, read.calibration_factor = cal.actuals, cal.factor
-    return JobActualsRead(predictor_version=predictor.version, recorded=len(stored),
-                          failed=len(answers) - len(stored), actuals=answers)
+        judged.answers[i].actuals, judged.answers[i].calibration_factor = cal.actuals, cal.factor
+    answer = JobActualsRead(predictor_version=predictor.version, recorded=len(ids),
+                            failed=len(judged.answers) - len(ids), actuals=judged.answers,
+                            idempotency_key=idempotency_key)
+    if claim is not None:
+        claim.measurement_ids, claim.answer = ids, answer.model_dump(mode="json")
+        session.flush()
+    return answer
 
 
 # ------------------------------------------------------------------------------------------ comparisons

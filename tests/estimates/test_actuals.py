@@ -1,0 +1,95 @@
+"""POST /v1/job-estimates/actuals as a scheduler uses it: retries with an ``Idempotency-Key``, reports that
+store nothing, jobs the memory model says do not fit, dates and the plausibility bounds of measurements."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+A100 = "a100-sxm4-40gb"
+
+
+def _job(graph_id: str, **kw: object) -> dict[str, Any]:
+    return {"graph_id": graph_id, "hardware_id": A100, "batch_size": 64, "dataset_size": 50_000, "epochs": 2, **kw}
+
+
+def _p50(client: TestClient, job: dict[str, Any]) -> float:
+    r = client.post("/v1/job-estimates", json={"jobs": [job]})
+    assert r.status_code == 200, r.text
+    return float(r.json()["estimates"][0]["p50_s"])
+
+
+def _report(client: TestClient, *actuals: dict[str, Any], key: str | None = None) -> Any:
+    return client.post("/v1/job-estimates/actuals", json={"actuals": list(actuals)},
+                       headers={"Idempotency-Key": key} if key else {})  # fmt: skip
+
+
+def _stored(client: TestClient) -> int:
+    return int(client.get("/v1/measurements", params={"source": "scheduler"}).json()["total"])
+
+
+def test_a_retried_report_is_stored_once(client: TestClient, mlp_id: str) -> None:
+    """A scheduler that retries a report (timeout, lost answer) stored it twice: the count of actuals went
+    up and the p90 narrowed on one job. With an ``Idempotency-Key`` it behaves as ``POST /v1/measurements``:
+    the same body answers the first answer again, another body is a 409."""
+    job = _job(mlp_id)
+    p50 = _p50(client, job)
+    body = {"actuals": [{**job, "measured_s": 1.3 * p50, "context": {"job_id": "81723"}}]}
+    first = client.post("/v1/job-estimates/actuals", json=body, headers={"Idempotency-Key": "slurm-81723"})
+    assert first.status_code == 201, first.text
+    assert first.json()["recorded"] == 1 and first.json()["replayed"] is False
+    assert "Idempotent-Replayed" not in first.headers
+    # the same report, keys in another order and other whitespace: the first answer again, nothing stored
+    reordered = {"actuals": [dict(reversed(body["actuals"][0].items()))]}
+    again = client.post("/v1/job-estimates/actuals", content=json.dumps(reordered, indent=2),
+                        headers={"Idempotency-Key": "slurm-81723", "content-type": "application/json"})
+    assert again.status_code == 201, again.text
+    assert again.json() == {**first.json(), "replayed": True}
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert _stored(client) == 1
+    estimate = client.post("/v1/job-estimates", json={"jobs": [job]}).json()["estimates"][0]
+    assert estimate["actuals"] == 1
+    # another report under the key: refused as measurements refuse it, nothing stored
+    other = _report(client, {**job, "measured_s": 1.1 * p50}, key="slurm-81723")
+    assert other.status_code == 409 and other.json()["error"]["code"] == "idempotency_key_reused", other.text
+    bad = _report(client, {**job, "measured_s": 1.1 * p50}, key="x" * 256)
+    assert bad.status_code == 422 and bad.json()["error"]["code"] == "invalid_idempotency_key"
+    assert _stored(client) == 1
+    # one key, one request: a measurement batch under a key an actuals report used is another body
+    row = {"hardware_id": A100, "op_kind": "iteration", "pass": "train_step", "software_stack": "pytorch-eager",
+           "granularity": "iteration", "batch_size": 64, "config": {"model": "mlp"}, "time_ms_median": 10.0}
+    reused = client.post("/v1/measurements", json={"measurements": [row]}, headers={"Idempotency-Key": "slurm-81723"})
+    assert reused.status_code == 409 and reused.json()["error"]["code"] == "idempotency_key_reused"
+    # without a key a report is stored each time it is sent, as before
+    assert _report(client, {**job, "measured_s": 1.1 * p50}).json()["recorded"] == 1
+    assert _report(client, {**job, "measured_s": 1.1 * p50}).json()["recorded"] == 1
+    assert _stored(client) == 3
+    documented = client.get("/openapi.json").json()["paths"]["/v1/job-estimates/actuals"]["post"]
+    assert "idempotency_key_reused" in documented["responses"]["409"]["description"]
+    assert any(p["name"] == "idempotency-key" for p in documented["parameters"])
+
+
+def test_concurrent_retries_of_one_report_store_once(client: TestClient, mlp_id: str) -> None:
+    """Four copies of one report sent at once under one key (a scheduler's retry racing the first send):
+    the key is claimed before anything is stored, so one stores and the others answer its answer."""
+    job = _job(mlp_id)
+    p50 = _p50(client, job)
+    answers: list[Any] = []
+    barrier = threading.Barrier(4)
+
+    def send() -> None:
+        barrier.wait()
+        answers.append(_report(client, *[{**job, "measured_s": p50 * (1 + k / 100)} for k in range(5)], key="burst"))
+
+    threads = [threading.Thread(target=send) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(a.status_code for a in answers) == [201] * 4, [a.text for a in answers]
+    assert sum(not a.json()["replayed"] for a in answers) == 1
+    assert len({tuple(i["measurement_id"] for i in a.json()["actuals"]) for a in answers}) == 1
+    assert _stored(client) == 5
