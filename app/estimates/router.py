@@ -36,7 +36,9 @@ _BATCH_ERRORS: dict[int | str, dict[str, Any]] = {
 _ACTUALS_ERRORS: dict[int | str, dict[str, Any]] = {
     **_BATCH_ERRORS,
     409: {"model": ErrorResponse, "description": "idempotency_key_reused: the key was sent with another body"},
-    422: {"model": ErrorResponse, "description": f"validation_error, invalid_idempotency_key; {_ITEMS}; "
+    422: {"model": ErrorResponse, "description": "validation_error, invalid_idempotency_key; invalid_actuals: "
+                                                 "no item can be recorded, nothing stored (detail: the answer a "
+                                                 f"201 would have been, every item's error); {_ITEMS}; "
                                                  "implausible_actual (an actual over 100x away from the estimate) "
                                                  "is answered in its item too"},
 }

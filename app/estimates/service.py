@@ -25,6 +25,7 @@ from app.core.vocab import Granularity, Pass
 from app.errors import (
     BatchAxisInDims,
     DuplicateBatchSizes,
+    InvalidActuals,
     InvalidRequest,
     LayercastError,
     NoCostedLayers,
@@ -390,7 +391,9 @@ def record_actuals(session: Session, predictor: Predictor, *, request: JobActual
 
     Raises :class:`TooManyItems` (413) beyond :data:`MAX_JOBS`; a job that cannot be predicted (unknown
     graph or device...) is not stored and says why; one refused as ``implausible_actual`` still answers the
-    ``actuals`` and ``calibration_factor`` its graph and hardware have.
+    ``actuals`` and ``calibration_factor`` its graph and hardware have. When no item is recorded, raises
+    :class:`app.errors.InvalidActuals` (422 ``invalid_actuals``, ``detail``: that answer), nothing stored and
+    the key not claimed.
     """
     _limit(request.actuals, MAX_JOBS, "actuals")
     idem = idempotent_request(idempotency_key, submitter=submitter, body=request)
@@ -400,7 +403,7 @@ def record_actuals(session: Session, predictor: Predictor, *, request: JobActual
     models = _model_jobs(session, predictor, request.actuals)
     judged = _judge_actuals(request.actuals, models, predictor_version=predictor.version, submitter=submitter)
     claim: MeasurementBatch | None = None
-    if idem is not None:
+    if idem is not None and judged.rows:  # a report that stores nothing does not use its key up
         claim, won = claim_batch(session, idem)
         if not won:
             return _replayed(claim, idem.idempotency_key)
@@ -414,6 +417,12 @@ def record_actuals(session: Session, predictor: Predictor, *, request: JobActual
     answer = JobActualsRead(predictor_version=predictor.version, recorded=len(ids),
                             failed=len(judged.answers) - len(ids), actuals=judged.answers,
                             idempotency_key=idempotency_key)
+    if not ids:
+        first = next(a for a in judged.answers if a.error is not None)
+        assert first.error is not None
+        raise InvalidActuals(
+            f"none of the {len(judged.answers)} actuals can be recorded (first: item {first.index}, "
+            f"{first.error.code}); nothing was stored", detail=answer.model_dump(mode="json"))
     if claim is not None:
         claim.measurement_ids, claim.answer = ids, answer.model_dump(mode="json")
         session.flush()

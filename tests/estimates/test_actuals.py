@@ -93,3 +93,30 @@ def test_concurrent_retries_of_one_report_store_once(client: TestClient, mlp_id:
     assert sum(not a.json()["replayed"] for a in answers) == 1
     assert len({tuple(i["measurement_id"] for i in a.json()["actuals"]) for a in answers}) == 1
     assert _stored(client) == 5
+
+
+def test_a_report_that_records_nothing_is_a_422(client: TestClient, mlp_id: str) -> None:
+    """Every item failed (unknown graph, 100x off the estimate): the answer was 201 with ``recorded: 0``, which a
+    scheduler checking the status takes as stored. It is a 422 ``invalid_actuals`` now, as a measurement batch
+    with bad rows is a 422 ``invalid_measurements``; ``detail`` is the answer a 201 would have been (every item's
+    error, and a refused actual's ratio and its graph's calibration), nothing is stored and the key is not
+    used up. A report with one recorded item is still a 201 that names the others' errors."""
+    job = _job(mlp_id)
+    p50 = _p50(client, job)
+    failing = [{**_job("e" * 64), "measured_s": 30.0}, {**job, "measured_s": 1e4 * p50}]
+    r = _report(client, *failing, key="nightly-7")
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["code"] == "invalid_actuals" and "nothing was stored" in error["message"]
+    detail = error["detail"]
+    assert detail["recorded"] == 0 and detail["failed"] == 2
+    assert [a["error"]["code"] for a in detail["actuals"]] == ["graph_not_found", "implausible_actual"]
+    assert detail["actuals"][1]["ratio"] > 100 and detail["actuals"][1]["actuals"] == 0
+    assert _stored(client) == 0
+    # the key was not claimed by a report that stored nothing: the corrected report under it is stored
+    fixed = _report(client, failing[0], {**job, "measured_s": 1.2 * p50}, key="nightly-7")
+    assert fixed.status_code == 201, fixed.text
+    assert fixed.json()["recorded"] == 1 and fixed.json()["actuals"][0]["error"]["code"] == "graph_not_found"
+    assert _stored(client) == 1
+    documented = client.get("/openapi.json").json()["paths"]["/v1/job-estimates/actuals"]["post"]["responses"]
+    assert "invalid_actuals" in documented["422"]["description"]
