@@ -172,6 +172,11 @@ class JobActualRead(Schema):
     ratio: float | None = Field(default=None, description="measured_s / predicted_s")
     actuals: int = Field(default=0, description="actuals of this graph and hardware now stored")
     calibration_factor: float = 1.0
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="what the model disagrees with in a recorded actual: a job whose estimated peak memory is over "
+                    "the device's (fits: false in its estimate) that ran all the same is stored and calibrates "
+                    "later estimates, and says so here (the estimated peak against the device memory)")
     error: ItemError | None = None
 
 

@@ -71,7 +71,7 @@ from app.measurements.service import (
     stored_batch,
 )
 from app.predictions.schemas import PredictionCreate
-from app.predictions.service import answer_warnings, estimate, loss_ms
+from app.predictions.service import answer_warnings, estimate, loss_ms, memory_warning
 from app.predictor.base import Predictor
 from app.predictor.metadata import JobCalibrationFit, RatioStatsModel
 from app.predictor.table import Estimates
@@ -190,6 +190,7 @@ class _JobModel:
     p50_s: float
     p90_s: float
     fits: bool
+    memory_warning: str | None = None  # the peak over the device's memory, when it does not fit
 
 
 def _model_jobs(session: Session, predictor: Predictor, jobs: Sequence[JobSpec]) -> list[_JobModel | ItemError]:
@@ -210,7 +211,8 @@ def _model_jobs(session: Session, predictor: Predictor, jobs: Sequence[JobSpec])
         def model(s: Scenario = s, sums: LayerSums = sums) -> _JobModel:
             job = engine.scenario_aggregate(cache, s, sums).job
             assert job is not None
-            return _JobModel(p50_s=job.time_s, p90_s=job.time_s_p90, fits=cache.fits(s))
+            return _JobModel(p50_s=job.time_s, p90_s=job.time_s_p90, fits=cache.fits(s),
+                             memory_warning=memory_warning(cache.footprint(s), s.hardware))
 
         out.append(_attempt(model))
     return out
@@ -344,7 +346,9 @@ def _judge_actuals(actuals: Sequence[JobActual], models: Sequence[_JobModel | It
                    predictor_version: str, submitter: str | None) -> _Judged:  # fmt: skip
     """Each actual against the model's answer for its job: a job that cannot be predicted fails with its
     error, one more than :data:`MAX_ACTUAL_RATIO` away from the estimate fails ``implausible_actual``; the
-    others become whole-job measurement rows."""
+    others become whole-job measurement rows. A job the memory model says does not fit (``fits: false``) is
+    stored all the same (it ran: the measurement is real, the memory estimate is what disagrees) and its
+    item carries a warning with the estimated peak against the device's memory."""
     judged = _Judged(answers=[], rows={}, known=[])
     for i, (actual, m) in enumerate(zip(actuals, models, strict=True)):
         if isinstance(m, ItemError):
@@ -366,7 +370,10 @@ def _judge_actuals(actuals: Sequence[JobActual], models: Sequence[_JobModel | It
             software_stack=actual.software_stack.value, granularity=Granularity.JOB.value,
             batch_size=actual.batch_size, config=config, time_ms_median=actual.measured_s * 1e3,
             context=dict(actual.context), submitter=submitter)
-        judged.answers.append(JobActualRead(index=i, predicted_s=m.p50_s, ratio=ratio))
+        warnings = [] if m.memory_warning is None else [
+            f"{m.memory_warning}: the memory model says this job does not fit (fits: false), yet it ran; the "
+            "actual is stored and calibrates later estimates, the memory estimate is unchanged"]
+        judged.answers.append(JobActualRead(index=i, predicted_s=m.p50_s, ratio=ratio, warnings=warnings))
     return judged
 
 

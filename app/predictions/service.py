@@ -598,12 +598,19 @@ def answer_warnings(analysis: GraphAnalysis, hw: HardwareSpec, request: Predicti
             f"activation checkpointing recomputes the forward pass in backward: {it.forward_ms:.4g} ms more per "
             "iteration, included in backward_ms and every total (the per-layer rows show one forward each)"
         )
-    if not fits(fp, hw.memory_bytes):
-        warnings.append(
-            f"estimated peak {fp.total_bytes / 2**30:.1f} GiB exceeds {HEADROOM:.0%} of the device's "
-            f"{hw.memory_bytes / 2**30:.1f} GiB"
-        )
+    memory = memory_warning(fp, hw)
+    if memory is not None:
+        warnings.append(memory)
     return warnings
+
+
+def memory_warning(fp: MemoryFootprint, hw: HardwareSpec) -> str | None:
+    """The warning of a peak ``fp`` (one device) over :data:`app.core.memory.HEADROOM` of ``hw``'s memory
+    (GiB, one decimal), None when it fits: the one wording of predictions, batch summaries and job actuals."""
+    if fits(fp, hw.memory_bytes):
+        return None
+    return (f"estimated peak {fp.total_bytes / 2**30:.1f} GiB exceeds {HEADROOM:.0%} of the device's "
+            f"{hw.memory_bytes / 2**30:.1f} GiB")
 
 
 def estimate(

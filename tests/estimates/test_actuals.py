@@ -120,3 +120,30 @@ def test_a_report_that_records_nothing_is_a_422(client: TestClient, mlp_id: str)
     assert _stored(client) == 1
     documented = client.get("/openapi.json").json()["paths"]["/v1/job-estimates/actuals"]["post"]["responses"]
     assert "invalid_actuals" in documented["422"]["description"]
+
+
+def test_an_actual_of_a_job_the_memory_model_says_does_not_fit_is_stored_with_a_warning(
+        client: TestClient, resnet_id: str) -> None:
+    """ResNet-50 at 4,096 samples on a 40 GB A100 is estimated not to fit (``fits: false``), yet a scheduler
+    reports that it ran: the run is real and the memory model is what disagrees, so the actual is stored and
+    calibrates as any other (it was, silently), and its item now says that the model disagreed: the estimated
+    peak against the device's memory, as POST /v1/predictions words it."""
+    big, small = _job(resnet_id, batch_size=4096), _job(resnet_id)
+    prediction = client.post("/v1/predictions", json=big).json()
+    assert prediction["memory"]["fits"] is False
+    peak_gib = prediction["memory"]["total_bytes"] / 2**30
+    device_gib = prediction["memory"]["device_memory_bytes"] / 2**30
+    r = _report(client, {**big, "measured_s": 1.1 * _p50(client, big)},
+                {**small, "measured_s": 1.1 * _p50(client, small)})
+    assert r.status_code == 201, r.text
+    body = r.json()
+    assert body["recorded"] == 2 and body["failed"] == 0
+    big_item, small_item = body["actuals"]
+    assert big_item["error"] is None and big_item["measurement_id"] is not None
+    assert len(big_item["warnings"]) == 1, big_item
+    warning = big_item["warnings"][0]
+    assert f"{peak_gib:.1f} GiB" in warning and f"{device_gib:.1f} GiB" in warning and "stored" in warning
+    assert small_item["warnings"] == []
+    estimate = client.post("/v1/job-estimates", json={"jobs": [big]}).json()["estimates"][0]
+    # it calibrates as the other (one group per graph and device, whatever the batch); memory is as estimated
+    assert estimate["actuals"] == 2 and estimate["fits"] is False
