@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AwareDatetime, Field, model_validator
 
 from app.core.precision import Precision
 from app.core.vocab import SoftwareStack
@@ -155,10 +155,17 @@ class JobEstimatesRead(Schema):
 
 
 class JobActual(JobSpec):
-    """A job that ran: its parameters and the measured wall time (s)."""
+    """A job that ran: its parameters and the measured wall time (s). Stored as a whole-job measurement, so
+    the checks of ``POST /v1/measurements`` job rows apply (``app.measurements.validation.field_problems``:
+    at most a year, ``measured_at`` at most a day ahead; item code ``implausible_measurement``)."""
 
-    measured_s: float = Field(strict=True, gt=0, allow_inf_nan=False)
-    context: JsonObject = Field(default_factory=dict, description="scheduler, job id, cluster, date, ...")
+    measured_s: float = Field(strict=True, gt=0, allow_inf_nan=False,
+                              description="wall time of the whole job (s); at most 365 days")
+    context: JsonObject = Field(default_factory=dict, description="scheduler, job id, cluster, ...")
+    measured_at: AwareDatetime | None = Field(
+        default=None, description="when it ran, with its zone (stored in UTC, as a measurement's: the measured_from/"
+                                  "measured_to filters of GET /v1/measurements find it); at most 1 day past the "
+                                  "server's clock")
 
 
 class JobActualsCreate(Schema):

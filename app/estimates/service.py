@@ -13,6 +13,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from functools import partial
 from typing import Any, TypeVar
 
@@ -61,7 +62,9 @@ from app.estimates.schemas import (
     Unavailable,
 )
 from app.graphs import service as graphs
+from app.graphs.repository import GraphRepository
 from app.hardware import service as hardware_service
+from app.measurements.importers import MeasurementRecord
 from app.measurements.models import Measurement, MeasurementBatch, PredictorVersion
 from app.measurements.repository import MeasurementRepository
 from app.measurements.service import (
@@ -70,6 +73,7 @@ from app.measurements.service import (
     idempotent_request,
     stored_batch,
 )
+from app.measurements.validation import RowProblem, field_problems
 from app.predictions.schemas import PredictionCreate
 from app.predictions.service import answer_warnings, estimate, loss_ms, memory_warning
 from app.predictor.base import Predictor
@@ -342,14 +346,61 @@ class _Judged:
     known: list[int]
 
 
-def _judge_actuals(actuals: Sequence[JobActual], models: Sequence[_JobModel | ItemError], *,
+#: Fields of an actual that are not the job's (``config`` holds the job, as ``JobSpec`` reads it back).
+_NOT_CONFIG = frozenset({"measured_s", "context", "measured_at"})
+#: Field of a stored measurement → the field of the actual it is made of, in a refusal.
+_ACTUAL_FIELD = {"time_ms_median": "measured_s"}
+
+
+def _actual_record(actual: JobActual, *, predicted_s: float, predictor_version: str) -> MeasurementRecord:
+    """The whole-job :class:`MeasurementRecord` of ``actual`` (the record type every stored measurement is made
+    of): the job's fields with the model's ``predicted_s`` and ``predictor_version`` as ``config``, its time in
+    ms, ``measured_at`` in UTC."""
+    config = {k: v for k, v in actual.model_dump(mode="json").items() if k not in _NOT_CONFIG}
+    config.update(predicted_s=predicted_s, predictor_version=predictor_version)
+    return MeasurementRecord(
+        hardware_id=actual.hardware_id, source=ACTUALS_SOURCE, op_kind="job", pass_=Pass.TRAIN_STEP.value,
+        optimizer=actual.optimizer, precision=actual.precision.value, software_stack=actual.software_stack,
+        granularity=Granularity.JOB, batch_size=actual.batch_size, config=config,
+        time_ms_median=actual.measured_s * 1e3, time_ms_std=None, repetitions=None, context=dict(actual.context),
+        measured_at=actual.measured_at.astimezone(UTC) if actual.measured_at is not None else None)
+
+
+def _refusal(actual: JobActual, problems: Sequence[RowProblem]) -> ItemError:
+    """The item error of an actual whose measurement :func:`field_problems` refuses: its first problem, named
+    by the actual's field (``measured_s`` for the stored ``time_ms_median``); ``detail.problems`` lists all."""
+    first = problems[0]
+    field = _ACTUAL_FIELD.get(first.field, first.field)
+    message = first.message
+    if field == "measured_s":
+        message = f"measured_s {actual.measured_s:g} s, stored as a job measurement: {message}"
+    return ItemError(code=first.code, message=message, detail={
+        "field": field,
+        "problems": [{"code": p.code, "field": _ACTUAL_FIELD.get(p.field, p.field), "message": p.message}
+                     for p in problems]})  # fmt: skip
+
+
+def _judge_actuals(session: Session, actuals: Sequence[JobActual], models: Sequence[_JobModel | ItemError], *,
                    predictor_version: str, submitter: str | None) -> _Judged:  # fmt: skip
     """Each actual against the model's answer for its job: a job that cannot be predicted fails with its
-    error, one more than :data:`MAX_ACTUAL_RATIO` away from the estimate fails ``implausible_actual``; the
-    others become whole-job measurement rows. A job the memory model says does not fit (``fits: false``) is
-    stored all the same (it ran: the measurement is real, the memory estimate is what disagrees) and its
-    item carries a warning with the estimated peak against the device's memory."""
+    error, one more than :data:`MAX_ACTUAL_RATIO` away from the estimate fails ``implausible_actual``, one whose
+    measurement the rules of every stored measurement refuse (:func:`app.measurements.validation.field_problems`,
+    as ``POST /v1/measurements`` and ``layercast import`` apply them: a job over a year, ``measured_at`` more
+    than a day ahead...) fails with their code; the others become whole-job measurement rows. A job the memory
+    model says does not fit (``fits: false``) is stored all the same (it ran: the measurement is real, the
+    memory estimate is what disagrees) and its item carries a warning with the estimated peak against the
+    device's memory."""
     judged = _Judged(answers=[], rows={}, known=[])
+    specs = hardware_service.get_specs(session, hardware_ids={a.hardware_id for a in actuals})
+    graph_repo = GraphRepository(session)
+    graphs_seen: dict[str, bool] = {}
+
+    def graph_exists(graph_id: str) -> bool:
+        if graph_id not in graphs_seen:
+            graphs_seen[graph_id] = graph_repo.exists(graph_id)
+        return graphs_seen[graph_id]
+
+    now = datetime.now(UTC)
     for i, (actual, m) in enumerate(zip(actuals, models, strict=True)):
         if isinstance(m, ItemError):
             judged.answers.append(JobActualRead(index=i, error=m))
@@ -362,14 +413,13 @@ def _judge_actuals(actuals: Sequence[JobActual], models: Sequence[_JobModel | It
                 message=f"measured_s {actual.measured_s:g} s is {ratio:.3g}x the estimate {m.p50_s:.4g} s; "
                         f"actuals more than {MAX_ACTUAL_RATIO:g}x away from it either way are not recorded")))
             continue
-        config = {k: v for k, v in actual.model_dump(mode="json").items() if k not in ("measured_s", "context")}
-        config.update(predicted_s=m.p50_s, predictor_version=predictor_version)
-        judged.rows[i] = dict(
-            hardware_id=actual.hardware_id, source=ACTUALS_SOURCE, op_kind="job", pass_=Pass.TRAIN_STEP.value,
-            optimizer=actual.optimizer, precision=actual.precision.value,
-            software_stack=actual.software_stack.value, granularity=Granularity.JOB.value,
-            batch_size=actual.batch_size, config=config, time_ms_median=actual.measured_s * 1e3,
-            context=dict(actual.context), submitter=submitter)
+        record = _actual_record(actual, predicted_s=m.p50_s, predictor_version=predictor_version)
+        problems = field_problems(record, spec=specs.get(actual.hardware_id), graph_exists=graph_exists, now=now)
+        if problems:
+            judged.answers.append(JobActualRead(index=i, predicted_s=m.p50_s, ratio=ratio,
+                                                error=_refusal(actual, problems)))
+            continue
+        judged.rows[i] = {**record.to_row(), "submitter": submitter}
         warnings = [] if m.memory_warning is None else [
             f"{m.memory_warning}: the memory model says this job does not fit (fits: false), yet it ran; the "
             "actual is stored and calibrates later estimates, the memory estimate is unchanged"]
@@ -408,7 +458,8 @@ def record_actuals(session: Session, predictor: Predictor, *, request: JobActual
     if idem is not None and seen is not None:
         return _replayed(seen, idem.idempotency_key)
     models = _model_jobs(session, predictor, request.actuals)
-    judged = _judge_actuals(request.actuals, models, predictor_version=predictor.version, submitter=submitter)
+    judged = _judge_actuals(session, request.actuals, models, predictor_version=predictor.version,
+                            submitter=submitter)
     claim: MeasurementBatch | None = None
     if idem is not None and judged.rows:  # a report that stores nothing does not use its key up
         claim, won = claim_batch(session, idem)

@@ -147,3 +147,37 @@ def test_an_actual_of_a_job_the_memory_model_says_does_not_fit_is_stored_with_a_
     estimate = client.post("/v1/job-estimates", json={"jobs": [big]}).json()["estimates"][0]
     # it calibrates as the other (one group per graph and device, whatever the batch); memory is as estimated
     assert estimate["actuals"] == 2 and estimate["fits"] is False
+
+
+def test_actuals_obey_the_bounds_of_job_measurements_and_carry_their_date(client: TestClient, mlp_id: str) -> None:
+    """Actuals are stored as job measurements but skipped their checks: a 400-day job (within 100x of a long
+    estimate) was stored, while POST /v1/measurements refuses a job row over a year. Both apply one rule set now
+    (``app.measurements.validation.field_problems``), and an actual may say when it ran (``measured_at``, at most
+    a day ahead of the server's clock, as a measurement), so the ``measured_from``/``measured_to`` filters find
+    scheduler rows."""
+    long_job = _job(mlp_id, dataset_size=10**12)  # a ~200-day estimate: 400 days is 2x it, not 100x
+    p50 = _p50(client, long_job)
+    day = 86_400.0
+    assert 100 * day < p50 < 365 * day
+    r = _report(client, {**long_job, "measured_s": 400 * day},
+                {**long_job, "measured_s": 1.1 * p50, "measured_at": "2999-01-01T00:00:00Z"},
+                {**long_job, "measured_s": 1.1 * p50, "measured_at": "2026-11-20T10:00:00+01:00"})
+    assert r.status_code == 201, r.text
+    over_a_year, future, dated = r.json()["actuals"]
+    assert over_a_year["error"]["code"] == "implausible_measurement"
+    assert over_a_year["error"]["detail"]["field"] == "measured_s" and "measured_s" in over_a_year["error"]["message"]
+    assert future["error"]["code"] == "implausible_measurement" and future["error"]["detail"]["field"] == "measured_at"
+    assert dated["error"] is None and r.json()["recorded"] == 1
+    # the same row sent as a measurement is refused by the same bound
+    row = {"hardware_id": A100, "source": "my-cluster", "op_kind": "job", "pass": "train_step",
+           "software_stack": "pytorch-eager", "granularity": "job", "batch_size": 64, "config": {"graph_id": mlp_id},
+           "time_ms_median": 400 * day * 1e3}
+    refused = client.post("/v1/measurements", json={"measurements": [row]}).json()["error"]["detail"]["errors"]
+    assert [(e["code"], e["field"]) for e in refused] == [("implausible_measurement", "time_ms_median")]
+    # the dated actual is found by the time-window filters, stored in UTC, and its date is not part of the job
+    window = client.get("/v1/measurements", params={"source": "scheduler", "measured_from": "2026-11-20T00:00:00Z",
+                                                    "measured_to": "2026-11-21T00:00:00Z"}).json()
+    assert window["total"] == 1 and window["items"][0]["measured_at"].startswith("2026-11-20T09:00:00")
+    assert "measured_at" not in window["items"][0]["config"]
+    naive = _report(client, {**long_job, "measured_s": p50, "measured_at": "2026-11-20T10:00:00"})
+    assert naive.status_code == 422 and naive.json()["error"]["code"] == "validation_error"
