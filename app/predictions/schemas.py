@@ -227,7 +227,9 @@ class JobPrediction(Schema):
     time_s_p90: float
     time_h: float
     checkpoints: int
-    checkpoint_bytes: int = Field(description="weights + optimizer state per checkpoint")
+    checkpoint_bytes: int = Field(description="one checkpoint file: fp32 weights + optimizer state as torch.save "
+                                              "writes them (parameters x 4 B x (1 + optimizer states per "
+                                              "parameter)), the same on every device")
     checkpoint_s: float = Field(description="all checkpoint writes of the job")
     device_hours: float
     energy_j: float | None

@@ -139,7 +139,7 @@ def aggregation_input(
                           nodes=request.nodes, network=network_link(request))
     ck = None
     if request.checkpoint_every_epochs is not None and request.checkpoint_write_bytes_per_s is not None:
-        ck = Checkpointing(checkpoint_bytes=fp.weights_bytes + fp.optimizer_state_bytes,
+        ck = Checkpointing(checkpoint_bytes=fp.checkpoint_bytes,  # the file: no allocator rounding
                            write_bandwidth_bytes_per_s=request.checkpoint_write_bytes_per_s,
                            every_epochs=request.checkpoint_every_epochs)
     loading = (InputPipeline(samples_per_s=request.loading_samples_per_s, overlapped=request.loading_overlapped)
