@@ -10,7 +10,7 @@ from pydantic import AwareDatetime, Field, model_validator
 from app.core.precision import Precision
 from app.core.vocab import SoftwareStack
 from app.graphs.schemas import JsonGraphCreate
-from app.predictions.schemas import Mode, Optimizer, PredictionRead
+from app.predictions.schemas import EPOCHS_DESCRIPTION, Mode, Optimizer, PredictionRead
 from app.schemas import Identifier, JsonObject, Name, PositiveInt32, Schema
 
 #: Largest number of items of one ``POST /v1/predictions/batch`` (413 ``too_many_items`` above).
@@ -123,7 +123,7 @@ class JobSpec(Schema):
     inter_node_latency_s: float | None = Field(default=None, strict=True, gt=0, le=1, allow_inf_nan=False)
     batch_size: int = Field(strict=True, gt=0, le=1_000_000)
     dataset_size: int = Field(strict=True, gt=0, le=10**15)
-    epochs: float = Field(strict=True, gt=0, le=1e6, allow_inf_nan=False)
+    epochs: float = Field(strict=True, gt=0, le=1e6, allow_inf_nan=False, description=EPOCHS_DESCRIPTION)
     precision: Precision = Precision.FP32
     optimizer: Optimizer = "sgd"
     software_stack: SoftwareStack = SoftwareStack.PYTORCH_EAGER
@@ -220,7 +220,7 @@ class ComparisonCreate(Schema):
     graph_id: Identifier
     batch_size: int = Field(strict=True, gt=0, le=1_000_000)
     dataset_size: int = Field(strict=True, gt=0, le=10**15)
-    epochs: float = Field(strict=True, gt=0, le=1e6, allow_inf_nan=False)
+    epochs: float = Field(strict=True, gt=0, le=1e6, allow_inf_nan=False, description=EPOCHS_DESCRIPTION)
     mode: Mode = "training"
     optimizer: Optimizer = "sgd"
     precision: Precision = Precision.FP32

@@ -612,7 +612,8 @@ def compare(session: Session, predictor: Predictor, *, request: ComparisonCreate
             "aggregation": "each row is the POST /v1/predictions answer for that device and device count "
                            "(app.core.aggregate: layers + exposed ring all-reduce of the fp32 gradients in DDP "
                            "buckets overlapped with backward; epoch = ceil(dataset / global batch) iterations; "
-                           "job = epochs x epoch)",
+                           "job = epochs x epoch, in whole iterations: a fraction of an epoch runs "
+                           "ceil(fraction x dataset / global batch) of them, at least 1)",
             "energy": "estimate: idle + (TDP - idle) x utilisation of each layer's roofline bound, idle power "
                       "the rest of the step, all devices; device energy only (no host, network, cooling)",
             "cost": "device-hours x price per device-hour (the catalog's list price unless overridden); null "

@@ -150,6 +150,27 @@ def test_checkpoint_bytes_are_the_file_not_the_gpu_footprint(client: TestClient)
     assert sgd["job"]["checkpoint_bytes"] == params * 4  # no optimizer state
 
 
+def test_a_tiny_fraction_of_an_epoch_is_one_whole_iteration(client: TestClient, resnet_id: str) -> None:
+    """``epochs: 1e-9`` answered a ResNet-50 job of 1.5e-6 s, far below one iteration: a job runs whole
+    iterations (at least one), in the prediction and in the job estimates a scheduler reads; whole epochs keep
+    epochs x epoch. The rounding is in the schema's description of epochs."""
+    base = {"graph_id": resnet_id, "hardware_id": "a100-sxm4-40gb", "batch_size": 64, "dataset_size": 50_000}
+    tiny = _predict(client, **base, epochs=1e-9)
+    assert tiny["job"]["iterations"] == 1
+    assert math.isclose(tiny["job"]["time_s"], tiny["iteration"]["time_ms"] / 1e3, rel_tol=1e-9)
+    assert math.isclose(tiny["job"]["time_s_p90"], tiny["iteration"]["time_ms_p90"] / 1e3, rel_tol=1e-9)
+    estimate = client.post("/v1/job-estimates", json={"jobs": [{**base, "epochs": 1e-9}]}).json()["estimates"][0]
+    assert math.isclose(estimate["p50_s"], tiny["job"]["time_s"], rel_tol=1e-9)
+    half = _predict(client, **base, epochs=0.5)["job"]
+    assert half["iterations"] == math.ceil(25_000 / 64)  # the last partial iteration runs
+    two = _predict(client, **base, epochs=2)
+    assert two["job"]["iterations"] == 2 * two["epoch"]["iterations_per_epoch"] == 2 * math.ceil(50_000 / 64)
+    assert math.isclose(two["job"]["time_s"], 2 * two["epoch"]["time_s"], rel_tol=1e-9)
+    schema = client.get("/openapi.json").json()["components"]["schemas"]
+    for name in ("PredictionCreate", "JobSpec", "ComparisonCreate"):
+        assert "whole iterations" in schema[name]["properties"]["epochs"]["description"], name
+
+
 def test_energy_money_and_co2_are_labelled_estimates(client: TestClient, resnet_id: str) -> None:
     hw = load_catalog()["a100-sxm4-80gb"]
     assert hw.tdp_w is not None and hw.price_usd_per_hour is not None
