@@ -177,8 +177,10 @@ class _Calls:
         return _Call("POST", "/v1/job-estimates", JobEstimatesRead, json=_body(JobEstimatesCreate, data))
 
     @staticmethod
-    def report_job_actuals(data: JobActualsCreate | Mapping[str, Any]) -> _Call[JobActualsRead]:
-        return _Call("POST", "/v1/job-estimates/actuals", JobActualsRead, json=_body(JobActualsCreate, data))
+    def report_job_actuals(data: JobActualsCreate | Mapping[str, Any], *,
+                           idempotency_key: str | None) -> _Call[JobActualsRead]:  # fmt: skip
+        return _Call("POST", "/v1/job-estimates/actuals", JobActualsRead, json=_body(JobActualsCreate, data),
+                     headers={"Idempotency-Key": idempotency_key} if idempotency_key is not None else {})  # fmt: skip
 
     @staticmethod
     def compare(data: ComparisonCreate | Mapping[str, Any]) -> _Call[ComparisonRead]:
@@ -306,9 +308,11 @@ class Client:
         """Job durations for a scheduler."""
         return _must(self._send(_Calls.estimate_jobs(data)))
 
-    def report_job_actuals(self, data: JobActualsCreate | Mapping[str, Any]) -> JobActualsRead:
-        """Report measured job durations."""
-        return _must(self._send(_Calls.report_job_actuals(data)))
+    def report_job_actuals(self, data: JobActualsCreate | Mapping[str, Any], *,
+                           idempotency_key: str | None = None) -> JobActualsRead:  # fmt: skip
+        """Report measured job durations (``POST /v1/job-estimates/actuals``); with ``idempotency_key`` a retry of
+        the same report stores nothing twice (``replayed`` in the answer)."""
+        return _must(self._send(_Calls.report_job_actuals(data, idempotency_key=idempotency_key)))
 
     def compare(self, data: ComparisonCreate | Mapping[str, Any] | None = None, **fields: Any) -> ComparisonRead:
         """``POST /v1/comparisons`` (one job on many devices) from a :class:`ComparisonCreate`, a dict, or its
@@ -418,9 +422,10 @@ class AsyncClient:
         """See :meth:`Client.estimate_jobs`."""
         return _must(await self._send(_Calls.estimate_jobs(data)))
 
-    async def report_job_actuals(self, data: JobActualsCreate | Mapping[str, Any]) -> JobActualsRead:
+    async def report_job_actuals(self, data: JobActualsCreate | Mapping[str, Any], *,
+                                 idempotency_key: str | None = None) -> JobActualsRead:  # fmt: skip
         """See :meth:`Client.report_job_actuals`."""
-        return _must(await self._send(_Calls.report_job_actuals(data)))
+        return _must(await self._send(_Calls.report_job_actuals(data, idempotency_key=idempotency_key)))
 
     async def compare(self, data: ComparisonCreate | Mapping[str, Any] | None = None,
                       **fields: Any) -> ComparisonRead:

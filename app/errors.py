@@ -201,6 +201,20 @@ class NoCostedLayers(LayercastError):
     code = "no_costed_layers"
 
 
+class InvalidActuals(LayercastError):
+    """No actual of a ``POST /v1/job-estimates/actuals`` report can be recorded (every item failed): nothing is
+    stored, as a measurement batch with bad rows stores nothing (422 ``invalid_measurements``), instead of a 201
+    that a caller checking the status takes as stored.
+
+    ``detail``: the answer a 201 would have been (``predictor_version``, ``recorded`` 0, ``failed``, ``actuals``:
+    every item with its ``error`` code, message and detail; a refused actual's ``ratio`` and the calibration its
+    graph and hardware have).
+    """
+
+    status_code = 422
+    code = "invalid_actuals"
+
+
 class LimitExceeded(LayercastError):
     """A request or an upload crosses one of the configured bounds of :class:`app.core.limits.Limits`.
 

@@ -24,7 +24,7 @@ def _tables(url: str) -> set[str]:
 
 
 def test_single_head() -> None:
-    assert current_heads() == ("0006",)
+    assert current_heads() == ("0007",)
 
 
 def test_upgrade_downgrade_upgrade(database_url: str) -> None:
@@ -46,7 +46,7 @@ def test_upgrade_downgrade_upgrade(database_url: str) -> None:
             "ix_measurements_source",
         }
         with engine.connect() as conn:
-            assert MigrationContext.configure(conn).get_current_revision() == "0006"
+            assert MigrationContext.configure(conn).get_current_revision() == "0007"
     finally:
         engine.dispose()
 

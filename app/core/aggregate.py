@@ -15,9 +15,12 @@ DDP buckets overlapped with backward (:mod:`app.core.collectives`). Scaling effi
 communication / step (weak scaling: the same per-device batch on one device needs no all-reduce).
 
 Epoch = ⌈dataset / global batch⌉ steps (the last partial batch counted as full) + ⌈eval set / global
-batch⌉ forward-only passes when an evaluation set is given (their loading is not counted). Job = epochs ×
-epoch + checkpoint writes (⌊epochs / every⌋ checkpoints of weights + optimizer state written at a given
-bandwidth while the other devices wait). p10/p90 carry the layers' p10/p90 sums through the same arithmetic.
+batch⌉ forward-only passes when an evaluation set is given (their loading is not counted). Job = its whole
+training steps (:func:`job_iterations`: ⌈dataset / global batch⌉ per whole epoch, ⌈fraction × dataset /
+global batch⌉ for a fraction of an epoch, at least one: a step that starts runs to its end) + epochs × the
+epoch's evaluation + checkpoint writes (⌊epochs / every⌋ checkpoints of weights + optimizer state written at
+a given bandwidth while the other devices wait); for whole epochs that is epochs × epoch. p10/p90 carry the
+layers' p10/p90 sums through the same arithmetic.
 
 Energy: Σ layer power × layer time + idle power × the rest of the step (:mod:`app.core.energy`), on every
 device. Money: device-hours × a price per device-hour. CO2: kWh × a grid intensity. All are estimates.
@@ -221,11 +224,13 @@ class EpochEstimate:
     time_s_p10: float
     time_s_p90: float
     energy_j: float | None
+    eval_energy_j: float | None = None  # the evaluation's share of energy_j
 
 
 @dataclass(frozen=True, slots=True)
 class JobEstimate:
     epochs: float
+    iterations: int  # training steps of the whole job (job_iterations)
     checkpoints: int
     checkpoint_bytes: float
     checkpoint_s: float
@@ -324,7 +329,7 @@ def aggregate(inp: AggregationInput) -> Aggregate:
         energy_j=energy_j,
     )
     epoch = _epoch(inp, iteration, n, sums.forward_energy_j)
-    job = _job(inp, epoch, n) if epoch is not None and inp.epochs is not None else None
+    job = _job(inp, iteration, epoch, n) if epoch is not None and inp.epochs is not None else None
     return Aggregate(iteration=iteration, epoch=epoch, job=job)
 
 
@@ -335,32 +340,59 @@ def _epoch(inp: AggregationInput, it: IterationEstimate, n: int, fwd_energy: flo
     eval_iters = math.ceil(inp.eval_size / inp.global_batch_size) if inp.eval_size else 0
     eval_pass_ms = it.forward_ms + inp.overhead_ms
     eval_s = eval_iters * eval_pass_ms / 1e3
-    energy = None
+    energy = eval_energy_j = None
     if it.energy_j is not None and fwd_energy is not None and inp.idle_power_w is not None:
-        eval_energy = n * (fwd_energy + inp.idle_power_w * inp.overhead_ms / 1e3)
-        energy = iters * it.energy_j + eval_iters * eval_energy
+        eval_energy_j = eval_iters * n * (fwd_energy + inp.idle_power_w * inp.overhead_ms / 1e3)
+        energy = iters * it.energy_j + eval_energy_j
     return EpochEstimate(
         dataset_size=inp.dataset_size, iterations=iters, train_s=iters * it.time_ms / 1e3, eval_size=inp.eval_size,
         eval_iterations=eval_iters, eval_s=eval_s, time_s=iters * it.time_ms / 1e3 + eval_s,
         time_s_p10=iters * it.time_ms_p10 / 1e3 + eval_s, time_s_p90=iters * it.time_ms_p90 / 1e3 + eval_s,
-        energy_j=energy,
+        energy_j=energy, eval_energy_j=eval_energy_j,
     )
 
 
-def _job(inp: AggregationInput, ep: EpochEstimate, n: int) -> JobEstimate:
+#: Relative slack of :func:`job_iterations`' rounding up: ``epochs × dataset / batch`` within this of a whole
+#: number is that number (1.01 epochs of 100 samples in batches of 1 are 101 steps, not the 102 that the float
+#: 0.01 × 100 = 1.0000000000000009 would round up to).
+_WHOLE_SLACK = 1e-9
+
+
+def job_iterations(*, epochs: float, dataset_size: int, global_batch_size: int) -> int:
+    """Training steps of a job of ``epochs`` (> 0) over ``dataset_size`` samples in batches of
+    ``global_batch_size``: ⌈dataset / batch⌉ per whole epoch (the epoch's count: its last, partial batch is a
+    step) plus ⌈fraction × dataset / batch⌉ for the fraction of an epoch left (its last partial step runs
+    too), at least 1: a job never runs less than the one step it starts. Whole epochs keep ``epochs ×
+    ⌈dataset / batch⌉``; a quantity within :data:`_WHOLE_SLACK` (relative) of a whole number is not rounded up
+    past it."""
+    whole = math.floor(epochs)
+    part = (epochs - whole) * dataset_size / global_batch_size
+    nearest = round(part)
+    slack = _WHOLE_SLACK * max(1.0, epochs * dataset_size / global_batch_size)
+    rest = nearest if abs(part - nearest) <= slack else math.ceil(part)
+    return max(1, whole * math.ceil(dataset_size / global_batch_size) + rest)
+
+
+def _job(inp: AggregationInput, it: IterationEstimate, ep: EpochEstimate, n: int) -> JobEstimate:
     assert inp.epochs is not None
     ck = inp.checkpointing
     count = math.floor(inp.epochs / ck.every_epochs + 1e-9) if ck is not None else 0
     ck_bytes = ck.checkpoint_bytes if ck is not None else 0.0
     ck_s = count * ck_bytes / ck.write_bandwidth_bytes_per_s if ck is not None else 0.0
-    time_s = inp.epochs * ep.time_s + ck_s
+    steps = job_iterations(epochs=inp.epochs, dataset_size=ep.dataset_size, global_batch_size=inp.global_batch_size)
+    eval_s = inp.epochs * ep.eval_s  # evaluation per epoch, in proportion to the epochs
+
+    def total_s(step_ms: float) -> float:
+        return steps * step_ms / 1e3 + eval_s + ck_s
+
+    time_s = total_s(it.time_ms)
     energy = None
-    if ep.energy_j is not None and inp.idle_power_w is not None:
-        energy = inp.epochs * ep.energy_j + n * inp.idle_power_w * ck_s
+    if it.energy_j is not None and ep.eval_energy_j is not None and inp.idle_power_w is not None:
+        energy = steps * it.energy_j + inp.epochs * ep.eval_energy_j + n * inp.idle_power_w * ck_s
     device_hours = n * time_s / 3600
     return JobEstimate(
-        epochs=inp.epochs, checkpoints=count, checkpoint_bytes=ck_bytes, checkpoint_s=ck_s, time_s=time_s,
-        time_s_p10=inp.epochs * ep.time_s_p10 + ck_s, time_s_p90=inp.epochs * ep.time_s_p90 + ck_s,
+        epochs=inp.epochs, iterations=steps, checkpoints=count, checkpoint_bytes=ck_bytes, checkpoint_s=ck_s,
+        time_s=time_s, time_s_p10=total_s(it.time_ms_p10), time_s_p90=total_s(it.time_ms_p90),
         time_h=time_s / 3600, device_hours=device_hours, energy_j=energy,
         energy_kwh=energy / J_PER_KWH if energy is not None else None,
         cost_usd=device_hours * inp.price_usd_per_hour if inp.price_usd_per_hour is not None else None,

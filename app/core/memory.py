@@ -173,6 +173,10 @@ class MemoryFootprint:
     ``backward_transient_bytes`` the peak's excess over the end of forward (activation gradients in
     flight, workspace) or the optimizer step's temporaries; ``runtime_bytes`` context + library
     workspace. ``total_bytes`` is the predicted peak: model state + ``peak_live_bytes`` + runtime.
+    ``checkpoint_bytes`` is not on the device: the file ``torch.save`` writes of the fp32 weights and the
+    optimizer state (parameters × 4 B × (1 + states per parameter), the tensors' own bytes, pickle framing
+    left out), the same on every device, where the components above carry the caching allocator's block
+    rounding (:meth:`DeviceRuntime.rounded`).
     """
 
     weights_bytes: int
@@ -184,6 +188,7 @@ class MemoryFootprint:
     runtime_bytes: int = 0
     precision: str = "fp32"
     activation_checkpointing: bool = False
+    checkpoint_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
@@ -607,12 +612,13 @@ def footprint(
     if mode == "inference":
         weights, _ = _weights(layers)
         w_bytes = sum(runtime.rounded(w.numel * 4) for w in weights.values())
+        checkpoint = sum(w.numel * 4 for w in weights.values())
         working = 0
         for layer in layers:
             ts = (*layer.inputs, *layer.outputs)
             working = max(working, sum(int(t.numel * scale) * (half if half and _is_float(t) else
                                                                BYTES_PER_ELEMENT.get(t.dtype, 4)) for t in ts))
-        return MemoryFootprint(w_bytes, 0, 0, working, 0, 0, runtime_bytes, precision)
+        return MemoryFootprint(w_bytes, 0, 0, working, 0, 0, runtime_bytes, precision, checkpoint_bytes=checkpoint)
 
     if layout is None:
         layout = memory_layout(analysis, precision=precision, hardware=hardware)
@@ -704,6 +710,7 @@ def _walk_sets(layers: Sequence[Layer], outputs: Sequence[Tensor], layout: Layou
         runtime_bytes=runtime_bytes,
         precision=precision,
         activation_checkpointing=activation_checkpointing,
+        checkpoint_bytes=(1 + states) * sum(w.numel * 4 for w in weights.values()),
     )
 
 
@@ -796,7 +803,7 @@ class _Walk:
             weights_bytes=grads, gradients_bytes=grads, optimizer_state_bytes=states * grads,
             activations_bytes=act, weight_copies_bytes=copies, backward_transient_bytes=peak - end_of_forward,
             runtime_bytes=runtime.context_bytes + runtime.workspace_bytes, precision=precision,
-            activation_checkpointing=False,
+            activation_checkpointing=False, checkpoint_bytes=(1 + states) * int(self.weight_numel.sum()) * 4,
         )  # fmt: skip
 
 

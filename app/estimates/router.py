@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, status
+from fastapi import APIRouter, Header, Response, status
 
 from app.auth import PrincipalDep
 from app.deps import PredictorDep, SessionDep
@@ -35,8 +35,12 @@ _BATCH_ERRORS: dict[int | str, dict[str, Any]] = {
 }
 _ACTUALS_ERRORS: dict[int | str, dict[str, Any]] = {
     **_BATCH_ERRORS,
-    422: {"model": ErrorResponse, "description": f"validation_error; {_ITEMS}; implausible_actual (an actual over "
-                                                 "100x away from the estimate) is answered in its item too"},
+    409: {"model": ErrorResponse, "description": "idempotency_key_reused: the key was sent with another body"},
+    422: {"model": ErrorResponse, "description": "validation_error, invalid_idempotency_key; invalid_actuals: "
+                                                 "no item can be recorded, nothing stored (detail: the answer a "
+                                                 f"201 would have been, every item's error); {_ITEMS}; "
+                                                 "implausible_actual (an actual over 100x away from the estimate) "
+                                                 "is answered in its item too"},
 }
 _COMPARE_ERRORS: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorResponse, "description": "graph_not_found; hardware_not_found for the sweep's device"},
@@ -74,10 +78,18 @@ def estimate_jobs(body: JobEstimatesCreate, session: SessionDep, predictor: Pred
 
 @router.post("/job-estimates/actuals", response_model=JobActualsRead, responses=_ACTUALS_ERRORS,
              status_code=status.HTTP_201_CREATED, tags=["job-estimates"], summary="Report measured job durations")
-def record_actuals(body: JobActualsCreate, session: SessionDep, predictor: PredictorDep,
-                   principal: PrincipalDep) -> JobActualsRead:
+def record_actuals(
+    body: JobActualsCreate, session: SessionDep, predictor: PredictorDep, principal: PrincipalDep, response: Response,
+    idempotency_key: Annotated[str | None, Header(description="retry-safe, as POST /v1/measurements: same key + "
+                                                  "same body = the first answer, nothing stored twice; another "
+                                                  "body = 409")] = None,
+) -> JobActualsRead:
     """Store measured whole-job durations; later estimates of the same graph and hardware use them."""
-    return service.record_actuals(session, predictor, request=body, submitter=principal.key_id)
+    answer = service.record_actuals(session, predictor, request=body, submitter=principal.key_id,
+                                    idempotency_key=idempotency_key)
+    if answer.replayed:
+        response.headers["Idempotent-Replayed"] = "true"
+    return answer
 
 
 @router.post("/comparisons", response_model=ComparisonRead, responses=_COMPARE_ERRORS, tags=["comparisons"],

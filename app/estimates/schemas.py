@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AwareDatetime, Field, model_validator
 
 from app.core.precision import Precision
 from app.core.vocab import SoftwareStack
 from app.graphs.schemas import JsonGraphCreate
-from app.predictions.schemas import Mode, Optimizer, PredictionRead
+from app.predictions.schemas import EPOCHS_DESCRIPTION, Mode, Optimizer, PredictionRead
 from app.schemas import Identifier, JsonObject, Name, PositiveInt32, Schema
 
 #: Largest number of items of one ``POST /v1/predictions/batch`` (413 ``too_many_items`` above).
@@ -123,7 +123,7 @@ class JobSpec(Schema):
     inter_node_latency_s: float | None = Field(default=None, strict=True, gt=0, le=1, allow_inf_nan=False)
     batch_size: int = Field(strict=True, gt=0, le=1_000_000)
     dataset_size: int = Field(strict=True, gt=0, le=10**15)
-    epochs: float = Field(strict=True, gt=0, le=1e6, allow_inf_nan=False)
+    epochs: float = Field(strict=True, gt=0, le=1e6, allow_inf_nan=False, description=EPOCHS_DESCRIPTION)
     precision: Precision = Precision.FP32
     optimizer: Optimizer = "sgd"
     software_stack: SoftwareStack = SoftwareStack.PYTORCH_EAGER
@@ -155,10 +155,17 @@ class JobEstimatesRead(Schema):
 
 
 class JobActual(JobSpec):
-    """A job that ran: its parameters and the measured wall time (s)."""
+    """A job that ran: its parameters and the measured wall time (s). Stored as a whole-job measurement, so
+    the checks of ``POST /v1/measurements`` job rows apply (``app.measurements.validation.field_problems``:
+    at most a year, ``measured_at`` at most a day ahead; item code ``implausible_measurement``)."""
 
-    measured_s: float = Field(strict=True, gt=0, allow_inf_nan=False)
-    context: JsonObject = Field(default_factory=dict, description="scheduler, job id, cluster, date, ...")
+    measured_s: float = Field(strict=True, gt=0, allow_inf_nan=False,
+                              description="wall time of the whole job (s); at most 365 days")
+    context: JsonObject = Field(default_factory=dict, description="scheduler, job id, cluster, ...")
+    measured_at: AwareDatetime | None = Field(
+        default=None, description="when it ran, with its zone (stored in UTC, as a measurement's: the measured_from/"
+                                  "measured_to filters of GET /v1/measurements find it); at most 1 day past the "
+                                  "server's clock")
 
 
 class JobActualsCreate(Schema):
@@ -172,14 +179,24 @@ class JobActualRead(Schema):
     ratio: float | None = Field(default=None, description="measured_s / predicted_s")
     actuals: int = Field(default=0, description="actuals of this graph and hardware now stored")
     calibration_factor: float = 1.0
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="what the model disagrees with in a recorded actual: a job whose estimated peak memory is over "
+                    "the device's (fits: false in its estimate) that ran all the same is stored and calibrates "
+                    "later estimates, and says so here (the estimated peak against the device memory)")
     error: ItemError | None = None
 
 
 class JobActualsRead(Schema):
+    """What a report answers. ``replayed`` is true when the ``Idempotency-Key`` was seen before with the same
+    body: the answer is the first one's (its figures as they were then), nothing was stored again."""
+
     predictor_version: str
     recorded: int
     failed: int
     actuals: list[JobActualRead]
+    idempotency_key: str | None = None
+    replayed: bool = False
 
 
 # ------------------------------------------------------------------------------------------ comparisons
@@ -203,7 +220,7 @@ class ComparisonCreate(Schema):
     graph_id: Identifier
     batch_size: int = Field(strict=True, gt=0, le=1_000_000)
     dataset_size: int = Field(strict=True, gt=0, le=10**15)
-    epochs: float = Field(strict=True, gt=0, le=1e6, allow_inf_nan=False)
+    epochs: float = Field(strict=True, gt=0, le=1e6, allow_inf_nan=False, description=EPOCHS_DESCRIPTION)
     mode: Mode = "training"
     optimizer: Optimizer = "sgd"
     precision: Precision = Precision.FP32

@@ -13,6 +13,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from functools import partial
 from typing import Any, TypeVar
 
@@ -25,6 +26,7 @@ from app.core.vocab import Granularity, Pass
 from app.errors import (
     BatchAxisInDims,
     DuplicateBatchSizes,
+    InvalidActuals,
     InvalidRequest,
     LayercastError,
     NoCostedLayers,
@@ -48,6 +50,7 @@ from app.estimates.schemas import (
     ComparisonRead,
     ComparisonRow,
     ItemError,
+    JobActual,
     JobActualRead,
     JobActualsCreate,
     JobActualsRead,
@@ -59,12 +62,20 @@ from app.estimates.schemas import (
     Unavailable,
 )
 from app.graphs import service as graphs
+from app.graphs.repository import GraphRepository
 from app.hardware import service as hardware_service
-from app.measurements.models import Measurement, PredictorVersion
+from app.measurements.importers import MeasurementRecord
+from app.measurements.models import Measurement, MeasurementBatch, PredictorVersion
 from app.measurements.repository import MeasurementRepository
-from app.measurements.service import ACTUALS_SOURCE  # source of POST /v1/job-estimates/actuals rows
+from app.measurements.service import (
+    ACTUALS_SOURCE,  # source of POST /v1/job-estimates/actuals rows
+    claim_batch,
+    idempotent_request,
+    stored_batch,
+)
+from app.measurements.validation import RowProblem, field_problems
 from app.predictions.schemas import PredictionCreate
-from app.predictions.service import answer_warnings, estimate, loss_ms
+from app.predictions.service import answer_warnings, estimate, loss_ms, memory_warning
 from app.predictor.base import Predictor
 from app.predictor.metadata import JobCalibrationFit, RatioStatsModel
 from app.predictor.table import Estimates
@@ -183,6 +194,7 @@ class _JobModel:
     p50_s: float
     p90_s: float
     fits: bool
+    memory_warning: str | None = None  # the peak over the device's memory, when it does not fit
 
 
 def _model_jobs(session: Session, predictor: Predictor, jobs: Sequence[JobSpec]) -> list[_JobModel | ItemError]:
@@ -203,7 +215,8 @@ def _model_jobs(session: Session, predictor: Predictor, jobs: Sequence[JobSpec])
         def model(s: Scenario = s, sums: LayerSums = sums) -> _JobModel:
             job = engine.scenario_aggregate(cache, s, sums).job
             assert job is not None
-            return _JobModel(p50_s=job.time_s, p90_s=job.time_s_p90, fits=cache.fits(s))
+            return _JobModel(p50_s=job.time_s, p90_s=job.time_s_p90, fits=cache.fits(s),
+                             memory_warning=memory_warning(cache.footprint(s), s.hardware))
 
         out.append(_attempt(model))
     return out
@@ -322,54 +335,156 @@ def estimate_jobs(session: Session, predictor: Predictor, *, request: JobEstimat
                             failed=sum(a.error is not None for a in answers), estimates=answers)
 
 
+@dataclass(slots=True)
+class _Judged:
+    """The verdict on the actuals of one report: an answer per item, the rows to store (item index → the
+    :class:`Measurement` columns) and the items whose graph and device exist (stored, or refused as
+    implausible), which answer the calibration their graph and hardware have."""
+
+    answers: list[JobActualRead]
+    rows: dict[int, dict[str, Any]]
+    known: list[int]
+
+
+#: Fields of an actual that are not the job's (``config`` holds the job, as ``JobSpec`` reads it back).
+_NOT_CONFIG = frozenset({"measured_s", "context", "measured_at"})
+#: Field of a stored measurement → the field of the actual it is made of, in a refusal.
+_ACTUAL_FIELD = {"time_ms_median": "measured_s"}
+
+
+def _actual_record(actual: JobActual, *, predicted_s: float, predictor_version: str) -> MeasurementRecord:
+    """The whole-job :class:`MeasurementRecord` of ``actual`` (the record type every stored measurement is made
+    of): the job's fields with the model's ``predicted_s`` and ``predictor_version`` as ``config``, its time in
+    ms, ``measured_at`` in UTC."""
+    config = {k: v for k, v in actual.model_dump(mode="json").items() if k not in _NOT_CONFIG}
+    config.update(predicted_s=predicted_s, predictor_version=predictor_version)
+    return MeasurementRecord(
+        hardware_id=actual.hardware_id, source=ACTUALS_SOURCE, op_kind="job", pass_=Pass.TRAIN_STEP.value,
+        optimizer=actual.optimizer, precision=actual.precision.value, software_stack=actual.software_stack,
+        granularity=Granularity.JOB, batch_size=actual.batch_size, config=config,
+        time_ms_median=actual.measured_s * 1e3, time_ms_std=None, repetitions=None, context=dict(actual.context),
+        measured_at=actual.measured_at.astimezone(UTC) if actual.measured_at is not None else None)
+
+
+def _refusal(actual: JobActual, problems: Sequence[RowProblem]) -> ItemError:
+    """The item error of an actual whose measurement :func:`field_problems` refuses: its first problem, named
+    by the actual's field (``measured_s`` for the stored ``time_ms_median``); ``detail.problems`` lists all."""
+    first = problems[0]
+    field = _ACTUAL_FIELD.get(first.field, first.field)
+    message = first.message
+    if field == "measured_s":
+        message = f"measured_s {actual.measured_s:g} s, stored as a job measurement: {message}"
+    return ItemError(code=first.code, message=message, detail={
+        "field": field,
+        "problems": [{"code": p.code, "field": _ACTUAL_FIELD.get(p.field, p.field), "message": p.message}
+                     for p in problems]})  # fmt: skip
+
+
+def _judge_actuals(session: Session, actuals: Sequence[JobActual], models: Sequence[_JobModel | ItemError], *,
+                   predictor_version: str, submitter: str | None) -> _Judged:  # fmt: skip
+    """Each actual against the model's answer for its job: a job that cannot be predicted fails with its
+    error, one more than :data:`MAX_ACTUAL_RATIO` away from the estimate fails ``implausible_actual``, one whose
+    measurement the rules of every stored measurement refuse (:func:`app.measurements.validation.field_problems`,
+    as ``POST /v1/measurements`` and ``layercast import`` apply them: a job over a year, ``measured_at`` more
+    than a day ahead...) fails with their code; the others become whole-job measurement rows. A job the memory
+    model says does not fit (``fits: false``) is stored all the same (it ran: the measurement is real, the
+    memory estimate is what disagrees) and its item carries a warning with the estimated peak against the
+    device's memory."""
+    judged = _Judged(answers=[], rows={}, known=[])
+    specs = hardware_service.get_specs(session, hardware_ids={a.hardware_id for a in actuals})
+    graph_repo = GraphRepository(session)
+    graphs_seen: dict[str, bool] = {}
+
+    def graph_exists(graph_id: str) -> bool:
+        if graph_id not in graphs_seen:
+            graphs_seen[graph_id] = graph_repo.exists(graph_id)
+        return graphs_seen[graph_id]
+
+    now = datetime.now(UTC)
+    for i, (actual, m) in enumerate(zip(actuals, models, strict=True)):
+        if isinstance(m, ItemError):
+            judged.answers.append(JobActualRead(index=i, error=m))
+            continue
+        judged.known.append(i)
+        ratio = actual.measured_s / m.p50_s
+        if not 1 / MAX_ACTUAL_RATIO <= ratio <= MAX_ACTUAL_RATIO:
+            judged.answers.append(JobActualRead(index=i, predicted_s=m.p50_s, ratio=ratio, error=ItemError(
+                code="implausible_actual",
+                message=f"measured_s {actual.measured_s:g} s is {ratio:.3g}x the estimate {m.p50_s:.4g} s; "
+                        f"actuals more than {MAX_ACTUAL_RATIO:g}x away from it either way are not recorded")))
+            continue
+        record = _actual_record(actual, predicted_s=m.p50_s, predictor_version=predictor_version)
+        problems = field_problems(record, spec=specs.get(actual.hardware_id), graph_exists=graph_exists, now=now)
+        if problems:
+            judged.answers.append(JobActualRead(index=i, predicted_s=m.p50_s, ratio=ratio,
+                                                error=_refusal(actual, problems)))
+            continue
+        judged.rows[i] = {**record.to_row(), "submitter": submitter}
+        warnings = [] if m.memory_warning is None else [
+            f"{m.memory_warning}: the memory model says this job does not fit (fits: false), yet it ran; the "
+            "actual is stored and calibrates later estimates, the memory estimate is unchanged"]
+        judged.answers.append(JobActualRead(index=i, predicted_s=m.p50_s, ratio=ratio, warnings=warnings))
+    return judged
+
+
+def _replayed(row: MeasurementBatch, idempotency_key: str) -> JobActualsRead:
+    assert row.answer is not None  # same digest: the same actuals body, whose answer was stored with it
+    return JobActualsRead.model_validate(row.answer).model_copy(
+        update={"idempotency_key": idempotency_key, "replayed": True})
+
+
 def record_actuals(session: Session, predictor: Predictor, *, request: JobActualsCreate,
-                   submitter: str | None = None) -> JobActualsRead:
+                   submitter: str | None = None, idempotency_key: str | None = None) -> JobActualsRead:
     """Store each measured job as a whole-job measurement (``granularity`` ``job``, source
     :data:`ACTUALS_SOURCE`) with the model's uncalibrated p50 at recording time and the predictor version,
     so later estimates of the same graph and hardware are calibrated by it; recorded as reported by the API
     key id ``submitter`` (None: anonymous), as ``POST /v1/measurements`` rows are. Flushes.
 
+    ``idempotency_key`` works as ``POST /v1/measurements``' (the same mechanism and table:
+    :func:`app.measurements.service.idempotent_request`, ``stored_batch``, ``claim_batch``): a report stored
+    before under the key with the same body is answered again (``replayed``; the first answer, nothing stored),
+    one with another body raises :class:`app.measurements.service.IdempotencyKeyReused` (409), a malformed key
+    :class:`app.measurements.service.InvalidIdempotencyKey` (422).
+
     Raises :class:`TooManyItems` (413) beyond :data:`MAX_JOBS`; a job that cannot be predicted (unknown
     graph or device...) is not stored and says why; one refused as ``implausible_actual`` still answers the
-    ``actuals`` and ``calibration_factor`` its graph and hardware have.
+    ``actuals`` and ``calibration_factor`` its graph and hardware have. When no item is recorded, raises
+    :class:`app.errors.InvalidActuals` (422 ``invalid_actuals``, ``detail``: that answer), nothing stored and
+    the key not claimed.
     """
     _limit(request.actuals, MAX_JOBS, "actuals")
+    idem = idempotent_request(idempotency_key, submitter=submitter, body=request)
+    seen = stored_batch(session, idem)
+    if idem is not None and seen is not None:
+        return _replayed(seen, idem.idempotency_key)
     models = _model_jobs(session, predictor, request.actuals)
-    repo = MeasurementRepository(session)
-    stored: list[tuple[int, JobActualRead]] = []
-    known: list[tuple[int, JobActualRead]] = []  # stored or refused as implausible: its graph and device exist
-    answers: list[JobActualRead] = []
-    for i, (actual, m) in enumerate(zip(request.actuals, models, strict=True)):
-        if isinstance(m, ItemError):
-            answers.append(JobActualRead(index=i, error=m))
-            continue
-        ratio = actual.measured_s / m.p50_s
-        if not 1 / MAX_ACTUAL_RATIO <= ratio <= MAX_ACTUAL_RATIO:
-            answers.append(JobActualRead(index=i, predicted_s=m.p50_s, ratio=ratio, error=ItemError(
-                code="implausible_actual",
-                message=f"measured_s {actual.measured_s:g} s is {ratio:.3g}x the estimate {m.p50_s:.4g} s; "
-                        f"actuals more than {MAX_ACTUAL_RATIO:g}x away from it either way are not recorded")))
-            known.append((i, answers[-1]))
-            continue
-        config = {k: v for k, v in actual.model_dump(mode="json").items() if k not in ("measured_s", "context")}
-        config.update(predicted_s=m.p50_s, predictor_version=predictor.version)
-        row = repo.add(Measurement(
-            hardware_id=actual.hardware_id, source=ACTUALS_SOURCE, op_kind="job", pass_=Pass.TRAIN_STEP.value,
-            optimizer=actual.optimizer, precision=actual.precision.value,
-            software_stack=actual.software_stack.value, granularity=Granularity.JOB.value,
-            batch_size=actual.batch_size, config=config, time_ms_median=actual.measured_s * 1e3,
-            context=dict(actual.context), submitter=submitter,
-        ))
-        read = JobActualRead(index=i, measurement_id=row.id, predicted_s=m.p50_s, ratio=ratio)
-        stored.append((i, read))
-        known.append((i, read))
-        answers.append(read)
+    judged = _judge_actuals(session, request.actuals, models, predictor_version=predictor.version,
+                            submitter=submitter)
+    claim: MeasurementBatch | None = None
+    if idem is not None and judged.rows:  # a report that stores nothing does not use its key up
+        claim, won = claim_batch(session, idem)
+        if not won:
+            return _replayed(claim, idem.idempotency_key)
+    ids = MeasurementRepository(session).insert_returning_ids(list(judged.rows.values()))
+    for i, measurement_id in zip(judged.rows, ids, strict=True):
+        judged.answers[i].measurement_id = measurement_id
     calibrations = _calibrations(session, predictor.version, request.actuals)
-    for i, read in known:  # the calibration its graph and hardware now have, whether this one was stored or not
+    for i in judged.known:  # the calibration its graph and hardware now have, whether this one was stored or not
         cal = calibrations.get(_key(request.actuals[i].graph_id, request.actuals[i].hardware_id), UNCALIBRATED)
-        read.actuals, read.calibration_factor = cal.actuals, cal.factor
-    return JobActualsRead(predictor_version=predictor.version, recorded=len(stored),
-                          failed=len(answers) - len(stored), actuals=answers)
+        judged.answers[i].actuals, judged.answers[i].calibration_factor = cal.actuals, cal.factor
+    answer = JobActualsRead(predictor_version=predictor.version, recorded=len(ids),
+                            failed=len(judged.answers) - len(ids), actuals=judged.answers,
+                            idempotency_key=idempotency_key)
+    if not ids:
+        first = next(a for a in judged.answers if a.error is not None)
+        assert first.error is not None
+        raise InvalidActuals(
+            f"none of the {len(judged.answers)} actuals can be recorded (first: item {first.index}, "
+            f"{first.error.code}); nothing was stored", detail=answer.model_dump(mode="json"))
+    if claim is not None:
+        claim.measurement_ids, claim.answer = ids, answer.model_dump(mode="json")
+        session.flush()
+    return answer
 
 
 # ------------------------------------------------------------------------------------------ comparisons
@@ -499,7 +614,8 @@ def compare(session: Session, predictor: Predictor, *, request: ComparisonCreate
             "aggregation": "each row is the POST /v1/predictions answer for that device and device count "
                            "(app.core.aggregate: layers + exposed ring all-reduce of the fp32 gradients in DDP "
                            "buckets overlapped with backward; epoch = ceil(dataset / global batch) iterations; "
-                           "job = epochs x epoch)",
+                           "job = epochs x epoch, in whole iterations: a fraction of an epoch runs "
+                           "ceil(fraction x dataset / global batch) of them, at least 1)",
             "energy": "estimate: idle + (TDP - idle) x utilisation of each layer's roofline bound, idle power "
                       "the rest of the step, all devices; device energy only (no host, network, cooling)",
             "cost": "device-hours x price per device-hour (the catalog's list price unless overridden); null "

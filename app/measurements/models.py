@@ -44,12 +44,15 @@ class Measurement(Base):
 
 
 class MeasurementBatch(Base):
-    """One ingested batch of ``POST /v1/measurements`` sent with an ``Idempotency-Key``; ``idempotency_key``
-    holds :func:`app.measurements.service.stored_key` of it (the caller's key scoped to its API key id).
+    """One ingested batch of ``POST /v1/measurements`` or report of ``POST /v1/job-estimates/actuals`` sent
+    with an ``Idempotency-Key``; ``idempotency_key`` holds :func:`app.measurements.service.stored_key` of it (the
+    caller's key scoped to its API key id; one namespace for both routes).
 
-    ``request_sha256`` is the SHA-256 of the batch's canonical JSON (:func:`app.measurements.service.batch_sha256`)
+    ``request_sha256`` is the SHA-256 of the body's canonical JSON (:func:`app.measurements.service.batch_sha256`)
     and ``measurement_ids`` the ids it stored, in batch order: a retry with the same key and body is answered
-    from this row (nothing stored again), the same key with another body is refused.
+    from this row (nothing stored again), the same key with another body is refused. ``answer``: the whole
+    answer of an actuals report (its items carry predictions and errors the ids alone do not give back); None
+    for a measurement batch, answered from its ids.
     """
 
     __tablename__ = "measurement_batches"
@@ -57,6 +60,7 @@ class MeasurementBatch(Base):
     idempotency_key: Mapped[str] = mapped_column(String(255), primary_key=True)
     request_sha256: Mapped[str] = mapped_column(String(64))
     measurement_ids: Mapped[list[int]] = mapped_column(JSON)
+    answer: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

@@ -15,9 +15,11 @@ import math
 import re
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from pydantic import BaseModel
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.core.hardware import HardwareSpec
@@ -195,9 +197,10 @@ _KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
 MAX_ROW_ERRORS = 100
 
 
-def batch_sha256(data: MeasurementBatchCreate) -> str:
-    """SHA-256 (hex) of the batch's canonical JSON: the validated fields by their JSON names, keys sorted,
-    so two bodies that differ only in key order or whitespace are the same batch."""
+def batch_sha256(data: BaseModel) -> str:
+    """SHA-256 (hex) of a request body's canonical JSON: the validated fields by their JSON names, keys sorted,
+    so two bodies that differ only in key order or whitespace are the same batch (and bodies of two routes,
+    whose top-level fields differ, never are)."""
     canonical = json.dumps(data.model_dump(mode="json", by_alias=True), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -241,11 +244,62 @@ def stored_key(idempotency_key: str, submitter: str | None) -> str:
     return hashlib.sha256(f"{submitter or ''}\n{idempotency_key}".encode()).hexdigest()
 
 
-def _replay(row: MeasurementBatch, digest: str, idempotency_key: str) -> MeasurementBatchRead:
-    if row.request_sha256 != digest:
+@dataclass(frozen=True, slots=True)
+class IdempotentRequest:
+    """A write sent with an ``Idempotency-Key``: the client's key, its stored form (:func:`stored_key`) and
+    the digest of the body (:func:`batch_sha256`)."""
+
+    idempotency_key: str
+    stored: str
+    digest: str
+
+
+def idempotent_request(idempotency_key: str | None, *, submitter: str | None,
+                       body: BaseModel) -> IdempotentRequest | None:  # fmt: skip
+    """The :class:`IdempotentRequest` of ``body`` sent with ``idempotency_key`` by the API key id ``submitter``
+    (None without a key). Raises :class:`InvalidIdempotencyKey` (422) for a key that is not 1 to
+    :data:`MAX_KEY_LENGTH` printable ASCII characters."""
+    if idempotency_key is None:
+        return None
+    if not _KEY.match(idempotency_key):
+        raise InvalidIdempotencyKey(f"Idempotency-Key must be 1 to {MAX_KEY_LENGTH} printable ASCII characters",
+                                    detail={"length": len(idempotency_key)})  # fmt: skip
+    return IdempotentRequest(idempotency_key=idempotency_key, stored=stored_key(idempotency_key, submitter),
+                             digest=batch_sha256(body))
+
+
+def _same_body(row: MeasurementBatch, request: IdempotentRequest) -> MeasurementBatch:
+    if row.request_sha256 != request.digest:
         raise IdempotencyKeyReused(
             "this Idempotency-Key was used with another body; use a new key for a new batch",
-            detail={"idempotency_key": idempotency_key})
+            detail={"idempotency_key": request.idempotency_key})
+    return row
+
+
+def stored_batch(session: Session, request: IdempotentRequest | None) -> MeasurementBatch | None:
+    """The batch stored before under ``request``'s key, to be answered again (None: no key, or a new one).
+    Raises :class:`IdempotencyKeyReused` (409) when the key was stored with another body."""
+    if request is None:
+        return None
+    row = MeasurementRepository(session).batch(request.stored)
+    return None if row is None else _same_body(row, request)
+
+
+def claim_batch(session: Session, request: IdempotentRequest) -> tuple[MeasurementBatch, bool]:
+    """Claim ``request``'s key (in a savepoint) before its write stores anything, so two concurrent requests
+    with one key store once: ``(row, True)``, the new row (no ids yet) for the caller to fill in and flush; or
+    ``(row, False)``, the row of the request that committed the key first, to be answered again. Raises
+    :class:`IdempotencyKeyReused` (409) when that one had another body."""
+    repo = MeasurementRepository(session)
+    claim = MeasurementBatch(idempotency_key=request.stored, request_sha256=request.digest, measurement_ids=[])
+    if repo.add_batch(claim):
+        return claim, True
+    winner = repo.batch(request.stored)
+    assert winner is not None  # the conflict was this key's committed row
+    return _same_body(winner, request), False
+
+
+def _replay(row: MeasurementBatch, idempotency_key: str) -> MeasurementBatchRead:
     ids = [int(i) for i in row.measurement_ids]
     return MeasurementBatchRead(count=len(ids), ids=ids, idempotency_key=idempotency_key, replayed=True)
 
@@ -260,8 +314,8 @@ def create_measurements(
     With ``idempotency_key`` (scoped to ``submitter``: :func:`stored_key`): a batch stored before under the key
     with the same body (:func:`batch_sha256`) is answered again (``replayed``, nothing stored), one with
     another body raises :class:`IdempotencyKeyReused` (409); two concurrent requests with one key store once
-    (the key is claimed in a savepoint first; the loser replays the winner's answer once it committed). Raises
-    :class:`InvalidIdempotencyKey` (422: not 1-255 printable ASCII characters) and
+    (the key is claimed in a savepoint first: :func:`claim_batch`; the loser replays the winner's answer once
+    it committed). Raises :class:`InvalidIdempotencyKey` (422: not 1-255 printable ASCII characters) and
     :class:`InvalidMeasurements` (422, ``detail.errors``: a :class:`RowError` per bad row, at most
     :data:`MAX_ROW_ERRORS`, plus ``invalid_rows`` and ``rows``) and :class:`app.errors.TooManyItems` (413) over
     :data:`app.measurements.schemas.MAX_BATCH` rows. ``measured_at`` is stored in UTC. Flushes.
@@ -269,17 +323,11 @@ def create_measurements(
     if len(data.measurements) > MAX_BATCH:
         raise TooManyItems(f"{len(data.measurements)} measurements exceed the limit of {MAX_BATCH} per call; "
                            "split them", detail={"count": len(data.measurements), "limit": MAX_BATCH})
-    if idempotency_key is not None and not _KEY.match(idempotency_key):
-        raise InvalidIdempotencyKey(f"Idempotency-Key must be 1 to {MAX_KEY_LENGTH} printable ASCII characters",
-                                    detail={"length": len(idempotency_key)})  # fmt: skip
+    request = idempotent_request(idempotency_key, submitter=submitter, body=data)
+    seen = stored_batch(session, request)
+    if request is not None and seen is not None:
+        return _replay(seen, request.idempotency_key)
     repo = MeasurementRepository(session)
-    digest = batch_sha256(data)
-    claim: MeasurementBatch | None = None
-    key = None if idempotency_key is None else stored_key(idempotency_key, submitter)
-    if key is not None and idempotency_key is not None:
-        seen = repo.batch(key)
-        if seen is not None:
-            return _replay(seen, digest, idempotency_key)
     errors = _row_errors(session, repo, data.measurements)
     if errors:
         raise InvalidMeasurements(
@@ -287,12 +335,11 @@ def create_measurements(
             f"(first: row {errors[0].index}, {errors[0].code}); nothing was stored",
             detail={"errors": [e.model_dump() for e in errors[:MAX_ROW_ERRORS]],
                     "invalid_rows": len({e.index for e in errors}), "rows": len(data.measurements)})  # fmt: skip
-    if key is not None and idempotency_key is not None:
-        claim = MeasurementBatch(idempotency_key=key, request_sha256=digest, measurement_ids=[])
-        if not repo.add_batch(claim):
-            winner = repo.batch(key)
-            assert winner is not None  # the conflict was this key's committed row
-            return _replay(winner, digest, idempotency_key)
+    claim: MeasurementBatch | None = None
+    if request is not None:
+        claim, won = claim_batch(session, request)
+        if not won:
+            return _replay(claim, request.idempotency_key)
     ids = repo.insert_returning_ids([{**reported_record(m).to_row(), "submitter": submitter}
                                      for m in data.measurements])  # fmt: skip
     if claim is not None:

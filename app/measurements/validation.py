@@ -45,7 +45,8 @@ the time (issue: ``time_ms_std`` 1e300 and ``measured_at`` in the year 2999 were
 
 One rule set: :func:`field_problems` runs every check of a row, these and the device's (a precision it has no
 arithmetic for, a GPU-only stack on a CPU) and the graph's (an iteration or job row's ``config.graph_id``),
-and is what both ``POST /v1/measurements`` and ``layercast import`` apply to each row.
+and is what ``POST /v1/measurements``, ``layercast import`` and ``POST /v1/job-estimates/actuals`` (whose
+actuals are stored as job rows) apply to each row.
 
 Before any bound, :func:`check_layer_config` refuses (:class:`InvalidLayerConfig`, row code
 ``invalid_layer_config``) a row that claims to be a layer it cannot be: an ``op_kind`` that is no cost
@@ -323,15 +324,15 @@ class RowProblem:
 
 def field_problems(row: MeasurementRecord, *, spec: HardwareSpec | None, graph_exists: Callable[[str], bool],
                    now: datetime) -> list[RowProblem]:  # fmt: skip
-    """Every problem of ``row`` (empty: it may be stored), the one rule set of ``POST /v1/measurements`` and
-    ``layercast import``, in this order: a spread no repetitions have (:func:`check_spread`) and a date in
-    the future (:func:`check_measured_at`); an ``op_kind``, ``granularity`` or layer config that is no layer
-    (:func:`check_layer_config`, :func:`check_granularity`: nothing further is checked of such a row); an
-    iteration or job row whose ``config.graph_id`` is not a stored graph (``graph_not_found``); a device that
-    is not stored (``spec`` None: ``hardware_not_found``), a GPU-only stack on a CPU (``stack_not_supported``)
-    or a precision mode the device has no arithmetic for (``precision_not_supported``; on a CPU only ``tf32``:
-    :data:`CPU_AUTOCAST_MODES`), each ending the checks; last a time the device cannot have taken
-    (:func:`check_plausible`).
+    """Every problem of ``row`` (empty: it may be stored), the one rule set of ``POST /v1/measurements``,
+    ``layercast import`` and ``POST /v1/job-estimates/actuals``, in this order: a spread no repetitions have
+    (:func:`check_spread`) and a date in the future (:func:`check_measured_at`); an ``op_kind``,
+    ``granularity`` or layer config that is no layer (:func:`check_layer_config`, :func:`check_granularity`:
+    nothing further is checked of such a row); an iteration or job row whose ``config.graph_id`` is not a
+    stored graph (``graph_not_found``); a device that is not stored (``spec`` None: ``hardware_not_found``), a
+    GPU-only stack on a CPU (``stack_not_supported``) or a precision mode the device has no arithmetic for
+    (``precision_not_supported``; on a CPU only ``tf32``: :data:`CPU_AUTOCAST_MODES`), each ending the checks;
+    last a time the device cannot have taken (:func:`check_plausible`).
 
     ``spec``: the stored device ``row.hardware_id`` names, or None; ``graph_exists``: whether a graph id is
     stored; ``now``: the server's aware clock. Raises nothing: every refusal is a :class:`RowProblem`."""

@@ -15,6 +15,14 @@ from app.schemas import Identifier, Name, PositiveInt32, Schema
 Mode = Literal["training", "inference"]
 Optimizer = Literal["none", "sgd", "momentum", "nesterov", "adagrad", "adadelta", "rmsprop", "adam", "adamw"]
 
+#: Description of a job's ``epochs`` (predictions, job estimates and actuals, comparisons): how they become
+#: iterations (:func:`app.core.aggregate.job_iterations`).
+EPOCHS_DESCRIPTION = ("epochs of dataset_size; may be fractional. A job runs whole iterations: "
+                      "ceil(dataset_size / batch_size) per whole epoch (the last partial batch is one), "
+                      "ceil(fraction x dataset_size / batch_size) for a fraction of one, at least 1 "
+                      "(epochs 1e-9 is one iteration); the evaluation (eval_size) is counted per epoch in "
+                      "proportion")
+
 
 class PredictionCreate(Schema):
     """What to predict. Give exactly one of ``graph_id``/``graph`` and one of ``hardware_id``/``hardware``."""
@@ -51,7 +59,8 @@ class PredictionCreate(Schema):
         default_factory=dict, description="symbolic dimensions other than the batch"
     )
     dataset_size: int | None = Field(default=None, strict=True, gt=0, le=10**15, description="samples per epoch")
-    epochs: float | None = Field(default=None, strict=True, gt=0, le=1e6, allow_inf_nan=False)
+    epochs: float | None = Field(default=None, strict=True, gt=0, le=1e6, allow_inf_nan=False,
+                                 description=EPOCHS_DESCRIPTION)
     device_count: int = Field(
         default=1, strict=True, ge=1, le=4096,
         description="data-parallel devices; batch_size is the GLOBAL batch and must divide evenly over them. "
@@ -219,15 +228,21 @@ class EpochPrediction(Schema):
 
 
 class JobPrediction(Schema):
-    """Epochs × epoch + checkpoint writes; energy, money and CO2 are estimates (see ``assumptions``)."""
+    """Whole iterations + epochs × the epoch's evaluation + checkpoint writes (for whole epochs: epochs ×
+    epoch + checkpoint writes); energy, money and CO2 are estimates (see ``assumptions``)."""
 
     epochs: float
+    iterations: int = Field(description="training iterations of the whole job: ceil(dataset_size / batch_size) per "
+                                        "whole epoch + ceil(fraction x dataset_size / batch_size) for a fraction "
+                                        "of one, at least 1")
     time_s: float
     time_s_p10: float
     time_s_p90: float
     time_h: float
     checkpoints: int
-    checkpoint_bytes: int = Field(description="weights + optimizer state per checkpoint")
+    checkpoint_bytes: int = Field(description="one checkpoint file: fp32 weights + optimizer state as torch.save "
+                                              "writes them (parameters x 4 B x (1 + optimizer states per "
+                                              "parameter)), the same on every device")
     checkpoint_s: float = Field(description="all checkpoint writes of the job")
     device_hours: float
     energy_j: float | None

@@ -139,7 +139,7 @@ def aggregation_input(
                           nodes=request.nodes, network=network_link(request))
     ck = None
     if request.checkpoint_every_epochs is not None and request.checkpoint_write_bytes_per_s is not None:
-        ck = Checkpointing(checkpoint_bytes=fp.weights_bytes + fp.optimizer_state_bytes,
+        ck = Checkpointing(checkpoint_bytes=fp.checkpoint_bytes,  # the file: no allocator rounding
                            write_bandwidth_bytes_per_s=request.checkpoint_write_bytes_per_s,
                            every_epochs=request.checkpoint_every_epochs)
     loading = (InputPipeline(samples_per_s=request.loading_samples_per_s, overlapped=request.loading_overlapped)
@@ -416,7 +416,8 @@ def _totals_read(
     if agg.job is not None:
         jb = agg.job
         job = JobPrediction(
-            epochs=jb.epochs, time_s=jb.time_s, time_s_p10=jb.time_s_p10, time_s_p90=jb.time_s_p90,
+            epochs=jb.epochs, iterations=jb.iterations, time_s=jb.time_s, time_s_p10=jb.time_s_p10,
+            time_s_p90=jb.time_s_p90,
             time_h=jb.time_h, checkpoints=jb.checkpoints, checkpoint_bytes=int(jb.checkpoint_bytes),
             checkpoint_s=jb.checkpoint_s, device_hours=jb.device_hours, energy_j=jb.energy_j,
             energy_kwh=jb.energy_kwh, price_usd_per_hour=price, price_source=price_source, cost_usd=jb.cost_usd,
@@ -600,12 +601,19 @@ def answer_warnings(analysis: GraphAnalysis, hw: HardwareSpec, request: Predicti
             f"activation checkpointing recomputes the forward pass in backward: {it.forward_ms:.4g} ms more per "
             "iteration, included in backward_ms and every total (the per-layer rows show one forward each)"
         )
-    if not fits(fp, hw.memory_bytes):
-        warnings.append(
-            f"estimated peak {fp.total_bytes / 2**30:.1f} GiB exceeds {HEADROOM:.0%} of the device's "
-            f"{hw.memory_bytes / 2**30:.1f} GiB"
-        )
+    memory = memory_warning(fp, hw)
+    if memory is not None:
+        warnings.append(memory)
     return warnings
+
+
+def memory_warning(fp: MemoryFootprint, hw: HardwareSpec) -> str | None:
+    """The warning of a peak ``fp`` (one device) over :data:`app.core.memory.HEADROOM` of ``hw``'s memory
+    (GiB, one decimal), None when it fits: the one wording of predictions, batch summaries and job actuals."""
+    if fits(fp, hw.memory_bytes):
+        return None
+    return (f"estimated peak {fp.total_bytes / 2**30:.1f} GiB exceeds {HEADROOM:.0%} of the device's "
+            f"{hw.memory_bytes / 2**30:.1f} GiB")
 
 
 def estimate(
@@ -741,9 +749,12 @@ def estimate(
                      + loss_quality(bound, training, estimates) if training else
                      "inference: no loss computed"),
             "epoch": "ceil(dataset_size / batch_size) iterations (last partial batch counted as full) + "
-                     "ceil(eval_size / batch_size) forward-only passes when eval_size is given; job = epochs x "
-                     "epoch + floor(epochs / checkpoint_every_epochs) writes of weights + optimizer state at "
-                     "checkpoint_write_bytes_per_s while every device waits",
+                     "ceil(eval_size / batch_size) forward-only passes when eval_size is given; job = its whole "
+                     "iterations (ceil(dataset_size / batch_size) per whole epoch, ceil(fraction x dataset_size / "
+                     "batch_size) for a fraction of one, at least 1) + epochs x the epoch's evaluation + "
+                     "floor(epochs / checkpoint_every_epochs) writes of weights + optimizer state at "
+                     "checkpoint_write_bytes_per_s while every device waits; for whole epochs, epochs x epoch + "
+                     "the writes",
             "energy": "ESTIMATE: per layer P = idle + (TDP - idle) x utilisation, utilisation = max(achieved "
                       "FLOP/s / peak, achieved bytes/s / memory bandwidth) (linear utilisation power model, "
                       "Fan et al. ISCA 2007); idle power for the rest of the step; idle = catalog idle_power_w "

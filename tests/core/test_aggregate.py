@@ -7,11 +7,13 @@ import math
 import pytest
 
 from app.core.aggregate import (
+    Aggregate,
     AggregationInput,
     Checkpointing,
     DataParallel,
     InputPipeline,
     InvalidAggregation,
+    JobEstimate,
     LayerTime,
     aggregate,
 )
@@ -78,6 +80,33 @@ def test_job_adds_checkpoint_writes_every_k_epochs() -> None:
     assert agg.job.checkpoint_s == pytest.approx(4.0)
     assert agg.job.time_s == pytest.approx(5 * agg.epoch.time_s + 4.0)
     assert agg.job.time_h == pytest.approx(agg.job.time_s / 3600)
+
+
+def test_a_job_runs_whole_iterations() -> None:
+    """``epochs: 1e-9`` gave 1e-9 of an epoch (1.5e-6 s for a ResNet-50 job), far below the one iteration it
+    runs. A job runs whole iterations: ⌈dataset / batch⌉ per whole epoch (as the epoch counts them, the last
+    partial batch is one iteration) and ⌈fraction × dataset / batch⌉ for a fraction of an epoch, at least one."""
+
+    def job(epochs: float, dataset: int = 1000, batch: int = 32) -> tuple[JobEstimate, Aggregate]:
+        agg = aggregate(AggregationInput(layers=LAYERS, global_batch_size=batch, dataset_size=dataset, epochs=epochs,
+                                         idle_power_w=50.0))
+        assert agg.job is not None
+        return agg.job, agg
+
+    tiny, agg = job(1e-9)
+    it = agg.iteration
+    assert tiny.iterations == 1
+    assert tiny.time_s == pytest.approx(it.time_ms / 1e3) and tiny.time_s_p90 == pytest.approx(it.time_ms_p90 / 1e3)
+    assert it.energy_j is not None and tiny.energy_j == pytest.approx(it.energy_j)
+    half, _ = job(0.5)
+    assert half.iterations == 16  # 500 samples: 15 full batches and a partial one
+    two, agg = job(2)
+    assert agg.epoch is not None and two.iterations == 2 * agg.epoch.iterations == 64  # ordinary values unchanged
+    assert two.time_s == pytest.approx(2 * agg.epoch.time_s)
+    assert job(2.5)[0].iterations == 64 + 16
+    # 1.01 epochs of 100 samples in batches of 1 are 101 iterations, although 0.01 x 100 comes out 1.0000000000000009
+    assert job(1.01, dataset=100, batch=1)[0].iterations == 101
+    assert job(0.01, dataset=10**15, batch=1)[0].iterations == 10**13
 
 
 def test_ring_allreduce_formula() -> None:

@@ -57,8 +57,8 @@ def test_gpu_only_stack_on_a_cpu_fails_its_job(client: TestClient, resnet_id: st
     assert codes == ["stack_not_supported", None]
     r = client.post("/v1/job-estimates/actuals", json={"actuals": [
         {**_job(resnet_id, hardware_id="local", software_stack="pytorch-cuda-graph"), "measured_s": 100.0}]})
-    assert r.status_code == 201, r.text
-    assert r.json()["recorded"] == 0 and r.json()["actuals"][0]["error"]["code"] == "stack_not_supported"
+    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_actuals", r.text
+    assert r.json()["error"]["detail"]["actuals"][0]["error"]["code"] == "stack_not_supported"
 
 
 def test_devices_are_read_in_one_query_and_unknown_ones_still_fail(client: TestClient, resnet_id: str) -> None:
@@ -174,7 +174,9 @@ def test_implausible_actuals_are_refused_and_cannot_poison_later_estimates(clien
     assert math.isfinite(est["p90_s"]) and est["p90_s"] > est["p50_s"]
     # a refused actual still says how its graph and hardware stand (it said 0 actuals and factor 1.0, as if the
     # stored ones were gone)
-    refused = client.post("/v1/job-estimates/actuals", json={"actuals": [{**job, "measured_s": 1e300}]}).json()
+    r = client.post("/v1/job-estimates/actuals", json={"actuals": [{**job, "measured_s": 1e300}]})
+    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_actuals", r.text  # nothing recorded
+    refused = r.json()["error"]["detail"]
     assert refused["recorded"] == 0 and refused["actuals"][0]["error"]["code"] == "implausible_actual"
     assert refused["actuals"][0]["actuals"] == 1
     assert refused["actuals"][0]["calibration_factor"] == pytest.approx(est["calibration_factor"], rel=1e-12)
@@ -286,5 +288,5 @@ def test_a_graph_with_no_costable_layer_fails_its_job_instead_of_taking_zero_sec
     assert [(e["error"] or {}).get("code") for e in est] == ["no_costed_layers", None]  # type: ignore[union-attr]
     assert est[0]["p50_s"] is None and est[1]["p50_s"] > 0
     r = client.post("/v1/job-estimates/actuals", json={"actuals": [{**_job(custom_op_id), "measured_s": 100.0}]})
-    assert r.status_code == 201, r.text
-    assert r.json()["recorded"] == 0 and r.json()["actuals"][0]["error"]["code"] == "no_costed_layers"
+    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_actuals", r.text
+    assert r.json()["error"]["detail"]["actuals"][0]["error"]["code"] == "no_costed_layers"
