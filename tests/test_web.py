@@ -36,7 +36,7 @@ def test_empty_page_has_the_form(client: TestClient) -> None:
     page = client.get("/")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     for field in ("graph_id", "hardware_id", "batch_size", "precision", "optimizer", "software_stack", "dims",
-                  "device_count", "dataset_size", "epochs"):
+                  "device_count", "nodes", "dataset_size", "epochs"):
         assert f'name="{field}"' in page.text
     assert 'value="p100"' in page.text
     assert not re.search(r"(src|href)=\"https?://", page.text), "the page must not load anything from outside"
@@ -83,6 +83,22 @@ def test_bad_parameters_are_shown_with_their_code(client: TestClient) -> None:
     assert uneven.status_code == 422 and 'data-code="validation_error"' in uneven.text
     hostile = client.get("/", params={"graph_id": "<script>x</script>", "hardware_id": "p100"})
     assert "<script>x" not in hostile.text
+
+
+def test_the_page_spreads_more_than_a_node_of_devices_over_nodes(client: TestClient) -> None:
+    """More than 8 devices in a node is refused (too_many_devices_per_node); the page had no nodes field, so
+    it could not ask for 16 GPUs at all. Its answer and comparison are the API's for the same fields."""
+    graph_id = client.post("/v1/graphs", json=SMALL_CNN).json()["id"]
+    base = {"graph_id": graph_id, "hardware_id": "a100-sxm4-80gb", "batch_size": 64, "device_count": 16}
+    crammed = client.get("/", params=base)
+    assert crammed.status_code == 422 and 'data-code="too_many_devices_per_node"' in crammed.text
+    page = client.get("/", params={**base, "nodes": 2, "dataset_size": 6400, "epochs": 1})
+    assert page.status_code == 200, page.text
+    api = client.post("/v1/predictions", json={**base, "nodes": 2}).json()
+    assert f"{api['iteration']['time_ms']:.4g}" in page.text
+    assert 'id="comparison-error"' not in page.text
+    row = client.get("/ui/comparison.csv", params={**base, "nodes": 2, "dataset_size": 6400, "epochs": 1})
+    assert row.status_code == 200 and "a100-sxm4-80gb" in row.text, row.text
 
 
 def _symbolic_seq_graph(client: TestClient) -> str:

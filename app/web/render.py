@@ -75,6 +75,7 @@ def form(graphs: list[tuple[str, str]], hardware: list[HardwareRead], query: dic
         + _text("dims", query.get("dims"), placeholder="seq=128")
         + _number("batch_size", query.get("batch_size"))
         + _number("device_count", query.get("device_count"))
+        + _number("nodes", query.get("nodes"))
         + _number("dataset_size", query.get("dataset_size"))
         + _number("epochs", query.get("epochs"), step="any")
         + '<button type="submit" id="predict">Predict</button></form>'

@@ -40,7 +40,7 @@ router = APIRouter(tags=["web"], include_in_schema=False)
 #: ``dataset_size`` and ``epochs``. Any other name (a typo such as ``precison``) is refused, never ignored.
 PAGE_PARAMETERS: frozenset[str] = frozenset({
     "graph_id", "hardware_id", "batch_size", "mode", "precision", "optimizer", "software_stack", "dims",
-    "device_count", "dataset_size", "epochs"})
+    "device_count", "nodes", "dataset_size", "epochs"})
 
 
 def _refuse_unknown(request: Request, allowed: frozenset[str] = PAGE_PARAMETERS) -> None:
@@ -57,13 +57,13 @@ def _refuse_unknown(request: Request, allowed: frozenset[str] = PAGE_PARAMETERS)
 def _query(
     graph_id: str | None, hardware_id: str | None, batch_size: int, mode: str, precision: str, device_count: int,
     dataset_size: int | None, epochs: float | None, *, optimizer: str = "sgd",
-    software_stack: str = "pytorch-eager", dims: str | None = None,
+    software_stack: str = "pytorch-eager", dims: str | None = None, nodes: int = 1,
 ) -> dict[str, Any]:
     """The page's request as the API's fields; ``dims`` stays the typed ``name=value,...`` text (parsed by
     :func:`_api_fields`)."""
     return {"graph_id": graph_id or None, "hardware_id": hardware_id or None, "batch_size": batch_size, "mode": mode,
             "precision": precision, "optimizer": optimizer, "software_stack": software_stack, "dims": dims or None,
-            "device_count": device_count, "dataset_size": dataset_size, "epochs": epochs}
+            "device_count": device_count, "nodes": nodes, "dataset_size": dataset_size, "epochs": epochs}
 
 
 def _api_fields(query: dict[str, Any]) -> dict[str, Any]:
@@ -94,7 +94,9 @@ def _compare(session: Any, predictor: Any, query: dict[str, Any]) -> ComparisonR
         "graph_id": query["graph_id"], "batch_size": query["batch_size"], "dataset_size": query["dataset_size"],
         "epochs": query["epochs"], "mode": query["mode"], "precision": query["precision"],
         "optimizer": query["optimizer"], "software_stack": query["software_stack"], "dims": fields.get("dims", {}),
-        "device_counts": [query["device_count"]]})
+        "device_counts": [query["device_count"]],
+        # over several nodes the comparison spreads the count over nodes of devices_per_node (as the prediction)
+        **({"devices_per_node": query["device_count"] // query["nodes"]} if query["nodes"] > 1 else {})})
     answer = estimates.compare(session, predictor, request=request)
     record_prediction(predictor_version=answer.predictor_version, methods={}, count=len(answer.rows))
     return answer
@@ -117,6 +119,7 @@ class _PageNumbers(Schema):
 
     batch_size: int = Field(32, ge=1, le=1_000_000)
     device_count: int = Field(1, ge=1, le=4096)
+    nodes: int = Field(1, ge=1, le=4096)
     dataset_size: int | None = Field(None, ge=1, le=10**15)
     epochs: float | None = Field(None, gt=0, le=1e6, allow_inf_nan=False)
 
@@ -139,16 +142,17 @@ def index(
     request: Request, session: SessionDep, predictor: PredictorDep, graph_id: str | None = None,
     hardware_id: str | None = None, batch_size: str | None = None, mode: str = "training", precision: str = "fp32",
     optimizer: str = "sgd", software_stack: str = "pytorch-eager", dims: str | None = None,
-    device_count: str | None = None, dataset_size: str | None = None, epochs: str | None = None,
+    device_count: str | None = None, nodes: str | None = None, dataset_size: str | None = None,
+    epochs: str | None = None,
 ) -> HTMLResponse:
     """The page; with ``graph_id`` and ``hardware_id`` it also shows the prediction. The number fields come
     as text and are parsed here (:func:`_page_numbers`), so that a bad one is the page's message, not the
     API's JSON problem document; an unknown query parameter is the page's 422 ``invalid_request``."""
-    numbers, problem = _page_numbers({"batch_size": batch_size, "device_count": device_count,
+    numbers, problem = _page_numbers({"batch_size": batch_size, "device_count": device_count, "nodes": nodes,
                                       "dataset_size": dataset_size, "epochs": epochs})
     query = _query(graph_id, hardware_id, numbers["batch_size"], mode, precision, numbers["device_count"],
                    numbers["dataset_size"], numbers["epochs"], optimizer=optimizer, software_stack=software_stack,
-                   dims=dims)
+                   dims=dims, nodes=numbers["nodes"])
     try:
         _refuse_unknown(request)
     except InvalidRequest as exc:
@@ -206,14 +210,14 @@ def _csv(build: Callable[[], str], filename: str) -> Response:
 def layers_csv(
     request: Request, session: SessionDep, predictor: PredictorDep, graph_id: str, hardware_id: str,
     batch_size: Int = 32, mode: str = "training", precision: str = "fp32", optimizer: str = "sgd",
-    software_stack: str = "pytorch-eager", dims: str | None = None, device_count: Int = 1,
+    software_stack: str = "pytorch-eager", dims: str | None = None, device_count: Int = 1, nodes: Int = 1,
     dataset_size: Annotated[int | None, Query(ge=1)] = None, epochs: Annotated[float | None, Query(gt=0)] = None,
 ) -> Response:
     """The per-layer table of the page's prediction as CSV (errors: the API's problem documents; an unknown
     query parameter is a 422 ``invalid_request``)."""
     _refuse_unknown(request)
     query = _query(graph_id, hardware_id, batch_size, mode, precision, device_count, dataset_size, epochs,
-                   optimizer=optimizer, software_stack=software_stack, dims=dims)
+                   optimizer=optimizer, software_stack=software_stack, dims=dims, nodes=nodes)
     return _csv(lambda: render.layers_csv(_predict(session, predictor, query)), "layers.csv")
 
 
@@ -222,13 +226,13 @@ def comparison_csv(
     request: Request, session: SessionDep, predictor: PredictorDep, graph_id: str,
     dataset_size: Annotated[int, Query(ge=1)], epochs: Annotated[float, Query(gt=0)], hardware_id: str | None = None,
     batch_size: Int = 32, mode: str = "training", precision: str = "fp32", optimizer: str = "sgd",
-    software_stack: str = "pytorch-eager", dims: str | None = None, device_count: Int = 1,
+    software_stack: str = "pytorch-eager", dims: str | None = None, device_count: Int = 1, nodes: Int = 1,
 ) -> Response:
     """The page's hardware comparison as CSV, one row per device (errors: the API's problem documents; an
     unknown query parameter is a 422 ``invalid_request``)."""
     _refuse_unknown(request)
     query = _query(graph_id, hardware_id, batch_size, mode, precision, device_count, dataset_size, epochs,
-                   optimizer=optimizer, software_stack=software_stack, dims=dims)
+                   optimizer=optimizer, software_stack=software_stack, dims=dims, nodes=nodes)
     return _csv(lambda: render.comparison_csv(_compare(session, predictor, query)), "comparison.csv")
 
 
