@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from app.core.memory import HEADROOM
 from app.estimates.calibration import calibrate
 from app.estimates.schemas import MAX_JOBS
 
@@ -288,3 +289,21 @@ def test_a_graph_with_no_costable_layer_fails_its_job_instead_of_taking_zero_sec
     r = client.post("/v1/job-estimates/actuals", json={"actuals": [{**_job(custom_op_id), "measured_s": 100.0}]})
     assert r.status_code == 201, r.text
     assert r.json()["recorded"] == 0 and r.json()["actuals"][0]["error"]["code"] == "no_costed_layers"
+
+
+def test_a_job_on_several_devices_does_not_share_the_one_device_footprint(client: TestClient,
+                                                                          resnet_id: str) -> None:
+    """Two jobs of one call that run the same per-device step (64 on one device, 512 over 8) differ in memory by
+    DDP's gradient buckets: on a device whose memory lies between the two peaks, only the one-device job fits."""
+    from tests.estimates.conftest import _custom
+
+    body = {"graph_id": resnet_id, "hardware_id": A100, "optimizer": "adam"}
+    peaks = [client.post("/v1/predictions", json={**body, **kw}).json()["memory"]["total_bytes"]
+             for kw in ({"batch_size": 64}, {"batch_size": 512, "device_count": 8})]
+    assert peaks[1] > peaks[0]
+    tight = _custom(client, id="a100-tight-test", name="A100 with a tight memory (test)",
+                    memory_bytes=(peaks[0] + peaks[1]) / 2 / HEADROOM)
+    jobs = [_job(resnet_id, hardware_id=tight, optimizer="adam", batch_size=64),
+            _job(resnet_id, hardware_id=tight, optimizer="adam", batch_size=512, device_count=8)]
+    assert [e["fits"] for e in _estimate(client, jobs)] == [True, False]
+
