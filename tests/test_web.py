@@ -42,6 +42,16 @@ def test_empty_page_has_the_form(client: TestClient) -> None:
     assert not re.search(r"(src|href)=\"https?://", page.text), "the page must not load anything from outside"
 
 
+def test_the_memory_table_of_a_data_parallel_page_lists_the_ddp_buckets(client: TestClient) -> None:
+    graph = client.post("/v1/graphs", json=SMALL_CNN).json()
+    params = {"graph_id": graph["id"], "hardware_id": "a100-sxm4-80gb", "batch_size": 16}
+    memory = re.compile(r'<table id="memory">.*?</table>', re.S)
+    one = memory.search(client.get("/", params=params).text)
+    four = memory.search(client.get("/", params={**params, "device_count": 4}).text)
+    assert one and four
+    assert "DDP gradient buckets" in four.group(0) and "DDP gradient buckets" not in one.group(0)
+
+
 def test_prediction_page_charts_and_csv(client: TestClient) -> None:
     graph = client.post("/v1/graphs", json=SMALL_CNN).json()
     params = {"graph_id": graph["id"], "hardware_id": "p100", "batch_size": 16, "dataset_size": 1600, "epochs": 2}

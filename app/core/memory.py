@@ -48,6 +48,13 @@ a few attributes), each activation tensor identified by its name (views share th
 * **Device runtime** (:data:`DEVICE_RUNTIME`, per vendor generation, GPUs only): the CUDA/HIP context that
   the caching allocator never sees, the cuBLAS workspace, and allocator rounding (every block rounded up
   to 512 B, blocks of 10 MiB and more to 2 MiB: ``c10/cuda/CUDACachingAllocator.cpp``).
+* **Data parallel** (``data_parallel=True``: one device of a ``DistributedDataParallel`` job, PyTorch's
+  defaults): DDP all-reduces its own flat bucket buffers, allocated when the model is wrapped and kept
+  for the whole step, and with ``gradient_as_bucket_view=False`` (the default) they are a copy of every
+  gradient beside the ``.grad`` tensors: one more fp32 copy of the gradients, in buckets of 25 MiB
+  (``bucket_cap_mb``; the first 1 MiB) filled in the order backward completes them (:func:`ddp_bucket_sizes`),
+  each one allocation. The PyTorch docs on ``gradient_as_bucket_view``: views into the buckets "can reduce
+  peak memory usage, where the saved memory size will be equal to the total gradients size".
 * **Activation checkpointing** (``activation_checkpointing=True``): the layers are cut into ⌈√L⌉
   segments of similar saved size (Chen et al. 2016, "Training deep nets with sublinear memory cost");
   forward keeps only each segment's input; backward recomputes one segment at a time, so the saved set
@@ -63,7 +70,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -81,6 +88,11 @@ HEADROOM = 0.95
 PRECISIONS: dict[str, int | None] = {"fp32": None, "tf32": None, "fp16": 2, "bf16": 2}  # tf32: fp32 storage
 
 MIB = 2**20
+
+# DistributedDataParallel's bucket size limits with its defaults (torch/nn/parallel/distributed.py): the first
+# bucket closes at dist._DEFAULT_FIRST_BUCKET_BYTES, every later one at bucket_cap_mb=25 (MiB).
+DDP_FIRST_BUCKET_BYTES = 1 * MIB
+DDP_BUCKET_CAP_BYTES = 25 * MIB
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,7 +184,9 @@ class MemoryFootprint:
     ``activations_bytes`` what is saved for backward at the end of forward (including the model output);
     ``backward_transient_bytes`` the peak's excess over the end of forward (activation gradients in
     flight, workspace) or the optimizer step's temporaries; ``runtime_bytes`` context + library
-    workspace. ``total_bytes`` is the predicted peak: model state + ``peak_live_bytes`` + runtime.
+    workspace; ``ddp_gradient_buckets_bytes`` DistributedDataParallel's flat all-reduce buckets (data
+    parallel training: one more fp32 copy of every gradient, resident for the whole step; 0 on one device).
+    ``total_bytes`` is the predicted peak: model state + ``peak_live_bytes`` + runtime.
     ``checkpoint_bytes`` is not on the device: the file ``torch.save`` writes of the fp32 weights and the
     optimizer state (parameters × 4 B × (1 + states per parameter), the tensors' own bytes, pickle framing
     left out), the same on every device, where the components above carry the caching allocator's block
@@ -189,18 +203,21 @@ class MemoryFootprint:
     precision: str = "fp32"
     activation_checkpointing: bool = False
     checkpoint_bytes: int = 0
+    ddp_gradient_buckets_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
-        """Predicted peak: weights + optimizer state + the largest live set of the step + device runtime."""
+        """Predicted peak: weights + optimizer state + the largest live set of the step + device runtime (+ the
+        DDP buckets)."""
         return (self.weights_bytes + self.optimizer_state_bytes + self.weight_copies_bytes + self.activations_bytes
-                + self.backward_transient_bytes + self.runtime_bytes)
+                + self.backward_transient_bytes + self.runtime_bytes + self.ddp_gradient_buckets_bytes)
 
     @property
     def model_state_bytes(self) -> int:
-        """What does not scale with the batch: weights, weight copies, gradients, optimizer state, runtime."""
+        """What does not scale with the batch: weights, weight copies, gradients, optimizer state, runtime, DDP
+        buckets."""
         return (self.weights_bytes + self.gradients_bytes + self.optimizer_state_bytes + self.weight_copies_bytes
-                + self.runtime_bytes)
+                + self.runtime_bytes + self.ddp_gradient_buckets_bytes)
 
 
 def runtime_for(hardware: HardwareSpec | None) -> DeviceRuntime:
@@ -298,6 +315,7 @@ class Layout:
     half: int | None
     gpu: bool
     walk: _Walk | None = None  # the walk without checkpointing, compiled by the first footprint that needs it
+    ddp_buckets: tuple[int, ...] | None = None  # ddp_bucket_sizes of the layers, by the first footprint that needs it
 
 
 def _bytes(size: _Size, scale: float, runtime: DeviceRuntime) -> int:
@@ -585,6 +603,7 @@ def footprint(
     activation_checkpointing: bool = False,
     batch_size: int | None = None,
     layout: Layout | None = None,
+    data_parallel: bool = False,
 ) -> MemoryFootprint:
     """Peak memory of one step of ``analysis.graph`` at its batch size, by component, in bytes.
 
@@ -595,13 +614,20 @@ def footprint(
     only). ``batch_size`` (default: the graph's) rescales every activation tensor linearly from the
     graph's batch (each carries the batch axis), so other batches need no re-import. ``layout``: the
     :func:`memory_layout` of this analysis, precision and device kind, when the caller kept it (training only;
-    built here otherwise). Raises ``KeyError`` for an unknown optimizer or precision and ``ValueError`` for
-    an unknown mode, a batch below 1 or a ``layout`` of another precision or device kind.
+    built here otherwise). ``data_parallel``: one device of a data-parallel training job, the model wrapped in
+    ``DistributedDataParallel`` with PyTorch's defaults (``gradient_as_bucket_view=False``): its flat
+    all-reduce buckets (:func:`ddp_bucket_sizes`, one allocation each) are a second copy of every gradient
+    beside the ``.grad`` tensors, allocated when the model is wrapped and kept for the whole step
+    (``ddp_gradient_buckets_bytes``, part of the peak whatever the instant). Raises ``KeyError`` for an
+    unknown optimizer or precision and ``ValueError`` for an unknown mode, a batch below 1, ``data_parallel``
+    in inference or a ``layout`` of another precision or device kind.
     """
     half = PRECISIONS[precision]
     _, states = OPTIMIZERS[optimizer]
     if mode not in ("training", "inference"):
         raise ValueError(f"mode must be 'training' or 'inference', not {mode!r}")
+    if data_parallel and mode != "training":
+        raise ValueError("data_parallel (DDP's gradient buckets) applies to mode 'training' only")
     if batch_size is not None and batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, not {batch_size}")
     scale = 1.0 if batch_size is None else batch_size / analysis.graph.batch_size
@@ -625,11 +651,45 @@ def footprint(
     elif layout.half != half or layout.gpu != gpu:
         raise ValueError("layout was built for another precision or device kind")
     if activation_checkpointing:
-        return _walk_sets(layers, graph.outputs, layout, scale, runtime=runtime, states=states, precision=precision,
-                          activation_checkpointing=True)
-    if layout.walk is None:
-        layout.walk = _compile_walk(layout, layers, graph.outputs)
-    return layout.walk.footprint(scale, runtime=runtime, states=states, precision=precision)
+        fp = _walk_sets(layers, graph.outputs, layout, scale, runtime=runtime, states=states, precision=precision,
+                        activation_checkpointing=True)
+    else:
+        if layout.walk is None:
+            layout.walk = _compile_walk(layout, layers, graph.outputs)
+        fp = layout.walk.footprint(scale, runtime=runtime, states=states, precision=precision)
+    if not data_parallel:
+        return fp
+    if layout.ddp_buckets is None:
+        layout.ddp_buckets = tuple(ddp_bucket_sizes(layers))
+    return replace(fp, ddp_gradient_buckets_bytes=sum(runtime.rounded(b) for b in layout.ddp_buckets))
+
+
+def ddp_bucket_sizes(layers: Sequence[Layer]) -> list[int]:
+    """Bytes of each of ``DistributedDataParallel``'s gradient buckets over the weights of ``layers``, in the
+    order it fills them: every weight once (a shared one too), its gradient fp32 (4 B/element, as the footprint
+    keeps them), taken in the order backward completes the gradients (latest in the graph first, a layer's
+    own in their order; a weight read by several layers is complete at its first reader's backward), a bucket
+    closed as soon as it holds
+    :data:`DDP_FIRST_BUCKET_BYTES` (the first) or :data:`DDP_BUCKET_CAP_BYTES` (every later one), the rest in
+    a last one. This is torch's ``_compute_bucket_assignment_by_size`` with DDP's default limits, as the
+    reducer rebuilds its buckets after the first iteration in the order the gradients arrived
+    (``torch/csrc/distributed/c10d/reducer.cpp``; the first iteration runs with one bucket of every gradient:
+    the same bytes before the allocator's rounding). Their sum is the gradients' bytes. Empty without weights.
+    """
+    first: dict[str, tuple[int, int]] = {}  # weight → (its first reader, elements)
+    for i, layer in enumerate(layers):
+        for w in layer.weights:
+            first.setdefault(w.name, (i, w.numel))
+    sizes: list[int] = []
+    size = 0
+    for name in sorted(first, key=lambda name: -first[name][0]):  # stable: a layer's weights keep their order
+        size += 4 * first[name][1]
+        if size >= (DDP_FIRST_BUCKET_BYTES if not sizes else DDP_BUCKET_CAP_BYTES):
+            sizes.append(size)
+            size = 0
+    if size:
+        sizes.append(size)
+    return sizes
 
 
 def _loss_logits(layers: Sequence[Layer], outputs: Sequence[Tensor]) -> Tensor | None:
@@ -912,6 +972,7 @@ def largest_batch_that_fits(
     max_batch: int = 1 << 20,
     total_bytes: Callable[[int], int] | None = None,
     layout: Layout | None = None,
+    data_parallel: bool = False,
 ) -> int:
     """Largest batch size whose predicted peak fits in ``memory_bytes`` (:func:`fits`); 0 if none does.
 
@@ -925,7 +986,8 @@ def largest_batch_that_fits(
     and at its successor. 4-8 evaluations on real graphs instead of a bisection's 14-30. Capped at
     ``max_batch`` (returned when it fits). ``total_bytes``: the peak at a batch, ``footprint(...,
     batch_size=b).total_bytes`` of these options (the default), for a caller that memoises it; ``layout``
-    as for :func:`footprint` (built once here otherwise). Raises like :func:`footprint`.
+    and ``data_parallel`` (the batch is then per device) as for :func:`footprint` (the layout built once
+    here otherwise). Raises like :func:`footprint`.
     """
     limit = HEADROOM * memory_bytes
     if layout is None and total_bytes is None and mode == "training":
@@ -934,7 +996,7 @@ def largest_batch_that_fits(
     def exact(b: int) -> int:
         return footprint(analysis, mode=mode, optimizer=optimizer, precision=precision, hardware=hardware,
                          activation_checkpointing=activation_checkpointing, batch_size=b,
-                         layout=layout).total_bytes
+                         layout=layout, data_parallel=data_parallel).total_bytes
 
     total = total_bytes or exact
 

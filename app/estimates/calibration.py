@@ -1,9 +1,12 @@
 """Calibration of job estimates by measured actuals (pure).
 
-For one (graph, hardware) the log ratios ``r_i = ln(actual_i / predicted_i)`` of the recorded jobs are
-modelled as ``r_i ~ N(μ, σ²)`` with a prior ``μ ~ N(0, τ²)`` (the predictor is unbiased until shown
-otherwise). The posterior mean of μ is the shrinkage estimate (normal–normal conjugate model, e.g. Gelman
-et al., *Bayesian Data Analysis*, §2.5)::
+Actuals are grouped by the setting of their job (:class:`CalibrationGroup`: graph, hardware, precision,
+device count, nodes): the predictor's error is not the same for fp32 and bf16, one device and a
+multi-node all-reduce, so an actual calibrates only the jobs of its own setting (other batch sizes,
+dataset sizes and epochs of it share it). For one group the log ratios
+``r_i = ln(actual_i / predicted_i)`` of the recorded jobs are modelled as ``r_i ~ N(μ, σ²)`` with a prior
+``μ ~ N(0, τ²)`` (the predictor is unbiased until shown otherwise). The posterior mean of μ is the
+shrinkage estimate (normal–normal conjugate model, e.g. Gelman et al., *Bayesian Data Analysis*, §2.5)::
 
     μ̂ = (n / σ²) r̄ / (n / σ² + 1 / τ²),    var(μ̂) = 1 / (n / σ² + 1 / τ²)
 
@@ -16,11 +19,12 @@ never below the uncalibrated p90 ratio when there are no actuals.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-#: Prior standard deviation of the log bias of the predictor on a (graph, hardware): ±50 % is plausible
+#: Prior standard deviation of the log bias of the predictor on a calibration group: ±50 % is plausible
 #: (the held-out whole-iteration errors of ``reports/evaluation.md`` are tens of per cent).
 PRIOR_TAU = 0.5
 #: Prior spread of one job's log ratio around the bias (run-to-run and data-loading variation): ~10 %.
@@ -34,6 +38,40 @@ Z90 = 1.2815515655446004
 #: refuses it per item (``implausible_actual``) and :func:`calibrate` clips stored ratios to this range.
 MAX_ACTUAL_RATIO = 100.0
 MAX_LOG_RATIO = math.log(MAX_ACTUAL_RATIO)
+
+
+@dataclass(frozen=True, slots=True)
+class CalibrationGroup:
+    """The setting whose actuals calibrate each other: ``precision`` is the job's requested precision value
+    (``"fp32"``, ``"bf16"``...), ``device_count`` its data-parallel devices over ``nodes`` nodes. Stored as
+    :attr:`key` (the keys of a refit's ``groups``)."""
+
+    graph_id: str
+    hardware_id: str
+    precision: str
+    device_count: int
+    nodes: int
+
+    @property
+    def key(self) -> str:
+        """The group as a string key, a JSON array ``[graph_id, hardware_id, precision, device_count, nodes]``
+        (ids may hold any printable character, so no separator could be safe)."""
+        return json.dumps([self.graph_id, self.hardware_id, self.precision, self.device_count, self.nodes],
+                          separators=(",", ":"))
+
+    @classmethod
+    def from_key(cls, key: str) -> CalibrationGroup | None:
+        """The group of :attr:`key`; None for a key of another form, such as the ``"<graph_id>|<hardware_id>"``
+        of refits stored before groups had a setting (their actuals of every setting pooled: they cannot
+        calibrate one setting, and the next refit groups them by setting)."""
+        try:
+            parts = json.loads(key)
+        except ValueError:
+            return None
+        if (not isinstance(parts, list) or len(parts) != 5 or not all(isinstance(p, str) for p in parts[:3])
+                or not all(type(p) is int for p in parts[3:])):
+            return None
+        return cls(*parts)
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,7 @@ from app.core.aggregate import Aggregate, LayerSums, aggregate
 from app.core.analysis import GraphAnalysis
 from app.core.hardware import HardwareSpec
 from app.core.memory import MemoryFootprint, fits
-from app.core.precision import Precision, storage_precision
+from app.core.precision import Precision
 from app.errors import LayercastError
 from app.graphs import service as graphs
 from app.graphs.importer import canonical_json
@@ -49,6 +49,7 @@ from app.predictions.service import (
     estimates_key,
     memo_footprint,
     memo_largest_batch,
+    memory_options,
     predict_tables,
     remember_estimates,
     spec_fingerprint,
@@ -124,7 +125,7 @@ class GraphCache:
     _analyses: dict[Hashable, graphs.BoundGraph | LayercastError] = field(default_factory=dict)
     _specs: dict[str, HardwareSpec | LayercastError] = field(default_factory=dict)
     _fingerprints: dict[str, str] = field(default_factory=dict)
-    _footprints: dict[Hashable, MemoryFootprint] = field(default_factory=dict)  # by Scenario.key, this call
+    _footprints: dict[Hashable, MemoryFootprint] = field(default_factory=dict)  # by (Scenario.key, DDP), this call
 
     @staticmethod
     def _graph_key(request: PredictionCreate) -> Hashable:
@@ -197,23 +198,23 @@ class GraphCache:
         s = Scenario(request=r, bound=self._bound(r, hw.kind), hardware=hw, precision=precision, key=key)
         return replace(s, estimates_key=estimates_key(self.predictor, s.setting, self._fingerprints[hw.id]))
 
-    def _memory_opts(self, s: Scenario) -> dict[str, Any]:
-        return {"mode": s.request.mode, "optimizer": s.optimizer, "precision": storage_precision(s.precision),
-                "hardware": s.hardware, "activation_checkpointing": s.request.activation_checkpointing}
-
     def footprint(self, s: Scenario) -> MemoryFootprint:
         """Peak memory of one device of ``s`` (:func:`app.core.memory.footprint`, memoised on the binding, and
-        by :attr:`Scenario.key` for this call: the jobs of one scenario look it up once)."""
+        by :attr:`Scenario.key` and whether it is data parallel for this call: the jobs of one scenario look it
+        up once; a job on several devices keeps DDP's gradient buckets that the same per-device step on one
+        device does not)."""
+        opts = memory_options(s.request, s.precision, s.hardware)
         if s.key is None:  # no scenario identity: nothing to share it with
-            return memo_footprint(s.bound, self._memory_opts(s))
-        found = self._footprints.get(s.key)
+            return memo_footprint(s.bound, opts)
+        key = (s.key, opts["data_parallel"])
+        found = self._footprints.get(key)
         if found is None:
-            found = self._footprints[s.key] = memo_footprint(s.bound, self._memory_opts(s))
+            found = self._footprints[key] = memo_footprint(s.bound, opts)
         return found
 
     def largest_batch(self, s: Scenario) -> int:
         """Largest per-device batch whose peak fits (:func:`app.core.memory.largest_batch_that_fits`)."""
-        return memo_largest_batch(s.bound, self._memory_opts(s))
+        return memo_largest_batch(s.bound, memory_options(s.request, s.precision, s.hardware))
 
     def fits(self, s: Scenario) -> bool:
         """Whether one device of ``s`` holds its peak (:func:`app.core.memory.fits`)."""

@@ -69,8 +69,8 @@ def predict_batch(body: BatchPredictionCreate, session: SessionDep, predictor: P
 @router.post("/job-estimates", response_model=JobEstimatesRead, responses=_BATCH_ERRORS,
              tags=["job-estimates"], summary="Job durations for a scheduler")
 def estimate_jobs(body: JobEstimatesCreate, session: SessionDep, predictor: PredictorDep) -> JobEstimatesRead:
-    """Up to 1,000 jobs: ``p50_s``, ``p90_s``, ``fits``, calibrated by recorded actuals of the same graph and
-    hardware."""
+    """Up to 1,000 jobs: ``p50_s``, ``p90_s``, ``fits``, calibrated by recorded actuals of the same graph,
+    hardware, precision, device count and nodes (each answer's ``calibration_group``)."""
     answer = service.estimate_jobs(session, predictor, request=body)
     record_prediction(predictor_version=answer.predictor_version, methods={}, count=answer.count - answer.failed)
     return answer
@@ -84,7 +84,8 @@ def record_actuals(
                                                   "same body = the first answer, nothing stored twice; another "
                                                   "body = 409")] = None,
 ) -> JobActualsRead:
-    """Store measured whole-job durations; later estimates of the same graph and hardware use them."""
+    """Store measured whole-job durations; later estimates of the same graph, hardware, precision, device count
+    and nodes use them."""
     answer = service.record_actuals(session, predictor, request=body, submitter=principal.key_id,
                                     idempotency_key=idempotency_key)
     if answer.replayed:

@@ -134,16 +134,30 @@ class JobEstimatesCreate(Schema):
     jobs: list[JobSpec] = Field(min_length=1)
 
 
+class CalibrationGroupRead(Schema):
+    """The setting whose recorded actuals calibrate a job: only actuals of the same graph, hardware, precision,
+    device count and node count (any batch size, dataset size or epochs) calibrate it."""
+
+    graph_id: str
+    hardware_id: str
+    precision: Precision
+    device_count: int
+    nodes: int
+
+
 class JobEstimateRead(Schema):
     """``p50_s``/``p90_s``: median and 90th percentile of the job's wall time (s); calibrated by the
-    recorded actuals of the same graph and hardware when there are any (``actuals`` > 0)."""
+    recorded actuals of its ``calibration_group`` (same graph, hardware, precision, device count and nodes)
+    when there are any (``actuals`` > 0)."""
 
     index: int
     p50_s: float | None = None
     p90_s: float | None = None
     fits: bool | None = None
-    actuals: int = 0
+    actuals: int = Field(default=0, description="actuals of the calibration group the estimate rests on")
     calibration_factor: float = Field(default=1.0, description="applied to the model's p50 (actual/predicted)")
+    calibration_group: CalibrationGroupRead | None = Field(
+        default=None, description="the setting whose actuals calibrate this job (null with an error)")
     error: ItemError | None = None
 
 
@@ -177,13 +191,15 @@ class JobActualRead(Schema):
     measurement_id: int | None = None
     predicted_s: float | None = Field(default=None, description="uncalibrated model p50 the actual is compared to")
     ratio: float | None = Field(default=None, description="measured_s / predicted_s")
-    actuals: int = Field(default=0, description="actuals of this graph and hardware now stored")
+    actuals: int = Field(default=0, description="actuals of this job's calibration group now stored")
     calibration_factor: float = 1.0
     warnings: list[str] = Field(
         default_factory=list,
         description="what the model disagrees with in a recorded actual: a job whose estimated peak memory is over "
                     "the device's (fits: false in its estimate) that ran all the same is stored and calibrates "
                     "later estimates, and says so here (the estimated peak against the device memory)")
+    calibration_group: CalibrationGroupRead | None = Field(
+        default=None, description="the setting this actual calibrates (null when its job cannot be predicted)")
     error: ItemError | None = None
 
 

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from app.core.aggregate import Aggregate, LayerSums
-from app.core.precision import PRECISION_SEMANTICS
+from app.core.precision import PRECISION_SEMANTICS, Precision
 from app.core.vocab import Granularity, Pass
 from app.errors import (
     BatchAxisInDims,
@@ -35,7 +35,14 @@ from app.errors import (
     UnknownDimension,
 )
 from app.estimates import engine
-from app.estimates.calibration import MAX_ACTUAL_RATIO, UNCALIBRATED, Calibration, RatioStats, calibrate_stats
+from app.estimates.calibration import (
+    MAX_ACTUAL_RATIO,
+    UNCALIBRATED,
+    Calibration,
+    CalibrationGroup,
+    RatioStats,
+    calibrate_stats,
+)
 from app.estimates.engine import GraphCache, Scenario
 from app.estimates.schemas import (
     MAX_BATCH_ITEMS,
@@ -46,6 +53,7 @@ from app.estimates.schemas import (
     BatchPredictionRead,
     BatchSummary,
     BatchSweep,
+    CalibrationGroupRead,
     ComparisonCreate,
     ComparisonRead,
     ComparisonRow,
@@ -222,8 +230,38 @@ def _model_jobs(session: Session, predictor: Predictor, jobs: Sequence[JobSpec])
     return out
 
 
-def _key(graph_id: object, hardware_id: str) -> str:
-    return f"{graph_id}|{hardware_id}"
+def _group(job: JobSpec) -> CalibrationGroup:
+    """The calibration group of ``job``: its graph, hardware, precision, device count and nodes."""
+    return CalibrationGroup(graph_id=job.graph_id, hardware_id=job.hardware_id, precision=job.precision.value,
+                            device_count=job.device_count, nodes=job.nodes)
+
+
+def _group_read(group: CalibrationGroup) -> CalibrationGroupRead:
+    return CalibrationGroupRead(graph_id=group.graph_id, hardware_id=group.hardware_id,
+                                precision=Precision(group.precision), device_count=group.device_count,
+                                nodes=group.nodes)
+
+
+def _stored_fields(row: Measurement) -> dict[str, Any]:
+    """The job fields of a stored actual (its config without what recording added). A row recorded before a
+    field of the job existed lacks it: a missing ``device_count`` or ``nodes`` is :class:`JobSpec`'s default
+    (1, what every job was before ``nodes`` existed), a missing ``precision`` the precision column of the row."""
+    fields = {k: v for k, v in row.config.items() if k not in ("predicted_s", "predictor_version")}
+    fields.setdefault("precision", row.precision)
+    return fields
+
+
+def _stored_group(row: Measurement) -> CalibrationGroup | None:
+    """The calibration group of a stored actual (:func:`_stored_fields`; its hardware from the row); None when
+    its config does not name one (a malformed row: it calibrates nothing)."""
+    cfg = _stored_fields(row)
+    group = {"graph_id": cfg.get("graph_id"), "precision": cfg.get("precision"),
+             "device_count": cfg.get("device_count", JobSpec.model_fields["device_count"].default),
+             "nodes": cfg.get("nodes", JobSpec.model_fields["nodes"].default)}
+    if not (isinstance(group["graph_id"], str) and isinstance(group["precision"], str)
+            and type(group["device_count"]) is int and type(group["nodes"]) is int):
+        return None
+    return CalibrationGroup(hardware_id=row.hardware_id, **group)
 
 
 def _fit_of(session: Session, predictor_version: str) -> JobCalibrationFit:
@@ -237,38 +275,43 @@ def _fit_of(session: Session, predictor_version: str) -> JobCalibrationFit:
 
 def _calibrations(
     session: Session, predictor_version: str, jobs: Sequence[JobSpec]
-) -> dict[str, Calibration]:
-    """Calibration per ``"graph id|hardware id"``: the version's refit (every actual up to its watermark,
-    re-predicted by this version at retrain time) plus the actuals recorded after the watermark against
-    this version (their ``predicted_s`` is this version's)."""
+) -> dict[CalibrationGroup, Calibration]:
+    """Calibration per :class:`CalibrationGroup` (graph, hardware, precision, device count, nodes) of the jobs'
+    devices: the version's refit (every actual up to its watermark, re-predicted by this version at retrain
+    time) plus the actuals recorded after the watermark against this version (their ``predicted_s`` is this
+    version's). Groups of a refit stored before groups had a setting (``"<graph>|<hardware>"``, every setting
+    pooled) are not applied (:meth:`CalibrationGroup.from_key`)."""
     fit = _fit_of(session, predictor_version)
     hardware_ids = sorted({j.hardware_id for j in jobs})
-    stats: dict[str, RatioStats] = {
-        key: RatioStats(g.n, g.total, g.total_sq) for key, g in fit.groups.items()
-        if key.rsplit("|", 1)[-1] in hardware_ids
-    }  # fmt: skip
+    stats: dict[CalibrationGroup, RatioStats] = {}
+    for key, g in fit.groups.items():
+        group = CalibrationGroup.from_key(key)
+        if group is not None and group.hardware_id in hardware_ids:
+            stats[group] = RatioStats(g.n, g.total, g.total_sq)
     rows = MeasurementRepository(session).job_actuals(hardware_ids=hardware_ids, source=ACTUALS_SOURCE,
                                                       after_id=fit.watermark_measurement_id)  # fmt: skip
-    ratios: dict[str, list[float]] = {}
+    ratios: dict[CalibrationGroup, list[float]] = {}
     for row in rows:
         cfg = row.config
         if cfg.get("predictor_version") != predictor_version:
             continue
         predicted_s = cfg.get("predicted_s")
-        if isinstance(predicted_s, int | float) and predicted_s > 0:
-            ratios.setdefault(_key(cfg.get("graph_id"), row.hardware_id), []).append(
-                math.log(row.time_ms_median / 1e3 / predicted_s))
-    for key, r in ratios.items():
-        stats[key] = stats.get(key, RatioStats()).plus(RatioStats.of(r))
-    return {key: calibrate_stats(st) for key, st in stats.items()}
+        group = _stored_group(row)
+        if group is not None and isinstance(predicted_s, int | float) and predicted_s > 0:
+            ratios.setdefault(group, []).append(math.log(row.time_ms_median / 1e3 / predicted_s))
+    for group, r in ratios.items():
+        stats[group] = stats.get(group, RatioStats()).plus(RatioStats.of(r))
+    return {group: calibrate_stats(st) for group, st in stats.items()}
 
 
 def refit_job_calibration(session: Session, predictor: Predictor, *, up_to_id: int | None) -> JobCalibrationFit:
     """Re-predict every recorded job actual (source :data:`ACTUALS_SOURCE`, ids up to ``up_to_id``) with
-    ``predictor`` and summarise ln(actual / prediction) per (graph, hardware): the whole-job calibration of a
-    new version, refit by the retraining loop (:mod:`app.training.retrain`) so that actuals recorded against
-    earlier versions keep calibrating it. Actuals whose job cannot be predicted any more (graph deleted,
-    device gone) are counted in ``evaluation["skipped"]``.
+    ``predictor`` and summarise ln(actual / prediction) per :class:`CalibrationGroup` (graph, hardware,
+    precision, device count, nodes; keyed by :attr:`CalibrationGroup.key`; a row without a field is read as
+    :func:`_stored_fields` says): the whole-job calibration of a new version, refit by the retraining loop
+    (:mod:`app.training.retrain`) so that actuals recorded against earlier versions keep calibrating it.
+    Actuals whose job cannot be predicted any more (graph deleted, device gone) are counted in
+    ``evaluation["skipped"]``.
 
     ``evaluation``: leave-one-out on the groups with at least two actuals, each actual estimated from the
     others of its group: MAPE (%) of the calibrated and of the uncalibrated p50, on the same actuals.
@@ -278,22 +321,20 @@ def refit_job_calibration(session: Session, predictor: Predictor, *, up_to_id: i
     kept: list[Measurement] = []
     skipped = 0
     for row in rows:
-        fields = {k: v for k, v in row.config.items() if k not in ("predicted_s", "predictor_version")}
         try:
-            specs.append(JobSpec.model_validate(fields))
+            specs.append(JobSpec.model_validate(_stored_fields(row)))
         except ValidationError:
             skipped += 1
             continue
         kept.append(row)
     models = _model_jobs(session, predictor, specs)
     ratios: dict[str, list[tuple[float, float, float]]] = {}  # key -> (log ratio, actual s, predicted s)
-    for row, m in zip(kept, models, strict=True):
+    for row, spec, m in zip(kept, specs, models, strict=True):
         if isinstance(m, ItemError) or not m.p50_s > 0:
             skipped += 1
             continue
         actual_s = row.time_ms_median / 1e3
-        ratios.setdefault(_key(row.config.get("graph_id"), row.hardware_id), []).append(
-            (math.log(actual_s / m.p50_s), actual_s, m.p50_s))
+        ratios.setdefault(_group(spec).key, []).append((math.log(actual_s / m.p50_s), actual_s, m.p50_s))
     groups = {key: RatioStats.of([r for r, _, _ in rs]) for key, rs in ratios.items()}
     calibrated, raw = [], []
     for key, rs in ratios.items():
@@ -315,7 +356,8 @@ def refit_job_calibration(session: Session, predictor: Predictor, *, up_to_id: i
 
 
 def estimate_jobs(session: Session, predictor: Predictor, *, request: JobEstimatesCreate) -> JobEstimatesRead:
-    """``p50_s``/``p90_s``/``fits`` of each job, calibrated by the actuals of its graph and hardware.
+    """``p50_s``/``p90_s``/``fits`` of each job, calibrated by the actuals of its :class:`CalibrationGroup`
+    (graph, hardware, precision, device count, nodes), which each answer names.
 
     Raises :class:`TooManyItems` (413) beyond :data:`MAX_JOBS`; per-job errors are in the answers.
     """
@@ -327,10 +369,11 @@ def estimate_jobs(session: Session, predictor: Predictor, *, request: JobEstimat
         if isinstance(m, ItemError):
             answers.append(JobEstimateRead(index=i, error=m))
             continue
-        cal = calibrations.get(_key(job.graph_id, job.hardware_id), UNCALIBRATED)
+        group = _group(job)
+        cal = calibrations.get(group, UNCALIBRATED)
         p50, p90 = cal.p50_p90(m.p50_s, m.p90_s)
         answers.append(JobEstimateRead(index=i, p50_s=p50, p90_s=p90, fits=m.fits, actuals=cal.actuals,
-                                       calibration_factor=cal.factor))
+                                       calibration_factor=cal.factor, calibration_group=_group_read(group)))
     return JobEstimatesRead(predictor_version=predictor.version, count=len(answers),
                             failed=sum(a.error is not None for a in answers), estimates=answers)
 
@@ -437,7 +480,8 @@ def record_actuals(session: Session, predictor: Predictor, *, request: JobActual
                    submitter: str | None = None, idempotency_key: str | None = None) -> JobActualsRead:
     """Store each measured job as a whole-job measurement (``granularity`` ``job``, source
     :data:`ACTUALS_SOURCE`) with the model's uncalibrated p50 at recording time and the predictor version,
-    so later estimates of the same graph and hardware are calibrated by it; recorded as reported by the API
+    so later estimates of the same setting (:class:`CalibrationGroup`) are calibrated by it; recorded as
+    reported by the API
     key id ``submitter`` (None: anonymous), as ``POST /v1/measurements`` rows are. Flushes.
 
     ``idempotency_key`` works as ``POST /v1/measurements``' (the same mechanism and table:
@@ -448,9 +492,9 @@ def record_actuals(session: Session, predictor: Predictor, *, request: JobActual
 
     Raises :class:`TooManyItems` (413) beyond :data:`MAX_JOBS`; a job that cannot be predicted (unknown
     graph or device...) is not stored and says why; one refused as ``implausible_actual`` still answers the
-    ``actuals`` and ``calibration_factor`` its graph and hardware have. When no item is recorded, raises
-    :class:`app.errors.InvalidActuals` (422 ``invalid_actuals``, ``detail``: that answer), nothing stored and
-    the key not claimed.
+    ``actuals`` and ``calibration_factor`` its calibration group has (each answer names the group). When no
+    item is recorded, raises :class:`app.errors.InvalidActuals` (422 ``invalid_actuals``, ``detail``: that
+    answer), nothing stored and the key not claimed.
     """
     _limit(request.actuals, MAX_JOBS, "actuals")
     idem = idempotent_request(idempotency_key, submitter=submitter, body=request)
@@ -469,9 +513,12 @@ def record_actuals(session: Session, predictor: Predictor, *, request: JobActual
     for i, measurement_id in zip(judged.rows, ids, strict=True):
         judged.answers[i].measurement_id = measurement_id
     calibrations = _calibrations(session, predictor.version, request.actuals)
-    for i in judged.known:  # the calibration its graph and hardware now have, whether this one was stored or not
-        cal = calibrations.get(_key(request.actuals[i].graph_id, request.actuals[i].hardware_id), UNCALIBRATED)
-        judged.answers[i].actuals, judged.answers[i].calibration_factor = cal.actuals, cal.factor
+    for i in judged.known:  # the calibration its group now has, whether this one was stored or not
+        group = _group(request.actuals[i])
+        cal = calibrations.get(group, UNCALIBRATED)
+        read = judged.answers[i]
+        read.actuals, read.calibration_factor = cal.actuals, cal.factor
+        read.calibration_group = _group_read(group)
     answer = JobActualsRead(predictor_version=predictor.version, recorded=len(ids),
                             failed=len(judged.answers) - len(ids), actuals=judged.answers,
                             idempotency_key=idempotency_key)

@@ -64,7 +64,9 @@ class PredictionCreate(Schema):
     device_count: int = Field(
         default=1, strict=True, ge=1, le=4096,
         description="data-parallel devices; batch_size is the GLOBAL batch and must divide evenly over them. "
-                    "Gradients are ring all-reduced over the hardware's interconnect in 25 MiB DDP buckets")
+                    "Gradients are ring all-reduced over the hardware's interconnect in 25 MiB DDP buckets, which "
+                    "in training each device holds as one more copy of its gradients "
+                    "(memory.ddp_gradient_buckets_bytes)")
     nodes: int = Field(
         default=1, strict=True, ge=1, le=4096,
         description="nodes the device_count devices sit on (device_count / nodes each, evenly, at most 8: an "
@@ -257,7 +259,9 @@ class JobPrediction(Schema):
 class MemoryPrediction(Schema):
     """Peak memory of one step by component (``app/core/memory.py``). Under fp16/bf16 autocast the weights
     stay fp32 (the master copy), 16-bit copies of the GEMM/conv weights are cached and saved, activations
-    of GEMM/conv layers are 16-bit; gradients and optimizer state are fp32."""
+    of GEMM/conv layers are 16-bit; gradients and optimizer state are fp32. On several devices in training
+    the model is assumed wrapped in PyTorch's DistributedDataParallel with its defaults, whose gradient buckets
+    are a component of their own."""
 
     precision: str
     activation_checkpointing: bool
@@ -269,6 +273,11 @@ class MemoryPrediction(Schema):
     backward_transient_bytes: int = Field(description="peak's excess over the end of forward: gradients "
                                                       "accumulated, activation gradients in flight, workspace")
     runtime_bytes: int = Field(description="device context and library workspace (0 on a CPU)")
+    ddp_gradient_buckets_bytes: int = Field(
+        description="DistributedDataParallel's flat all-reduce buckets (device_count > 1 in training): one more "
+                    "fp32 copy of every gradient, in 25 MiB buckets (the first 1 MiB), resident for the whole "
+                    "step, as PyTorch's default gradient_as_bucket_view=False keeps them beside the .grad "
+                    "tensors; 0 on one device and in inference")
     total_bytes: int = Field(description="predicted peak")
     device_memory_bytes: float
     usable_fraction: float = Field(description="share of device memory counted as usable (allocator fragmentation)")

@@ -426,6 +426,25 @@ def _totals_read(
     return iteration, epoch, job
 
 
+#: What the memory of a data-parallel training answer assumes of DistributedDataParallel (``assumptions.memory``).
+DDP_BUCKETS_ASSUMPTION = (
+    "DDP gradient buckets, gradient_as_bucket_view=False (PyTorch default): DistributedDataParallel's flat "
+    "all-reduce buckets are one more fp32 copy of every gradient beside the .grad tensors, resident for the whole "
+    "step (ddp_gradient_buckets_bytes; bucket_cap_mb=25, the first bucket 1 MiB, each bucket one allocation)")
+
+
+def memory_options(request: PredictionCreate, precision: Precision, hw: HardwareSpec) -> dict[str, Any]:
+    """The keyword options of :func:`app.core.memory.footprint` for one device of ``request`` on ``hw`` at
+    ``precision`` (checked): its storage precision, and ``data_parallel`` in training on several devices (DDP's
+    gradient buckets). What :func:`memo_footprint` and :func:`memo_largest_batch` take, for one prediction and
+    for every scenario of the many-scenario endpoints alike."""
+    training = request.mode == "training"
+    return {"mode": request.mode, "optimizer": request.optimizer if training else "none",
+            "precision": storage_precision(precision), "hardware": hw,
+            "activation_checkpointing": request.activation_checkpointing,
+            "data_parallel": training and request.device_count > 1}
+
+
 def _memo_key(what: str, mem_opts: dict[str, Any], *extra: Any) -> tuple[Any, ...]:
     """Memo key of a memory result: the options, the device by what footprints depend on
     (:func:`app.core.memory.footprint_key`: devices whose runtimes have the same numbers share their footprints,
@@ -670,9 +689,7 @@ def estimate(
         # the rows are a pure function of the memoised estimates: memoised with them (shared, never mutated)
         rows = (build_rows() if key is None else
                 bound.memo(("rows", key), build_rows, nbytes=LAYER_ROW_BYTES * len(analysis.graph.layers)))
-    mem_opts: dict[str, Any] = {"mode": request.mode, "optimizer": optimizer,
-                                "precision": storage_precision(precision), "hardware": hw,
-                                "activation_checkpointing": request.activation_checkpointing}
+    mem_opts = memory_options(request, precision, hw)
     fp = memo_footprint(bound, mem_opts)
     agg = aggregate(aggregation_input(request, hw, (), fp, training=training, sums=sums))
     loss = loss_ms(bound, training, estimates)
@@ -688,6 +705,7 @@ def estimate(
         activations_bytes=fp.activations_bytes,
         backward_transient_bytes=fp.backward_transient_bytes,
         runtime_bytes=fp.runtime_bytes,
+        ddp_gradient_buckets_bytes=fp.ddp_gradient_buckets_bytes,
         total_bytes=fp.total_bytes,
         device_memory_bytes=hw.memory_bytes,
         usable_fraction=HEADROOM,
@@ -768,6 +786,7 @@ def estimate(
                       "output, gradients in flight during backward, device context and workspace; fits = peak "
                       f"<= {HEADROOM:.0%} of device memory"
                       + ("; activation checkpointing: sqrt(layers) segments recomputed in backward"
-                         if request.activation_checkpointing else ""),
+                         if request.activation_checkpointing else "")
+                      + (f"; {DDP_BUCKETS_ASSUMPTION}" if mem_opts["data_parallel"] else ""),
         },
     )

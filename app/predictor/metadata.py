@@ -41,7 +41,7 @@ class Watermark(BaseModel):
 
 
 class RatioStatsModel(BaseModel):
-    """Stored :class:`app.estimates.calibration.RatioStats` of one (graph, hardware): ``n`` clipped
+    """Stored :class:`app.estimates.calibration.RatioStats` of one calibration group: ``n`` clipped
     ln(actual / predicted) ratios, their sum and sum of squares."""
 
     model_config = ConfigDict(extra="forbid")
@@ -54,8 +54,10 @@ class RatioStatsModel(BaseModel):
 class JobCalibrationFit(BaseModel):
     """The whole-job calibration refit by a retrain (:func:`app.estimates.service.refit_job_calibration`): for
     every recorded job actual with id up to ``watermark_measurement_id``, the version's own prediction of the
-    job, summarised per ``"<graph_id>|<hardware_id>"``. Serving adds the actuals recorded after the watermark
-    against the same version. ``evaluation``: leave-one-out whole-job errors with and without it."""
+    job, summarised per :class:`app.estimates.calibration.CalibrationGroup` under its ``key`` (the JSON array
+    ``[graph_id, hardware_id, precision, device_count, nodes]``; refits stored before groups had a setting
+    used ``"<graph_id>|<hardware_id>"``, which serving does not apply). Serving adds the actuals recorded after
+    the watermark against the same version. ``evaluation``: leave-one-out whole-job errors with and without it."""
 
     model_config = ConfigDict(extra="forbid")
 

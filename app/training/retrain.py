@@ -41,7 +41,8 @@ Stages of :func:`run_retrain`:
 
 7. **job calibration** (:func:`app.estimates.service.refit_job_calibration`): every scheduler actual
    (``POST /v1/job-estimates/actuals``, whole-job rows of the measurement table) up to the watermark is
-   re-predicted by the candidate and summarised per (graph, hardware) into its metadata, so a new version
+   re-predicted by the candidate and summarised per (graph, hardware, precision, device count, nodes) into
+   its metadata, so a new version
    starts calibrated by every actual ever recorded, not only by those recorded against it; its
    leave-one-out whole-job error with and without calibration is in ``metrics["job_calibration"]``.
 

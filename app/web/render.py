@@ -107,6 +107,7 @@ def memory(prediction: PredictionRead) -> str:
     parts = [("weights", m.weights_bytes), ("weight copies", m.weight_copies_bytes), ("gradients", m.gradients_bytes),
              ("optimizer state", m.optimizer_state_bytes), ("activations", m.activations_bytes),
              ("backward transient", m.backward_transient_bytes), ("runtime", m.runtime_bytes),
+             *([("DDP gradient buckets", m.ddp_gradient_buckets_bytes)] if m.ddp_gradient_buckets_bytes else []),
              ("total (peak)", m.total_bytes)]
     body = "".join(f"<tr><th>{escape(k)}</th><td>{v / 2**20:,.1f} MiB</td></tr>" for k, v in parts)
     fits = "fits" if m.fits else "does NOT fit"

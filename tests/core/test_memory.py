@@ -12,6 +12,8 @@ from app.core.memory import (
     DEVICE_RUNTIME,
     GPU_DEFAULT_RUNTIME,
     HEADROOM,
+    MIB,
+    ddp_bucket_sizes,
     device_key,
     fits,
     footprint,
@@ -207,3 +209,63 @@ def test_devices_of_one_generation_share_a_device_key() -> None:
     assert device_key(None) == device_key(HardwareSpec(
         id="c", name="c", vendor="x", kind="cpu", peak_flops_per_s={"fp32": 1e11}, memory_bytes=2**34,
         memory_bandwidth_bytes_per_s=1e10, compute_units=8))
+
+
+# four linear layers sized to cross DDP's bucket limits (1 MiB for the first bucket, 25 MiB after): in the
+# order backward makes their gradients (the last layer first) the buckets close after fc3's weight (32 MiB)
+# and hold fc3.b, fc2, fc1 in the leftover one
+MLP = {"input_shape": [256], "layers": [
+    {"op": "linear", "out_features": 1024}, {"op": "relu"}, {"op": "linear", "out_features": 4096}, {"op": "relu"},
+    {"op": "linear", "out_features": 2048}, {"op": "relu"}, {"op": "linear", "out_features": 10}]}
+MLP_BUCKETS = [4 * (2048 * 10 + 10 + 4096 * 2048), 4 * (2048 + 1024 * 4096 + 4096 + 256 * 1024 + 1024)]
+
+
+def test_ddp_buckets_are_filled_in_backward_order_up_to_the_caps() -> None:
+    """torch's _compute_bucket_assignment_by_size over the gradients in the order they are ready, with DDP's
+    default limits [1 MiB, 25 MiB] (tests/core/test_memory_measured.py checks it against a DDP run)."""
+    a = _a(8, MLP)
+    assert ddp_bucket_sizes(a.graph.layers) == MLP_BUCKETS
+    assert sum(MLP_BUCKETS) == 4 * a.params
+    assert ddp_bucket_sizes(_a().graph.layers) == [4 * PARAMS]  # under 1 MiB: one bucket
+    assert MLP_BUCKETS[0] >= 1 * MIB and MLP_BUCKETS[1] < 25 * MIB
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_data_parallel_adds_one_fp32_copy_of_the_gradients(precision: str, checkpointing: bool) -> None:
+    """DistributedDataParallel (gradient_as_bucket_view=False, PyTorch's default) keeps its own flat bucket
+    buffers beside the .grad tensors for the whole step: one more copy of every gradient, in the gradients'
+    fp32 (the master copy's type under autocast)."""
+    a = _a(8, MLP)
+    opts = {"mode": "training", "optimizer": "adam", "precision": precision,
+            "activation_checkpointing": checkpointing}
+    one = footprint(a, **opts)
+    ddp = footprint(a, **opts, data_parallel=True)
+    assert one.ddp_gradient_buckets_bytes == 0
+    assert ddp.ddp_gradient_buckets_bytes == one.gradients_bytes == 4 * a.params  # a CPU rounds no block
+    assert ddp.total_bytes - one.total_bytes == ddp.ddp_gradient_buckets_bytes
+    assert ddp.model_state_bytes - one.model_state_bytes == ddp.ddp_gradient_buckets_bytes
+    assert ddp.activations_bytes == one.activations_bytes
+    assert ddp.backward_transient_bytes == one.backward_transient_bytes
+    # on a GPU each bucket is one allocation, rounded as the caching allocator rounds it
+    gpu = _gpu("Hopper (GH100)")
+    g_one, g_ddp = (footprint(a, **opts, hardware=gpu, data_parallel=dp) for dp in (False, True))
+    runtime = runtime_for(gpu)
+    assert g_ddp.ddp_gradient_buckets_bytes == sum(runtime.rounded(b) for b in MLP_BUCKETS)
+    assert g_ddp.total_bytes - g_one.total_bytes == g_ddp.ddp_gradient_buckets_bytes
+
+
+def test_data_parallel_lowers_the_largest_batch_that_fits() -> None:
+    a = _a(8, MLP)
+    mem = 400 * MIB
+    one = largest_batch_that_fits(a, memory_bytes=mem, mode="training", optimizer="adam")
+    ddp = largest_batch_that_fits(a, memory_bytes=mem, mode="training", optimizer="adam", data_parallel=True)
+    assert 0 < ddp < one
+    assert fits(footprint(a, mode="training", optimizer="adam", batch_size=ddp, data_parallel=True), mem)
+    assert not fits(footprint(a, mode="training", optimizer="adam", batch_size=ddp + 1, data_parallel=True), mem)
+    assert fits(footprint(a, mode="training", optimizer="adam", batch_size=ddp + 1), mem)
+
+
+def test_data_parallel_applies_to_training_only() -> None:
+    with pytest.raises(ValueError, match="data_parallel"):
+        footprint(_a(), mode="inference", optimizer="none", data_parallel=True)

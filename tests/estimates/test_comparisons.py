@@ -206,3 +206,14 @@ def test_dims_that_do_not_bind_the_graph_are_a_422_not_a_table_of_refusals(clien
         assert r.status_code == 422 and r.json()["error"]["code"] == "unbound_dimension", (rows, r.text)
     body = _compare(client, graph_id, **devices, dims={"seq": 64})
     assert len(body["rows"]) == 4 and body["unavailable"] == []
+
+
+def test_a_data_parallel_row_holds_the_ddp_buckets_its_prediction_does(client: TestClient, resnet_id: str,
+                                                                      node: str) -> None:
+    body = _compare(client, resnet_id, hardware_ids=[node], device_counts=[8])
+    row = body["rows"][0]
+    single = client.post("/v1/predictions", json={"graph_id": resnet_id, "hardware_id": node, "device_count": 8,
+                                                  **JOB}).json()["memory"]
+    assert single["ddp_gradient_buckets_bytes"] > 0
+    assert row["peak_memory_bytes"] == single["total_bytes"]
+    assert row["largest_batch_size_that_fits"] == single["largest_batch_size_that_fits"]

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from app.core.memory import HEADROOM
 from app.estimates.calibration import calibrate
 from app.estimates.schemas import MAX_JOBS
 
@@ -31,7 +32,8 @@ def test_single_device_p50_is_the_predicted_job_time(client: TestClient, resnet_
     assert est[0]["p90_s"] == pytest.approx(single["job"]["time_s_p90"], rel=1e-9)
     assert est[0]["fits"] is True and est[0]["actuals"] == 0
     assert est[1]["fits"] is False  # ResNet-50 at 4,096 samples does not fit in 40 GB
-    assert set(est[0]) == {"index", "p50_s", "p90_s", "fits", "actuals", "calibration_factor", "error"}
+    assert set(est[0]) == {"index", "p50_s", "p90_s", "fits", "actuals", "calibration_factor", "calibration_group",
+                           "error"}
 
 
 def test_data_parallel_is_faster_but_not_linear(client: TestClient, resnet_id: str, node: str) -> None:
@@ -290,3 +292,110 @@ def test_a_graph_with_no_costable_layer_fails_its_job_instead_of_taking_zero_sec
     r = client.post("/v1/job-estimates/actuals", json={"actuals": [{**_job(custom_op_id), "measured_s": 100.0}]})
     assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_actuals", r.text
     assert r.json()["error"]["detail"]["actuals"][0]["error"]["code"] == "no_costed_layers"
+
+
+def test_a_job_on_several_devices_does_not_share_the_one_device_footprint(client: TestClient,
+                                                                          resnet_id: str) -> None:
+    """Two jobs of one call that run the same per-device step (64 on one device, 512 over 8) differ in memory by
+    DDP's gradient buckets: on a device whose memory lies between the two peaks, only the one-device job fits."""
+    from tests.estimates.conftest import _custom
+
+    body = {"graph_id": resnet_id, "hardware_id": A100, "optimizer": "adam"}
+    peaks = [client.post("/v1/predictions", json={**body, **kw}).json()["memory"]["total_bytes"]
+             for kw in ({"batch_size": 64}, {"batch_size": 512, "device_count": 8})]
+    assert peaks[1] > peaks[0]
+    tight = _custom(client, id="a100-tight-test", name="A100 with a tight memory (test)",
+                    memory_bytes=(peaks[0] + peaks[1]) / 2 / HEADROOM)
+    jobs = [_job(resnet_id, hardware_id=tight, optimizer="adam", batch_size=64),
+            _job(resnet_id, hardware_id=tight, optimizer="adam", batch_size=512, device_count=8)]
+    assert [e["fits"] for e in _estimate(client, jobs)] == [True, False]
+
+
+def _actual(client: TestClient, jobs: list[dict[str, object]], factor: float) -> list[dict[str, object]]:
+    """Record each of ``jobs`` as having taken ``factor`` x its model p50; returns the answers."""
+    p50 = [e["p50_s"] for e in _estimate(client, jobs)]
+    r = client.post("/v1/job-estimates/actuals",
+                    json={"actuals": [{**j, "measured_s": factor * p} for j, p in zip(jobs, p50, strict=True)]})
+    assert r.status_code == 201, r.text
+    return list(r.json()["actuals"])
+
+
+def _setting(job: dict[str, object]) -> dict[str, object]:
+    return {"graph_id": job["graph_id"], "hardware_id": job["hardware_id"], "precision": job.get("precision", "fp32"),
+            "device_count": job.get("device_count", 1), "nodes": job.get("nodes", 1)}
+
+
+def test_an_actual_calibrates_only_the_jobs_of_its_setting(client: TestClient, resnet_id: str, node: str) -> None:
+    """A bf16 job on 4 devices of one node says nothing about fp32, one device, other node counts or 512 devices
+    over 64 nodes: calibration is per (graph, hardware, precision, device_count, nodes), and every answer names
+    its group. Other batch sizes, dataset sizes and epochs of the same setting share it."""
+    base = _job(resnet_id, hardware_id=node, precision="bf16", device_count=4, batch_size=256)
+    same = {**base, "batch_size": 512, "dataset_size": 80_000, "epochs": 3}
+    others = [{**base, "precision": "fp32"}, {**base, "device_count": 1, "batch_size": 64},
+              {**base, "nodes": 2}, {**base, "device_count": 512, "nodes": 64, "batch_size": 4096},
+              {**base, "device_count": 8}, _job(resnet_id, hardware_id=node)]
+    before = _estimate(client, [base, same, *others])
+    assert all(e["error"] is None and e["actuals"] == 0 for e in before), before
+    [recorded] = _actual(client, [base], 1.5)
+    assert recorded["actuals"] == 1 and recorded["calibration_factor"] > 1.2
+    assert recorded["calibration_group"] == _setting(base)
+    after = _estimate(client, [base, same, *others])
+    for job, a in zip([base, same, *others], after, strict=True):
+        assert a["calibration_group"] == _setting(job)
+    for a in after[:2]:
+        assert a["actuals"] == 1 and a["calibration_factor"] == recorded["calibration_factor"]
+    assert after[0]["p90_s"] / after[0]["p50_s"] < before[0]["p90_s"] / before[0]["p50_s"]  # narrowed by it
+    for b, a in zip(before[2:], after[2:], strict=True):
+        assert a["actuals"] == 0 and a["calibration_factor"] == 1.0
+        assert (a["p50_s"], a["p90_s"]) == (b["p50_s"], b["p90_s"])
+
+
+def test_stored_actuals_without_the_setting_fields_count_for_the_default_setting(
+        client: TestClient, session, resnet_id: str, node: str) -> None:  # noqa: ANN001
+    """A stored actual whose config predates device_count/nodes (as 'nodes' does in rows recorded before it
+    existed, when every job ran on one node) counts for device_count 1 on 1 node; one without precision in
+    its config for the precision column of its row."""
+    from sqlalchemy import select
+
+    from app.measurements.models import Measurement
+
+    four = _job(resnet_id, hardware_id=node, precision="bf16", device_count=4, batch_size=256)
+    _actual(client, [four], 1.5)
+    [row] = session.scalars(select(Measurement).where(Measurement.source == "scheduler")).all()
+    row.config = {k: v for k, v in row.config.items() if k not in ("device_count", "nodes", "precision")}
+    session.commit()
+    one = {**four, "device_count": 1, "batch_size": 64}
+    est_four, est_one, est_fp32 = _estimate(client, [four, one, {**one, "precision": "fp32"}])
+    assert est_four["actuals"] == 0 and est_fp32["actuals"] == 0
+    assert est_one["actuals"] == 1 and est_one["calibration_group"] == _setting(one)
+
+
+def test_a_refit_groups_by_setting_and_pooled_groups_of_older_refits_calibrate_nothing(
+        client: TestClient, session, resnet_id: str, node: str) -> None:  # noqa: ANN001
+    """The retrain's refit summarises every actual in its setting's group; a refit stored before groups had a
+    setting ("<graph>|<hardware>", every precision and device count pooled) cannot say which jobs its actuals
+    were, so serving does not apply it (the next retrain refits those actuals by setting)."""
+    from app.estimates.calibration import CalibrationGroup
+    from app.estimates.service import refit_job_calibration
+    from app.measurements.models import PredictorVersion
+
+    bf16 = _job(resnet_id, hardware_id=node, precision="bf16", device_count=4, batch_size=256)
+    fp32 = _job(resnet_id, hardware_id=node)
+    _actual(client, [bf16, bf16, fp32], 1.5)
+    predictor = client.app.state.predictors.current()  # type: ignore[attr-defined]
+    fit = refit_job_calibration(session, predictor, up_to_id=None)
+    groups = {CalibrationGroup.from_key(k): g.n for k, g in fit.groups.items()}
+    assert groups == {CalibrationGroup(resnet_id, node, "bf16", 4, 1): 2,
+                      CalibrationGroup(resnet_id, node, "fp32", 1, 1): 1}
+    assert CalibrationGroup.from_key(f"{resnet_id}|{node}") is None
+    row = session.get(PredictorVersion, predictor.version)
+    pooled = {"n": 9, "total": 9 * math.log(3.0), "total_sq": 9 * math.log(3.0) ** 2}
+    row.metadata_ = {**row.metadata_, "job_calibration": {
+        "watermark_measurement_id": fit.watermark_measurement_id,
+        "groups": {f"{resnet_id}|{node}": pooled,
+                   CalibrationGroup(resnet_id, node, "bf16", 4, 1).key: fit.groups[
+                       CalibrationGroup(resnet_id, node, "bf16", 4, 1).key].model_dump()}}}
+    session.commit()
+    est_bf16, est_fp32 = _estimate(client, [bf16, fp32])
+    assert est_bf16["actuals"] == 2 and est_bf16["calibration_factor"] > 1.2
+    assert est_fp32["actuals"] == 0 and est_fp32["calibration_factor"] == 1.0

@@ -36,7 +36,21 @@ def test_data_parallel_splits_the_batch_and_all_reduces_the_gradients(client: Te
     assert eight["batch_size"] == 256 and it["device_count"] == 8 and it["per_device_batch_size"] == 32
     # each device runs the 32-sample step of the single-device answer
     assert math.isclose(it["layers_ms"], one["iteration"]["time_ms"], rel_tol=1e-9)
-    assert eight["memory"]["total_bytes"] == one["memory"]["total_bytes"]
+    # ... and holds DDP's gradient buckets besides: one more fp32 copy of the gradients, in 25 MiB buckets that
+    # the allocator rounds to 2 MiB each (the gradients are rounded tensor by tensor)
+    m1, m8 = one["memory"], eight["memory"]
+    buckets = m8["ddp_gradient_buckets_bytes"]
+    assert m1["ddp_gradient_buckets_bytes"] == 0
+    assert m8["total_bytes"] - m1["total_bytes"] == buckets
+    assert 4 * eight["totals"]["params"] <= buckets <= m8["gradients_bytes"] + it["allreduce_buckets"] * 2 * 2**20
+    assert abs(buckets - m8["gradients_bytes"]) <= 0.05 * m8["gradients_bytes"]
+    assert {k: v for k, v in m8.items() if k not in ("total_bytes", "ddp_gradient_buckets_bytes", "fits",
+                                                     "largest_batch_size_that_fits")} == \
+        {k: v for k, v in m1.items() if k not in ("total_bytes", "ddp_gradient_buckets_bytes", "fits",
+                                                  "largest_batch_size_that_fits")}
+    assert m8["largest_batch_size_that_fits"] < m1["largest_batch_size_that_fits"]
+    assert "DDP gradient buckets, gradient_as_bucket_view=False (PyTorch default)" in eight["assumptions"]["memory"]
+    assert "DDP" not in one["assumptions"]["memory"]
     assert it["gradient_bytes"] == eight["memory"]["gradients_bytes"] >= eight["totals"]["params"] * 4
     link = load_catalog()["a100-sxm4-80gb"].link()
     assert link is not None and link.kind == "nvlink"
@@ -51,6 +65,18 @@ def test_data_parallel_splits_the_batch_and_all_reduces_the_gradients(client: Te
     assert math.isclose(it["samples_per_s"], 256 / (it["time_ms"] / 1e3), rel_tol=1e-9)
     assert one["iteration"]["scaling_efficiency"] == 1.0 and one["iteration"]["allreduce_ms"] == 0.0
     assert "ring all-reduce" in eight["assumptions"]["data_parallel"]
+
+
+def test_ddp_buckets_on_a_cpu_are_exactly_the_gradient_bytes(client: TestClient, resnet_id: str) -> None:
+    """A CPU rounds no allocation: 4 devices at the global batch 64 hold exactly one more copy of the gradients
+    than one device at its per-device batch 16; inference wraps nothing in DDP."""
+    body = {"graph_id": resnet_id, "hardware_id": "local", "optimizer": "adam"}
+    one = _predict(client, **body, batch_size=16)["memory"]
+    four = _predict(client, **body, batch_size=64, device_count=4, nodes=4)["memory"]
+    assert four["total_bytes"] - one["total_bytes"] == four["gradients_bytes"] == four["ddp_gradient_buckets_bytes"]
+    served = _predict(client, **body, batch_size=64, device_count=4, nodes=4, mode="inference")["memory"]
+    assert served["ddp_gradient_buckets_bytes"] == 0
+    assert served == _predict(client, **body, batch_size=16, mode="inference")["memory"]
 
 
 def test_pcie_exposes_more_communication_than_nvlink(client: TestClient, resnet_id: str) -> None:
