@@ -86,12 +86,16 @@ async def refuse_unknown_query(request: Request) -> None:
     refuse_repeated_query(request)
 
 
+def repeated_names(names: list[str]) -> list[str]:
+    """The names given more than once in ``names`` (query parameters or form fields, one per value), sorted."""
+    return sorted({name for name in names if names.count(name) > 1})
+
+
 def refuse_repeated_query(request: Request) -> None:
     """Raises :class:`InvalidRequest` (422 ``invalid_request``, ``detail.repeated``) when a query parameter is
     given more than once: every parameter of the API and the page is one value, and
     ``?batch_size=4&batch_size=64`` silently used the last."""
-    names = [name for name, _ in request.query_params.multi_items()]
-    repeated = sorted({name for name in names if names.count(name) > 1})
+    repeated = repeated_names([name for name, _ in request.query_params.multi_items()])
     if repeated:
         raise InvalidRequest(f"query parameter(s) {', '.join(repr(r) for r in repeated)} given more than once; "
                              "give each once", detail={"repeated": repeated})

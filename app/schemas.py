@@ -80,6 +80,8 @@ def _check_json(value: dict[str, Any]) -> dict[str, Any]:
 
 JsonObject = Annotated[dict[str, Any], AfterValidator(_check_json)]
 OffsetQuery = Annotated[int, Query(ge=0, le=2**63 - 1, description="rows to skip")]
+#: Most rows one page of a list endpoint holds (``GET /v1/graphs``, ``GET /v1/measurements``).
+MAX_PAGE = 1000
 
 
 class Schema(BaseModel):

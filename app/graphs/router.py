@@ -12,7 +12,7 @@ from starlette.concurrency import run_in_threadpool
 
 from app.auth import PrincipalDep, get_principal
 from app.core.ir import Tensor
-from app.deps import SessionDep, SettingsDep
+from app.deps import SessionDep, SettingsDep, repeated_names
 from app.errors import (
     ConflictingName,
     ImportWorkerFailed,
@@ -27,7 +27,7 @@ from app.graphs import importer, service
 from app.graphs.models import StoredGraph
 from app.graphs.schemas import GraphLayers, GraphList, GraphRead, GraphSummary, JsonGraphCreate, LayerCostRead
 from app.graphs.spool import Spool
-from app.schemas import INT32_MAX, ErrorResponse, Name, OffsetQuery, check_name, clean_name
+from app.schemas import INT32_MAX, MAX_PAGE, ErrorResponse, Name, OffsetQuery, check_name, clean_name
 
 router = APIRouter(prefix="/v1/graphs", tags=["graphs"])
 
@@ -113,7 +113,7 @@ def _check_form_fields(keys: list[str]) -> None:
     or one twice: such parts used to be ignored (the first ``file`` won), so the client got a graph other
     than the one it asked for."""
     unknown = sorted({k for k in keys if k not in FORM_FIELDS})
-    repeated = sorted({k for k in keys if k in FORM_FIELDS and keys.count(k) > 1})
+    repeated = [k for k in repeated_names(keys) if k in FORM_FIELDS]
     if unknown or repeated:
         problems = [f"unknown field(s) {', '.join(map(repr, unknown))}"] if unknown else []
         problems += [f"field(s) {', '.join(map(repr, repeated))} given more than once"] if repeated else []
@@ -214,7 +214,7 @@ async def create_graph(
             if upload is None or isinstance(upload, str):
                 raise InvalidRequest("multipart upload needs a file field named 'file'",
                                      detail={"field": "file", "expected": "a file part"})
-            if form.get("name") is not None and not isinstance(form.get("name"), str):
+            if not isinstance(form.get("name", ""), str):
                 raise InvalidRequest("multipart field 'name' must be a text field, not a file",
                                      detail={"field": "name", "expected": "a text field"})
             # Starlette spooled the part to an unnamed temporary file: copied to ours while hashed, so that a
@@ -294,7 +294,7 @@ def delete_graph(graph_id: str, session: SessionDep, principal: PrincipalDep) ->
             "limit not in 1-1000 or a negative offset"}})  # fmt: skip
 def list_graphs(
     session: SessionDep,
-    limit: Annotated[int, Query(ge=1, le=service.MAX_PAGE)] = 100,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
     offset: OffsetQuery = 0,
 ) -> GraphList:
     """Stored graphs, newest first (ties by id), paged by ``limit``/``offset``: ``count`` items in this page,

@@ -58,9 +58,7 @@ from app.errors import (
 from app.graphs.importer import ImportWorkers, build_graph, content_id, prepare_graph
 from app.graphs.models import StoredGraph
 from app.graphs.repository import GraphRepository
-
-#: Most graphs one ``GET /v1/graphs`` page holds (as ``GET /v1/measurements``).
-MAX_PAGE = 1000
+from app.schemas import MAX_PAGE
 
 #: Default byte budget of the process-wide analysis cache (the app sets ``Settings.analysis_cache_bytes``).
 DEFAULT_CACHE_BYTES = 512 * 2**20

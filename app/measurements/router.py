@@ -18,7 +18,7 @@ from app.measurements import service
 from app.measurements.repository import MeasurementFilter
 from app.measurements.schemas import MeasurementBatchCreate, MeasurementBatchRead, MeasurementList
 from app.observability import record_measurement
-from app.schemas import ErrorResponse, OffsetQuery
+from app.schemas import MAX_PAGE, ErrorResponse, OffsetQuery
 
 router = APIRouter(prefix="/v1/measurements", tags=["measurements"])
 
@@ -96,7 +96,7 @@ def create_measurements(
 def list_measurements(
     session: SessionDep,
     filters: FilterDep,
-    limit: Annotated[int, Query(ge=1, le=service.MAX_PAGE)] = 100,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE)] = 100,
     offset: OffsetQuery = 0,
     cursor: Annotated[int | None, Query(ge=0, le=2**63 - 1, description="next_cursor of the previous page")] = None,
 ) -> MeasurementList:

@@ -41,8 +41,7 @@ from app.measurements.schemas import (
     RowError,
 )
 from app.measurements.validation import field_problems
-
-MAX_PAGE = 1000
+from app.schemas import MAX_PAGE
 
 
 def _file_key(record: MeasurementRecord) -> tuple[str, str, Any]:

@@ -87,7 +87,8 @@ from app.predictor.table import Estimates, LayerTable, Roofline, Setting, roofli
 def check_devices_per_node(request: PredictionCreate) -> None:
     """Refuse a request that puts more devices in one node (``device_count / nodes``) than a node holds
     (:data:`app.core.collectives.MAX_DEVICES_PER_NODE`): such a ring would be costed over one intra-node link
-    no 8-GPU node has. Hardware-independent, so checked before the device and the graph are looked up.
+    no 8-GPU node has. Hardware-independent, but checked after the device lookup (an unknown id is a 404
+    whatever else is wrong) and before the graph import (a refused request costs no analysis).
 
     Raises :class:`TooManyDevicesPerNode` (422 ``too_many_devices_per_node``; ``detail.nodes_needed``: the
     fewest nodes that hold ``device_count`` evenly, :func:`app.core.collectives.nodes_needed`).
