@@ -62,6 +62,8 @@ retraining with times of layers that do not exist.
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -72,6 +74,7 @@ from app.core.costs import layer_cost
 from app.core.hardware import HardwareSpec
 from app.core.ir import Layer, OpKind
 from app.core.json_import import import_json
+from app.core.limits import Limits, current_limits
 from app.core.precision import Precision, PrecisionNotSupported, check_precision, physics_floor_ms
 from app.core.shape_records import COLLECTIVE_OPS, shape_record_layer
 from app.core.vocab import Granularity, stack_runs_on
@@ -122,6 +125,8 @@ class InvalidLayerConfig(LayercastError):
 #: are no layer but are timed as kernels.
 WHOLE_KINDS = frozenset({"iteration", "job"})
 COLLECTIVE_KINDS = frozenset({"allreduce", "send_recv"})
+#: The cost families of :class:`OpKind` (every kind but ``unsupported``).
+LAYER_KINDS = frozenset(k.value for k in OpKind if k is not OpKind.UNSUPPORTED)
 #: The importers' shape records (``app.measurements.importers`` module doc): ``{"layer": {"op": ...}}`` without
 #: ``input_shape``, for work the JSON layer vocabulary does not express (DeepBench's bare GEMM ``m``/``n``/``k``,
 #: NeuSight's batched ``matmul`` ``a``/``b``, Vidur's ``elementwise`` and ``rope``, the collectives), by op →
@@ -158,10 +163,9 @@ def check_layer_config(*, op_kind: str, config: dict[str, Any], batch_size: int)
     vocabulary (any other ``layer``) but does not import into a layer of kind ``op_kind`` whose declared
     ``in_features``/``in_channels`` match ``input_shape``. Configs of other vocabularies (no ``layer``) are not
     checked here."""
-    kinds = {k.value for k in OpKind if k is not OpKind.UNSUPPORTED}
-    if op_kind not in kinds | WHOLE_KINDS | COLLECTIVE_KINDS:
+    if op_kind not in LAYER_KINDS and op_kind not in WHOLE_KINDS and op_kind not in COLLECTIVE_KINDS:
         raise InvalidLayerConfig(
-            f"op_kind {op_kind!r} is not a cost family ({', '.join(sorted(kinds))}) nor one of "
+            f"op_kind {op_kind!r} is not a cost family ({', '.join(sorted(LAYER_KINDS))}) nor one of "
             f"{', '.join(sorted(WHOLE_KINDS | COLLECTIVE_KINDS))}", field="op_kind")
     if "layer" not in config:
         return
@@ -205,9 +209,33 @@ def check_layer_config(*, op_kind: str, config: dict[str, Any], batch_size: int)
                 f"{shape[axis] if len(shape) >= 2 else 'no such axis'}", field=f"config.layer.{key}")
 
 
+#: Rebuilt measurement layers remembered per process: a source repeats each configuration for every device,
+#: pass and optimizer, and every row is rebuilt twice (:func:`check_layer_config`, then :func:`floor_ms`).
+REBUILT_CACHE_SIZE = 4096
+
+
 def _rebuilt_layers(config: dict[str, Any], *, batch_size: int, dtype: str = "float32") -> list[Layer]:
     """The layers of a JSON-vocabulary measurement ``config`` (``input_shape`` + one ``layer``) at ``batch_size``
-    with ``dtype`` inputs; raises what :func:`app.core.json_import.import_json` raises for one that is no layer."""
+    with ``dtype`` inputs; raises what :func:`app.core.json_import.import_json` raises for one that is no layer.
+
+    Remembered (the last :data:`REBUILT_CACHE_SIZE` successful rebuilds) per (config, batch, dtype and the
+    active :class:`app.core.limits.Limits`): layers are frozen, and a config refused under one set of limits
+    is rebuilt, and refused, again under any other. A config that is not JSON-serialisable is rebuilt uncached.
+    """
+    try:
+        text = json.dumps([config["input_shape"], config["layer"]], sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError):
+        return _rebuild(config, batch_size, dtype)
+    return list(_rebuilt_cached(text, batch_size, dtype, current_limits()))
+
+
+@functools.lru_cache(maxsize=REBUILT_CACHE_SIZE)
+def _rebuilt_cached(text: str, batch_size: int, dtype: str, limits: Limits) -> tuple[Layer, ...]:
+    input_shape, layer = json.loads(text)
+    return tuple(_rebuild({"input_shape": input_shape, "layer": layer}, batch_size, dtype))
+
+
+def _rebuild(config: dict[str, Any], batch_size: int, dtype: str) -> list[Layer]:
     doc = {"input_shape": config["input_shape"], "input_dtype": dtype, "layers": [config["layer"]]}
     return list(import_json(doc, batch_size=batch_size).layers)
 

@@ -13,15 +13,19 @@ from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
+from app.core.limits import Limits, use_limits
 from app.core.vocab import Granularity, SoftwareStack
 from app.hardware.catalog import load_catalog, spec_from_dict
 from app.hardware.models import Hardware
+from app.measurements import validation
 from app.measurements.importers import MeasurementRecord, iter_justus
 from app.measurements.models import Measurement
 from app.measurements.validation import (
     FLOOR_TOLERANCE,
     ImplausibleMeasurement,
+    InvalidLayerConfig,
     RowProblem,
+    check_layer_config,
     check_plausible,
     field_problems,
     floor_ms,
@@ -48,6 +52,25 @@ def test_floor_of_a_conv_is_its_roofline_time() -> None:
     assert 2 * macs / A100.peak_flops_per_s["tf32"] * 1e3 >= floor
     assert floor >= 4 * (2 * 64 * 64 * 56 * 56) / A100.memory_bandwidth_bytes_per_s * 1e3
     assert floor_ms(config={"model": "resnet50"}, batch_size=64, spec=A100, precision="fp32", pass_="forward") is None
+
+
+def test_remembered_rebuilds_keep_each_config_its_own_floor_and_the_active_limits() -> None:
+    """The per-process memo of rebuilt layers (a source repeats each configuration) must not hand one
+    config's layer to another, nor let a config rebuilt under the default limits pass under stricter ones."""
+    wide = {**CONV, "layer": {**CONV["layer"], "out_channels": 128}}
+    settings = [(CONV, 64), (wide, 64), (CONV, 128)]
+
+    def floors() -> list[float | None]:
+        return [floor_ms(config=c, batch_size=b, spec=A100, precision="fp32", pass_="forward") for c, b in settings]
+
+    validation._rebuilt_cached.cache_clear()
+    first = floors()  # each rebuilt once
+    again = floors()  # each from the memo
+    assert validation._rebuilt_cached.cache_info().hits >= 3
+    assert again == first and len(set(first)) == 3 and None not in first
+    check_layer_config(op_kind="conv", config=CONV, batch_size=64)  # remembered under the default limits
+    with use_limits(Limits(max_tensor_elements=64 * 56 * 56)), pytest.raises(InvalidLayerConfig):
+        check_layer_config(op_kind="conv", config=CONV, batch_size=64)  # 64 x 64 x 56 x 56 inputs: over it
 
 
 @pytest.mark.parametrize(
