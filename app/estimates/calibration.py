@@ -1,12 +1,13 @@
 """Calibration of job estimates by measured actuals (pure).
 
 Actuals are grouped by the setting of their job (:class:`CalibrationGroup`: graph, hardware, precision,
-device count, nodes): the predictor's error is not the same for fp32 and bf16, one device and a
-multi-node all-reduce, so an actual calibrates only the jobs of its own setting (other batch sizes,
-dataset sizes and epochs of it share it). For one group the log ratios
-``r_i = ln(actual_i / predicted_i)`` of the recorded jobs are modelled as ``r_i ~ N(μ, σ²)`` with a prior
-``μ ~ N(0, τ²)`` (the predictor is unbiased until shown otherwise). The posterior mean of μ is the
-shrinkage estimate (normal–normal conjugate model, e.g. Gelman et al., *Bayesian Data Analysis*, §2.5)::
+software stack, device count, nodes): the predictor's error is not the same for fp32 and bf16, PyTorch eager
+and CUDA graphs (whose launch gaps differ), one device and a multi-node all-reduce, so an actual calibrates
+only the jobs of its own setting (other batch sizes, dataset sizes, epochs and optimizers of it share it).
+For one group the log ratios ``r_i = ln(actual_i / predicted_i)`` of the recorded jobs are modelled as
+``r_i ~ N(μ, σ²)`` with a prior ``μ ~ N(0, τ²)`` (the predictor is unbiased until shown otherwise). The
+posterior mean of μ is the shrinkage estimate (normal–normal conjugate model, e.g. Gelman et al., *Bayesian
+Data Analysis*, §2.5)::
 
     μ̂ = (n / σ²) r̄ / (n / σ² + 1 / τ²),    var(μ̂) = 1 / (n / σ² + 1 / τ²)
 
@@ -43,33 +44,35 @@ MAX_LOG_RATIO = math.log(MAX_ACTUAL_RATIO)
 @dataclass(frozen=True, slots=True)
 class CalibrationGroup:
     """The setting whose actuals calibrate each other: ``precision`` is the job's requested precision value
-    (``"fp32"``, ``"bf16"``...), ``device_count`` its data-parallel devices over ``nodes`` nodes. Stored as
-    :attr:`key` (the keys of a refit's ``groups``)."""
+    (``"fp32"``, ``"bf16"``...), ``software_stack`` its stack value (``"pytorch-eager"``...), ``device_count``
+    its data-parallel devices over ``nodes`` nodes. Stored as :attr:`key` (the keys of a refit's ``groups``)."""
 
     graph_id: str
     hardware_id: str
     precision: str
+    software_stack: str
     device_count: int
     nodes: int
 
     @property
     def key(self) -> str:
-        """The group as a string key, a JSON array ``[graph_id, hardware_id, precision, device_count, nodes]``
-        (ids may hold any printable character, so no separator could be safe)."""
-        return json.dumps([self.graph_id, self.hardware_id, self.precision, self.device_count, self.nodes],
-                          separators=(",", ":"))
+        """The group as a string key, a JSON array ``[graph_id, hardware_id, precision, software_stack,
+        device_count, nodes]`` (ids may hold any printable character, so no separator could be safe)."""
+        return json.dumps([self.graph_id, self.hardware_id, self.precision, self.software_stack, self.device_count,
+                           self.nodes], separators=(",", ":"))
 
     @classmethod
     def from_key(cls, key: str) -> CalibrationGroup | None:
-        """The group of :attr:`key`; None for a key of another form, such as the ``"<graph_id>|<hardware_id>"``
-        of refits stored before groups had a setting (their actuals of every setting pooled: they cannot
-        calibrate one setting, and the next refit groups them by setting)."""
+        """The group of :attr:`key`; None for a key of another form: the ``"<graph_id>|<hardware_id>"`` of refits
+        stored before groups had a setting, or the five-element ``[graph_id, hardware_id, precision,
+        device_count, nodes]`` of refits stored before the software stack was part of it (their actuals of
+        several settings pooled: they cannot calibrate one setting, and the next refit groups them by setting)."""
         try:
             parts = json.loads(key)
         except ValueError:
             return None
-        if (not isinstance(parts, list) or len(parts) != 5 or not all(isinstance(p, str) for p in parts[:3])
-                or not all(type(p) is int for p in parts[3:])):
+        if (not isinstance(parts, list) or len(parts) != 6 or not all(isinstance(p, str) for p in parts[:4])
+                or not all(type(p) is int for p in parts[4:])):
             return None
         return cls(*parts)
 

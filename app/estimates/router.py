@@ -70,7 +70,7 @@ def predict_batch(body: BatchPredictionCreate, session: SessionDep, predictor: P
              tags=["job-estimates"], summary="Job durations for a scheduler")
 def estimate_jobs(body: JobEstimatesCreate, session: SessionDep, predictor: PredictorDep) -> JobEstimatesRead:
     """Up to 1,000 jobs: ``p50_s``, ``p90_s``, ``fits``, calibrated by recorded actuals of the same graph,
-    hardware, precision, device count and nodes (each answer's ``calibration_group``)."""
+    hardware, precision, software stack, device count and nodes (each answer's ``calibration_group``)."""
     answer = service.estimate_jobs(session, predictor, request=body)
     record_prediction(predictor_version=answer.predictor_version, methods={}, count=answer.count - answer.failed)
     return answer

@@ -136,18 +136,20 @@ class JobEstimatesCreate(Schema):
 
 class CalibrationGroupRead(Schema):
     """The setting whose recorded actuals calibrate a job: only actuals of the same graph, hardware, precision,
-    device count and node count (any batch size, dataset size or epochs) calibrate it."""
+    software stack, device count and node count (any batch size, dataset size, epochs or optimizer) calibrate
+    it."""
 
     graph_id: str
     hardware_id: str
     precision: Precision
+    software_stack: SoftwareStack
     device_count: int
     nodes: int
 
 
 class JobEstimateRead(Schema):
     """``p50_s``/``p90_s``: median and 90th percentile of the job's wall time (s); calibrated by the
-    recorded actuals of its ``calibration_group`` (same graph, hardware, precision, device count and nodes)
+    recorded actuals of its ``calibration_group`` (same graph, hardware, precision, stack, device count, nodes)
     when there are any (``actuals`` > 0)."""
 
     index: int

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from app.core.aggregate import Aggregate, LayerSums
 from app.core.precision import PRECISION_SEMANTICS, Precision
-from app.core.vocab import Granularity, Pass
+from app.core.vocab import Granularity, Pass, SoftwareStack
 from app.errors import (
     BatchAxisInDims,
     DuplicateBatchSizes,
@@ -231,23 +231,27 @@ def _model_jobs(session: Session, predictor: Predictor, jobs: Sequence[JobSpec])
 
 
 def _group(job: JobSpec) -> CalibrationGroup:
-    """The calibration group of ``job``: its graph, hardware, precision, device count and nodes."""
+    """The calibration group of ``job``: its graph, hardware, precision, software stack, device count and nodes."""
     return CalibrationGroup(graph_id=job.graph_id, hardware_id=job.hardware_id, precision=job.precision.value,
-                            device_count=job.device_count, nodes=job.nodes)
+                            software_stack=job.software_stack.value, device_count=job.device_count, nodes=job.nodes)
 
 
 def _group_read(group: CalibrationGroup) -> CalibrationGroupRead:
     return CalibrationGroupRead(graph_id=group.graph_id, hardware_id=group.hardware_id,
-                                precision=Precision(group.precision), device_count=group.device_count,
-                                nodes=group.nodes)
+                                precision=Precision(group.precision),
+                                software_stack=SoftwareStack(group.software_stack),
+                                device_count=group.device_count, nodes=group.nodes)
 
 
 def _stored_fields(row: Measurement) -> dict[str, Any]:
     """The job fields of a stored actual (its config without what recording added). A row recorded before a
     field of the job existed lacks it: a missing ``device_count`` or ``nodes`` is :class:`JobSpec`'s default
-    (1, what every job was before ``nodes`` existed), a missing ``precision`` the precision column of the row."""
+    (1, what every job was before ``nodes`` existed), a missing ``precision`` or ``software_stack`` the
+    precision or stack column of the row."""
     fields = {k: v for k, v in row.config.items() if k not in ("predicted_s", "predictor_version")}
     fields.setdefault("precision", row.precision)
+    if row.software_stack is not None:
+        fields.setdefault("software_stack", row.software_stack)
     return fields
 
 
@@ -256,9 +260,11 @@ def _stored_group(row: Measurement) -> CalibrationGroup | None:
     its config does not name one (a malformed row: it calibrates nothing)."""
     cfg = _stored_fields(row)
     group = {"graph_id": cfg.get("graph_id"), "precision": cfg.get("precision"),
+             "software_stack": cfg.get("software_stack", JobSpec.model_fields["software_stack"].default.value),
              "device_count": cfg.get("device_count", JobSpec.model_fields["device_count"].default),
              "nodes": cfg.get("nodes", JobSpec.model_fields["nodes"].default)}
     if not (isinstance(group["graph_id"], str) and isinstance(group["precision"], str)
+            and isinstance(group["software_stack"], str)
             and type(group["device_count"]) is int and type(group["nodes"]) is int):
         return None
     return CalibrationGroup(hardware_id=row.hardware_id, **group)
@@ -276,7 +282,7 @@ def _fit_of(session: Session, predictor_version: str) -> JobCalibrationFit:
 def _calibrations(
     session: Session, predictor_version: str, jobs: Sequence[JobSpec]
 ) -> dict[CalibrationGroup, Calibration]:
-    """Calibration per :class:`CalibrationGroup` (graph, hardware, precision, device count, nodes) of the jobs'
+    """Calibration per :class:`CalibrationGroup` (graph, hardware, precision, stack, device count, nodes) of the jobs'
     devices: the version's refit (every actual up to its watermark, re-predicted by this version at retrain
     time) plus the actuals recorded after the watermark against this version (their ``predicted_s`` is this
     version's). Groups of a refit stored before groups had a setting (``"<graph>|<hardware>"``, every setting
@@ -307,7 +313,7 @@ def _calibrations(
 def refit_job_calibration(session: Session, predictor: Predictor, *, up_to_id: int | None) -> JobCalibrationFit:
     """Re-predict every recorded job actual (source :data:`ACTUALS_SOURCE`, ids up to ``up_to_id``) with
     ``predictor`` and summarise ln(actual / prediction) per :class:`CalibrationGroup` (graph, hardware,
-    precision, device count, nodes; keyed by :attr:`CalibrationGroup.key`; a row without a field is read as
+    precision, stack, device count, nodes; keyed by :attr:`CalibrationGroup.key`; a row without a field is read as
     :func:`_stored_fields` says): the whole-job calibration of a new version, refit by the retraining loop
     (:mod:`app.training.retrain`) so that actuals recorded against earlier versions keep calibrating it.
     Actuals whose job cannot be predicted any more (graph deleted, device gone) are counted in
@@ -357,7 +363,7 @@ def refit_job_calibration(session: Session, predictor: Predictor, *, up_to_id: i
 
 def estimate_jobs(session: Session, predictor: Predictor, *, request: JobEstimatesCreate) -> JobEstimatesRead:
     """``p50_s``/``p90_s``/``fits`` of each job, calibrated by the actuals of its :class:`CalibrationGroup`
-    (graph, hardware, precision, device count, nodes), which each answer names.
+    (graph, hardware, precision, stack, device count, nodes), which each answer names.
 
     Raises :class:`TooManyItems` (413) beyond :data:`MAX_JOBS`; per-job errors are in the answers.
     """

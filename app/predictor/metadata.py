@@ -55,8 +55,9 @@ class JobCalibrationFit(BaseModel):
     """The whole-job calibration refit by a retrain (:func:`app.estimates.service.refit_job_calibration`): for
     every recorded job actual with id up to ``watermark_measurement_id``, the version's own prediction of the
     job, summarised per :class:`app.estimates.calibration.CalibrationGroup` under its ``key`` (the JSON array
-    ``[graph_id, hardware_id, precision, device_count, nodes]``; refits stored before groups had a setting
-    used ``"<graph_id>|<hardware_id>"``, which serving does not apply). Serving adds the actuals recorded after
+    ``[graph_id, hardware_id, precision, software_stack, device_count, nodes]``; refits stored before groups had
+    a setting used ``"<graph_id>|<hardware_id>"``, and before the stack was part of it the five-element array
+    without it: serving applies neither). Serving adds the actuals recorded after
     the watermark against the same version. ``evaluation``: leave-one-out whole-job errors with and without it."""
 
     model_config = ConfigDict(extra="forbid")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -322,16 +323,19 @@ def _actual(client: TestClient, jobs: list[dict[str, object]], factor: float) ->
 
 def _setting(job: dict[str, object]) -> dict[str, object]:
     return {"graph_id": job["graph_id"], "hardware_id": job["hardware_id"], "precision": job.get("precision", "fp32"),
-            "device_count": job.get("device_count", 1), "nodes": job.get("nodes", 1)}
+            "software_stack": job.get("software_stack", "pytorch-eager"), "device_count": job.get("device_count", 1),
+            "nodes": job.get("nodes", 1)}
 
 
 def test_an_actual_calibrates_only_the_jobs_of_its_setting(client: TestClient, resnet_id: str, node: str) -> None:
-    """A bf16 job on 4 devices of one node says nothing about fp32, one device, other node counts or 512 devices
-    over 64 nodes: calibration is per (graph, hardware, precision, device_count, nodes), and every answer names
-    its group. Other batch sizes, dataset sizes and epochs of the same setting share it."""
+    """A bf16 job on 4 devices of one node says nothing about fp32, CUDA graphs, one device, other node counts or
+    512 devices over 64 nodes: calibration is per (graph, hardware, precision, software_stack, device_count,
+    nodes), and every answer names its group. Other batch sizes, dataset sizes, epochs and optimizers of the same
+    setting share it."""
     base = _job(resnet_id, hardware_id=node, precision="bf16", device_count=4, batch_size=256)
-    same = {**base, "batch_size": 512, "dataset_size": 80_000, "epochs": 3}
-    others = [{**base, "precision": "fp32"}, {**base, "device_count": 1, "batch_size": 64},
+    same = {**base, "batch_size": 512, "dataset_size": 80_000, "epochs": 3, "optimizer": "adam"}
+    others = [{**base, "precision": "fp32"}, {**base, "software_stack": "pytorch-cuda-graph"},
+              {**base, "device_count": 1, "batch_size": 64},
               {**base, "nodes": 2}, {**base, "device_count": 512, "nodes": 64, "batch_size": 4096},
               {**base, "device_count": 8}, _job(resnet_id, hardware_id=node)]
     before = _estimate(client, [base, same, *others])
@@ -373,8 +377,9 @@ def test_stored_actuals_without_the_setting_fields_count_for_the_default_setting
 def test_a_refit_groups_by_setting_and_pooled_groups_of_older_refits_calibrate_nothing(
         client: TestClient, session, resnet_id: str, node: str) -> None:  # noqa: ANN001
     """The retrain's refit summarises every actual in its setting's group; a refit stored before groups had a
-    setting ("<graph>|<hardware>", every precision and device count pooled) cannot say which jobs its actuals
-    were, so serving does not apply it (the next retrain refits those actuals by setting)."""
+    setting ("<graph>|<hardware>", every precision and device count pooled), or before the software stack was
+    part of it (five fields), cannot say which jobs its actuals were, so serving does not apply it (the next
+    retrain refits those actuals by setting)."""
     from app.estimates.calibration import CalibrationGroup
     from app.estimates.service import refit_job_calibration
     from app.measurements.models import PredictorVersion
@@ -385,16 +390,18 @@ def test_a_refit_groups_by_setting_and_pooled_groups_of_older_refits_calibrate_n
     predictor = client.app.state.predictors.current()  # type: ignore[attr-defined]
     fit = refit_job_calibration(session, predictor, up_to_id=None)
     groups = {CalibrationGroup.from_key(k): g.n for k, g in fit.groups.items()}
-    assert groups == {CalibrationGroup(resnet_id, node, "bf16", 4, 1): 2,
-                      CalibrationGroup(resnet_id, node, "fp32", 1, 1): 1}
+    assert groups == {CalibrationGroup(resnet_id, node, "bf16", "pytorch-eager", 4, 1): 2,
+                      CalibrationGroup(resnet_id, node, "fp32", "pytorch-eager", 1, 1): 1}
     assert CalibrationGroup.from_key(f"{resnet_id}|{node}") is None
+    without_stack = json.dumps([resnet_id, node, "fp32", 1, 1])
+    assert CalibrationGroup.from_key(without_stack) is None
     row = session.get(PredictorVersion, predictor.version)
     pooled = {"n": 9, "total": 9 * math.log(3.0), "total_sq": 9 * math.log(3.0) ** 2}
     row.metadata_ = {**row.metadata_, "job_calibration": {
         "watermark_measurement_id": fit.watermark_measurement_id,
-        "groups": {f"{resnet_id}|{node}": pooled,
-                   CalibrationGroup(resnet_id, node, "bf16", 4, 1).key: fit.groups[
-                       CalibrationGroup(resnet_id, node, "bf16", 4, 1).key].model_dump()}}}
+        "groups": {f"{resnet_id}|{node}": pooled, without_stack: pooled,
+                   CalibrationGroup(resnet_id, node, "bf16", "pytorch-eager", 4, 1).key: fit.groups[
+                       CalibrationGroup(resnet_id, node, "bf16", "pytorch-eager", 4, 1).key].model_dump()}}}
     session.commit()
     est_bf16, est_fp32 = _estimate(client, [bf16, fp32])
     assert est_bf16["actuals"] == 2 and est_bf16["calibration_factor"] > 1.2
