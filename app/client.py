@@ -4,8 +4,9 @@ The package is ``app`` (the distribution is ``layercast``), so the client is ``a
 with the API's own pydantic schemas (the ``schemas`` modules import neither FastAPI routes, a database nor
 torch): requests accept the ``...Create`` model or a plain ``dict`` of its fields, responses are the
 ``...Read`` models. Any non-2xx answer raises :class:`LayercastAPIError` carrying the problem document's
-``code`` (``graph_not_found``, ``validation_error``...). The response models forbid unknown fields, so
-use a client of the same version as the server.
+``code`` (``graph_not_found``, ``validation_error``...). Requests are validated as strictly as the server
+does (an unknown field fails before sending); responses are read with unknown fields ignored, so a client
+keeps working against a newer server that added a field (a field it needs that the server lacks still fails).
 
 A training script asks for its own cost in two lines::
 
@@ -92,7 +93,8 @@ class _Call(Generic[T]):
     def parse(self, response: httpx.Response) -> T | None:
         if response.status_code >= 400:
             raise LayercastAPIError.from_response(response)
-        return None if self.model is None else self.model.model_validate(response.json())
+        # extra="ignore" (pydantic >= 2.12, recursive): a newer server's added fields are no error here
+        return None if self.model is None else self.model.model_validate(response.json(), extra="ignore")
 
 
 def _body(model: type[M], data: M | Mapping[str, Any]) -> Any:

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from app.client import AsyncClient, Client, LayercastAPIError, describe_module
 from app.config import Settings
-from app.graphs.schemas import GraphRead
+from app.graphs.schemas import GraphList, GraphRead
 from app.hardware.schemas import HardwareCreate
 from app.predictions.schemas import PredictionCreate, PredictionRead
 from tests.hardware.test_service import CUSTOM
@@ -148,6 +148,24 @@ def test_async_client_over_asgi_transport(client: TestClient) -> None:
 
     hardware_id, time_ms, code, compared = asyncio.run(run())
     assert hardware_id == "p100" and time_ms > 0 and code == "graph_not_found" and compared == ["p100"]
+
+
+def test_a_newer_servers_added_fields_are_ignored_but_a_missing_one_fails(api: Client, client: TestClient) -> None:
+    """A client older than the server reads answers that carry fields it does not know (top level and in nested
+    items); an answer that lacks a field the client needs is still an error, not a silent default."""
+    api.upload_json(SMALL_CNN)
+    real = client.get("/v1/graphs").json()
+    assert real["items"]
+
+    def answer(body: dict[str, object]) -> Client:
+        return Client(http=httpx.Client(base_url="http://x", transport=httpx.MockTransport(
+            lambda request: httpx.Response(200, json=body))))
+
+    newer = {**real, "added_later": 1, "items": [{**item, "added_later": {"x": 1}} for item in real["items"]]}
+    assert answer(newer).list_graphs() == GraphList.model_validate(real)
+    older = {**real, "items": [{k: v for k, v in item.items() if k != "summary"} for item in real["items"]]}
+    with pytest.raises(ValidationError):
+        answer(older).list_graphs()
 
 
 def test_non_problem_error_body() -> None:
