@@ -10,7 +10,7 @@ from pydantic import AwareDatetime, Field, model_validator
 from app.core.precision import Precision
 from app.core.vocab import SoftwareStack
 from app.graphs.schemas import JsonGraphCreate
-from app.predictions.schemas import EPOCHS_DESCRIPTION, Mode, Optimizer, PredictionRead
+from app.predictions.schemas import EPOCHS_DESCRIPTION, Mode, Optimizer, PredictionRead, RunSettings
 from app.schemas import Identifier, JsonObject, Name, PositiveInt32, Schema
 
 #: Largest number of items of one ``POST /v1/predictions/batch`` (413 ``too_many_items`` above).
@@ -108,9 +108,11 @@ class BatchPredictionRead(Schema):
 # ----------------------------------------------------------------------------------------- job estimates
 
 
-class JobSpec(Schema):
+class JobSpec(RunSettings):
     """A training job as a scheduler sees it. ``batch_size`` is the global batch, split evenly over
-    ``device_count`` devices (data parallel)."""
+    ``device_count`` devices (data parallel). The :class:`app.predictions.schemas.RunSettings` fields
+    (activation checkpointing, iteration overhead, input pipeline, evaluation set, checkpoint writes) mean what
+    they mean in ``POST /v1/predictions``: its ``p50_s`` and ``fits`` are that prediction's job time and fit."""
 
     graph_id: Identifier
     hardware_id: Identifier
@@ -231,9 +233,10 @@ class BatchSweep(Schema):
         description="each once (a size given twice is a 422 duplicate_batch_sizes); answered in ascending order")
 
 
-class ComparisonCreate(Schema):
+class ComparisonCreate(RunSettings):
     """One graph and one job on many devices. ``hardware_ids`` default to every stored device;
-    ``batch_size`` is the global batch of every row (split over ``device_counts``)."""
+    ``batch_size`` is the global batch of every row (split over ``device_counts``); the
+    :class:`app.predictions.schemas.RunSettings` fields apply to every row as in ``POST /v1/predictions``."""
 
     graph_id: Identifier
     batch_size: int = Field(strict=True, gt=0, le=1_000_000)
@@ -264,6 +267,12 @@ class ComparisonCreate(Schema):
                                             description="grid carbon intensity for co2_kg")
     sort_by: SortKey = "job_s"
     sweep: BatchSweep | None = None
+
+    @model_validator(mode="after")
+    def _checkpointing_trains(self) -> ComparisonCreate:
+        if self.activation_checkpointing and self.mode != "training":
+            raise ValueError("'activation_checkpointing' applies to mode 'training' only")
+        return self
 
 
 class ComparisonRow(Schema):

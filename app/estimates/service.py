@@ -82,7 +82,7 @@ from app.measurements.service import (
     stored_batch,
 )
 from app.measurements.validation import RowProblem, field_problems
-from app.predictions.schemas import PredictionCreate
+from app.predictions.schemas import PredictionCreate, RunSettings
 from app.predictions.service import answer_warnings, estimate, loss_ms, memory_warning
 from app.predictor.base import Predictor
 from app.predictor.metadata import JobCalibrationFit, RatioStatsModel
@@ -179,7 +179,8 @@ def _job_request(job: JobSpec, **extra: Any) -> PredictionCreate:
         inter_node_bandwidth_bytes_per_s=job.inter_node_bandwidth_bytes_per_s,
         inter_node_latency_s=job.inter_node_latency_s, batch_size=job.batch_size,
         dataset_size=job.dataset_size, epochs=job.epochs, precision=job.precision, optimizer=job.optimizer,
-        software_stack=job.software_stack, dims=job.dims, **extra)
+        software_stack=job.software_stack, dims=job.dims,
+        **{name: getattr(job, name) for name in RunSettings.model_fields}, **extra)
 
 
 def _job_scenario(cache: GraphCache, job: JobSpec, **extra: Any) -> Scenario:
@@ -620,7 +621,8 @@ def compare(session: Session, predictor: Predictor, *, request: ComparisonCreate
         )
     base = JobSpec(graph_id=request.graph_id, hardware_id="", batch_size=request.batch_size,
                    dataset_size=request.dataset_size, epochs=request.epochs, precision=request.precision,
-                   optimizer=request.optimizer, software_stack=request.software_stack, dims=request.dims)
+                   optimizer=request.optimizer, software_stack=request.software_stack, dims=request.dims,
+                   **{name: getattr(request, name) for name in RunSettings.model_fields})
     extra: dict[str, Any] = {"mode": request.mode, "grid_gco2_per_kwh": request.grid_gco2_per_kwh}
     # the dims are the request's, the same on every row: refused here even when every row fails before binding
     cache.check_binding(_job_request(base, **extra))

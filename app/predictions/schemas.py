@@ -24,7 +24,34 @@ EPOCHS_DESCRIPTION = ("epochs of dataset_size; may be fractional. A job runs who
                       "proportion")
 
 
-class PredictionCreate(Schema):
+class RunSettings(Schema):
+    """How a training or inference run goes beyond its layers: activation checkpointing, the fixed time per
+    iteration, the input pipeline, an evaluation set and checkpoint writes. Shared by a prediction
+    (:class:`PredictionCreate`) and a scheduler's job (:class:`app.estimates.schemas.JobSpec`), which hand
+    these fields to the same iteration, epoch and job model (:mod:`app.core.aggregate`)."""
+
+    activation_checkpointing: bool = Field(
+        default=False, description="training only: keep one input per segment of sqrt(layers) layers and "
+                                   "recompute the rest in backward (torch.utils.checkpoint)")
+    iteration_overhead_ms: float = Field(
+        default=0.0, strict=True, ge=0, le=1e9, allow_inf_nan=False,
+        description="fixed time per iteration outside the layers (loss, zero_grad, framework glue)")
+    loading_samples_per_s: float | None = Field(
+        default=None, strict=True, gt=0, allow_inf_nan=False,
+        description="samples/s the input pipeline delivers (all devices together); none = loading is free")
+    loading_overlapped: bool = Field(
+        default=True, description="the loader prefetches while the devices compute (DataLoader workers)")
+    eval_size: int | None = Field(
+        default=None, strict=True, gt=0, le=10**15,
+        description="samples of an evaluation set run forward-only once per epoch")
+    checkpoint_every_epochs: float | None = Field(
+        default=None, strict=True, gt=0, allow_inf_nan=False,
+        description="write a checkpoint (weights + optimizer state) every this many epochs")
+    checkpoint_write_bytes_per_s: float | None = Field(
+        default=None, strict=True, gt=0, allow_inf_nan=False, description="write bandwidth of the checkpoint storage")
+
+
+class PredictionCreate(RunSettings):
     """What to predict. Give exactly one of ``graph_id``/``graph`` and one of ``hardware_id``/``hardware``."""
 
     graph_id: Identifier | None = Field(default=None, description="id returned by POST /v1/graphs")
@@ -52,9 +79,6 @@ class PredictionCreate(Schema):
                     "pytorch-cuda-graph and cuda-library run on GPUs only: on a CPU device they are a 422 "
                     "stack_not_supported.",
     )
-    activation_checkpointing: bool = Field(
-        default=False, description="training only: keep one input per segment of sqrt(layers) layers and "
-                                   "recompute the rest in backward (torch.utils.checkpoint)")
     dims: dict[Name, PositiveInt32] = Field(
         default_factory=dict, description="symbolic dimensions other than the batch"
     )
@@ -80,22 +104,6 @@ class PredictionCreate(Schema):
     inter_node_latency_s: float | None = Field(
         default=None, strict=True, gt=0, le=1, allow_inf_nan=False,
         description="network latency per ring step (nodes > 1); default 6.6e-6")
-    iteration_overhead_ms: float = Field(
-        default=0.0, strict=True, ge=0, le=1e9, allow_inf_nan=False,
-        description="fixed time per iteration outside the layers (loss, zero_grad, framework glue)")
-    loading_samples_per_s: float | None = Field(
-        default=None, strict=True, gt=0, allow_inf_nan=False,
-        description="samples/s the input pipeline delivers (all devices together); none = loading is free")
-    loading_overlapped: bool = Field(
-        default=True, description="the loader prefetches while the devices compute (DataLoader workers)")
-    eval_size: int | None = Field(
-        default=None, strict=True, gt=0, le=10**15,
-        description="samples of an evaluation set run forward-only once per epoch")
-    checkpoint_every_epochs: float | None = Field(
-        default=None, strict=True, gt=0, allow_inf_nan=False,
-        description="write a checkpoint (weights + optimizer state) every this many epochs")
-    checkpoint_write_bytes_per_s: float | None = Field(
-        default=None, strict=True, gt=0, allow_inf_nan=False, description="write bandwidth of the checkpoint storage")
     price_usd_per_hour: float | None = Field(
         default=None, strict=True, gt=0, allow_inf_nan=False,
         description="price per device-hour (USD) of the job's cost_usd (needs epochs); default: the catalog's "

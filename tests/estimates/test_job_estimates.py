@@ -37,6 +37,32 @@ def test_single_device_p50_is_the_predicted_job_time(client: TestClient, resnet_
                            "error"}
 
 
+RUN = {"activation_checkpointing": True, "iteration_overhead_ms": 3.0, "loading_samples_per_s": 2_000.0,
+       "loading_overlapped": False, "eval_size": 10_000, "checkpoint_every_epochs": 1.0,
+       "checkpoint_write_bytes_per_s": 1e8}
+
+
+def test_a_jobs_run_settings_are_the_predictions(client: TestClient, resnet_id: str) -> None:
+    """Activation checkpointing, the iteration overhead, the input pipeline, an evaluation set and checkpoint
+    writes change a job's estimate exactly as they change POST /v1/predictions' job (the same model); a
+    comparison row takes them too, and refuses checkpointing in inference like a prediction."""
+    big = _job(resnet_id, batch_size=1024)
+    plain, run = _estimate(client, [big, {**big, **RUN}])
+    single = client.post("/v1/predictions", json={**big, **RUN, "detail": "summary"}).json()
+    assert run["p50_s"] == pytest.approx(single["job"]["time_s"], rel=1e-9)
+    assert run["p90_s"] == pytest.approx(single["job"]["time_s_p90"], rel=1e-9)
+    assert run["p50_s"] > plain["p50_s"]
+    assert plain["fits"] is False and run["fits"] is True  # checkpointing is what makes batch 1024 fit in 40 GB
+    compared = client.post("/v1/comparisons", json={
+        "graph_id": resnet_id, "batch_size": 1024, "dataset_size": 50_000, "epochs": 2, "hardware_ids": [A100],
+        **RUN}).json()
+    assert compared["rows"][0]["job_s"] == pytest.approx(single["job"]["time_s"], rel=1e-9)
+    assert compared["rows"][0]["fits"] is True
+    refused = client.post("/v1/comparisons", json={"graph_id": resnet_id, "batch_size": 64, "mode": "inference",
+                                                   "activation_checkpointing": True})
+    assert refused.status_code == 422 and refused.json()["error"]["code"] == "validation_error"
+
+
 def test_data_parallel_is_faster_but_not_linear(client: TestClient, resnet_id: str, node: str) -> None:
     one, eight = _estimate(client, [_job(resnet_id, hardware_id=node, batch_size=512),
                                     _job(resnet_id, hardware_id=node, batch_size=512, device_count=8)])
