@@ -328,9 +328,12 @@ def check_measured_at(*, measured_at: datetime | None, now: datetime) -> None:
                 "max_skew_s": MAX_CLOCK_SKEW.total_seconds()})
 
 
-#: Precision modes (:class:`app.core.precision.Precision`) a device must have the arithmetic for; a row's
-#: storage format (``int8``, ``fp64``, ``fp8``) is not a mode and is not checked against the device.
+#: Precision modes (:class:`app.core.precision.Precision`) a device must have the arithmetic for. Of a row's
+#: storage formats (``int8``, ``fp64``, ``fp8``) only ``fp8`` is: no device runs fp8 without fp8 arithmetic
+#: (Ada, Hopper, CDNA 3), while every GPU and CPU runs fp64, and int8 runs on DP4A or vector units of devices
+#: whose datasheet lists no int8 peak (V100, GP102, CPUs), so those two are not checked against the device.
 PRECISION_MODES = frozenset(p.value for p in Precision)
+DEVICE_FORMATS = frozenset({"fp8"})
 #: Precision modes a CPU runs without the arithmetic for them: ``torch.autocast("cpu")`` converts bf16/fp16
 #: in software where the ISA has none, so the time is real (the seed profiler shard has 5,128 bf16 rows of a
 #: CPU without bf16 arithmetic). ``tf32`` is a CUDA mode only: refused on a CPU like on a GPU without it.
@@ -359,7 +362,8 @@ def field_problems(row: MeasurementRecord, *, spec: HardwareSpec | None, graph_e
     nothing further is checked of such a row); an iteration or job row whose ``config.graph_id`` is not a
     stored graph (``graph_not_found``); a device that is not stored (``spec`` None: ``hardware_not_found``), a
     GPU-only stack on a CPU (``stack_not_supported``) or a precision mode the device has no arithmetic for
-    (``precision_not_supported``; on a CPU only ``tf32``: :data:`CPU_AUTOCAST_MODES`), each ending the checks;
+    (``precision_not_supported``; on a CPU only ``tf32``: :data:`CPU_AUTOCAST_MODES`; of the storage formats
+    only ``fp8``: :data:`DEVICE_FORMATS`), each ending the checks;
     last a time the device cannot have taken (:func:`check_plausible`).
 
     ``spec``: the stored device ``row.hardware_id`` names, or None; ``graph_exists``: whether a graph id is
@@ -404,6 +408,11 @@ def field_problems(row: MeasurementRecord, *, spec: HardwareSpec | None, graph_e
         except PrecisionNotSupported as exc:
             problems.append(RowProblem(exc.code, "precision", str(exc)))
             return problems
+    if row.precision in DEVICE_FORMATS and row.precision not in spec.peak_flops_per_s:
+        problems.append(RowProblem("precision_not_supported", "precision",
+                                   f"hardware {spec.id!r} has no {row.precision} arithmetic (no '{row.precision}' "
+                                   "peak in its spec), so no time was measured in it"))
+        return problems
     try:
         check_plausible(time_ms=row.time_ms_median, granularity=row.granularity, config=row.config,
                         batch_size=row.batch_size, spec=spec, precision=row.precision, pass_=row.pass_,

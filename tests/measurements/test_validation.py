@@ -216,8 +216,9 @@ def test_api_accepts_the_shape_records_collectives_and_cpu_precisions_that_are_r
     """What the importers and the profiler store of real measurements is a row the API takes too: DeepBench's
     bare GEMM and NeuSight's batched matmul, Vidur's element-wise ops, RoPE and NCCL collectives (configs of the
     importers' shape-record vocabulary, no ``input_shape``), and a bf16 time on a CPU, which PyTorch's CPU
-    autocast runs without bf16 arithmetic (the seed profiler shard holds 5,128 such rows). A shape record of
-    another kind than its ``op_kind``, and bf16 on a GPU without bf16 arithmetic, are still refused."""
+    autocast runs without bf16 arithmetic (the seed profiler shard holds 5,128 such rows); fp8 on a Hopper GPU,
+    int8 on a V100 (DP4A, no int8 peak listed) and fp64 anywhere. A shape record of another kind than its
+    ``op_kind``, bf16 on a GPU without bf16 arithmetic and fp8 on a GPU without fp8 are still refused."""
     kernel = {**LAYER, "granularity": "kernel", "time_ms_median": 0.5, "hardware_id": "a100-pcie-80gb",
               "precision": "fp16"}
     gemm = {"layer": {"op": "matmul", "m": 5124, "n": 700, "k": 2048, "a_trans": False, "b_trans": False}}
@@ -231,17 +232,23 @@ def test_api_accepts_the_shape_records_collectives_and_cpu_precisions_that_are_r
                 "op": "allreduce", "size_bytes": 2048, "n_ranks": 2, "devices_per_node": 1, "n_nodes": 2}}},
             {**kernel, "op_kind": "send_recv", "batch_size": 1, "config": {"layer": {
                 "op": "send_recv", "size_bytes": 2048, "n_ranks": 2, "devices_per_node": 1, "n_nodes": 2}}},
-            {**LAYER, "hardware_id": "local", "precision": "bf16", "time_ms_median": 400.0}]
+            {**LAYER, "hardware_id": "local", "precision": "bf16", "time_ms_median": 400.0},
+            {**LAYER, "hardware_id": "h100-sxm", "precision": "fp8", "time_ms_median": 1.0},
+            {**LAYER, "hardware_id": "v100-sxm2-16gb", "precision": "int8", "time_ms_median": 5.0},
+            {**LAYER, "hardware_id": "t4", "precision": "fp64", "time_ms_median": 400.0}]
     r = client.post("/v1/measurements", json={"measurements": rows})
     assert r.status_code == 201, r.text
     wrong = [{**kernel, "op_kind": "conv", "config": gemm},
              {**kernel, "op_kind": "gemm", "config": {"layer": {"op": "allreduce", "size_bytes": 2048}}},
-             {**LAYER, "hardware_id": "k80", "precision": "bf16", "time_ms_median": 40.0}]
+             {**LAYER, "hardware_id": "k80", "precision": "bf16", "time_ms_median": 40.0},
+             {**LAYER, "hardware_id": "a100-sxm4-40gb", "precision": "fp8", "time_ms_median": 5.0},
+             {**LAYER, "hardware_id": "local", "precision": "fp8", "time_ms_median": 400.0}]
     r = client.post("/v1/measurements", json={"measurements": wrong})
     assert r.status_code == 422, r.text
     assert [(e["index"], e["code"], e["field"]) for e in r.json()["error"]["detail"]["errors"]] == [
         (0, "invalid_layer_config", "op_kind"), (1, "invalid_layer_config", "op_kind"),
-        (2, "precision_not_supported", "precision")]
+        (2, "precision_not_supported", "precision"), (3, "precision_not_supported", "precision"),
+        (4, "precision_not_supported", "precision")]
 
 
 def _record(**overrides: Any) -> MeasurementRecord:
