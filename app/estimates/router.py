@@ -26,7 +26,7 @@ from app.schemas import ErrorResponse
 router = APIRouter(prefix="/v1")
 
 _ITEMS = "per-item failures (graph_not_found, hardware_not_found, precision_not_supported, stack_not_supported, " \
-         "invalid_graph, unbound_dimension, unknown_dimension, invalid_request; no_costed_layers and " \
+         "invalid_graph, unbound_dimension, unknown_dimension, invalid_request, no_costed_layers; " \
          "too_many_devices_per_node for jobs and comparison rows) are answered in the item with their code " \
          "and detail, not as the status"
 _BATCH_ERRORS: dict[int | str, dict[str, Any]] = {

@@ -29,7 +29,6 @@ from app.errors import (
     InvalidActuals,
     InvalidRequest,
     LayercastError,
-    NoCostedLayers,
     TooManyItems,
     UnboundDimension,
     UnknownDimension,
@@ -83,7 +82,7 @@ from app.measurements.service import (
 )
 from app.measurements.validation import RowProblem, field_problems
 from app.predictions.schemas import PredictionCreate, RunSettings
-from app.predictions.service import answer_warnings, estimate, loss_ms, memory_warning
+from app.predictions.service import answer_warnings, check_costed, estimate, loss_ms, memory_warning
 from app.predictor.base import Predictor
 from app.predictor.metadata import JobCalibrationFit, RatioStatsModel
 from app.predictor.table import Estimates
@@ -142,7 +141,7 @@ def predict_batch(session: Session, predictor: Predictor, *, request: BatchPredi
     """
     _limit(request.items, MAX_BATCH_ITEMS, "items")
     cache = GraphCache(session, predictor)
-    scenarios = [_attempt(partial(cache.scenario, _item_request(item))) for item in request.items]
+    scenarios = [_attempt(partial(_costed_scenario, cache, _item_request(item))) for item in request.items]
     ok = [(i, s) for i, s in enumerate(scenarios) if isinstance(s, Scenario)]
     found = engine.predict_layers(cache, [s for _, s in ok])
     results: list[BatchItemRead] = [
@@ -184,15 +183,16 @@ def _job_request(job: JobSpec, **extra: Any) -> PredictionCreate:
 
 
 def _job_scenario(cache: GraphCache, job: JobSpec, **extra: Any) -> Scenario:
-    """The bound scenario of ``job`` (:meth:`GraphCache.scenario`, with its errors); raises
-    :class:`app.errors.NoCostedLayers` (422 ``no_costed_layers``) when no layer of the graph has a cost formula:
-    a job estimate or comparison row has no warnings to say that its 0 s means nothing."""
-    s = cache.scenario(_job_request(job, **extra))
-    analysis = s.analysis
-    if analysis.layer_count and analysis.unsupported_layer_count == analysis.layer_count:
-        ops = ", ".join(sorted({u.op_type for u in analysis.unsupported}))
-        raise NoCostedLayers(f"no layer of graph {job.graph_id!r} has a cost formula (op types {ops}): "
-                             "its job time would be 0 s", detail={"graph_id": job.graph_id})
+    """The bound scenario of ``job`` (:func:`_costed_scenario`)."""
+    return _costed_scenario(cache, _job_request(job, **extra))
+
+
+def _costed_scenario(cache: GraphCache, request: PredictionCreate) -> Scenario:
+    """The bound scenario of ``request`` (:meth:`GraphCache.scenario`, with its errors); raises
+    :class:`app.errors.NoCostedLayers` (422 ``no_costed_layers``, :func:`check_costed`) when no layer of the graph
+    has a cost formula, as ``POST /v1/predictions`` does."""
+    s = cache.scenario(request)
+    check_costed(s.analysis, request.graph_id)
     return s
 
 

@@ -22,7 +22,8 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
                        "dims_names_batch_axis, limit_exceeded, precision_not_supported, stack_not_supported, "
                        "no_interconnect, too_many_devices_per_node (more than 8 devices in a node; "
                        "detail.nodes_needed), conflicting_hardware (inline hardware under a stored device's id "
-                       "that differs from it; detail.fields)",
+                       "that differs from it; detail.fields), no_costed_layers (no layer of the graph has a cost "
+                       "formula; detail.op_types)",
     },
 }
 

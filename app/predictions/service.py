@@ -64,7 +64,13 @@ from app.core.precision import (
     storage_precision,
 )
 from app.core.vocab import GPU_ONLY_STACKS, SoftwareStack, stack_runs_on
-from app.errors import NoInterconnect, PrecisionNotSupportedError, StackNotSupportedError, TooManyDevicesPerNode
+from app.errors import (
+    NoCostedLayers,
+    NoInterconnect,
+    PrecisionNotSupportedError,
+    StackNotSupportedError,
+    TooManyDevicesPerNode,
+)
 from app.graphs import service as graphs
 from app.graphs.importer import canonical_json
 from app.hardware import service as hardware_service
@@ -515,6 +521,19 @@ def check_stack(hw: HardwareSpec, software_stack: SoftwareStack) -> None:
         )
 
 
+def check_costed(analysis: GraphAnalysis, graph_id: str | None) -> None:
+    """Raise :class:`NoCostedLayers` (422 ``no_costed_layers``; ``detail.op_types``: the ops without a cost
+    formula) when the graph has layers and none of them has a cost formula: its time would be 0 s (in training
+    the loss alone), its epoch, job and price 0, which a CI gate, a ranking or a scheduler would take at face
+    value. One rule for predictions, batch items, job estimates and comparison rows; ``GET
+    /v1/graphs/{id}/layers`` still lists such a graph's layers and why each has no formula."""
+    if analysis.layer_count and analysis.unsupported_layer_count == analysis.layer_count:
+        ops = sorted({u.op_type for u in analysis.unsupported})
+        name = f"graph {graph_id!r}" if graph_id is not None else "the inline graph"
+        raise NoCostedLayers(f"no layer of {name} has a cost formula (op types {', '.join(ops)}): its time would "
+                             "be 0 s", detail={"graph_id": graph_id, "op_types": ops})
+
+
 _RULE_TEXT: dict[str, str] = {
     "attention": "the attention core (Q.K^T, scale, mask, softmax, dropout, .V) as one flash / memory-efficient "
                  "SDPA kernel",
@@ -570,6 +589,7 @@ def predict(session: Session, predictor: Predictor, *, request: PredictionCreate
         content = canonical_json(request.graph.model_dump())
         bound = graphs.bound_inline(content, batch_size=request.per_device_batch_size, dims=request.dims,
                                     software_stack=request.software_stack, hardware_kind=hw.kind)
+    check_costed(bound.analysis, bound.graph_id)
     answer = estimate(bound.analysis, hw, predictor, request=request, graph_id=bound.graph_id, bound=bound)
     if unchecked is not None:
         answer.warnings.append(unchecked)

@@ -151,9 +151,10 @@ def test_unsupported_op_is_listed_and_totals_say_so(client: TestClient) -> None:
 
 
 @pytest.mark.parametrize("mode", ["inference", "training"])
-def test_a_graph_with_no_costable_layer_says_so_in_both_modes(client: TestClient, mode: str) -> None:
-    """The loss layer a training step adds is always costed: it alone must not hide that none of the graph's
-    layers could be."""
+def test_a_graph_with_no_costable_layer_is_refused_in_both_modes(client: TestClient, mode: str) -> None:
+    """A 0 s iteration (in training the loss alone) would pass a CI gate and top a ranking: the prediction, a
+    batch item and a job are refused with no_costed_layers naming the ops, as comparisons are; the graph's layer
+    table still says why each layer has no formula."""
     from onnx import TensorProto, helper
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])
@@ -163,10 +164,14 @@ def test_a_graph_with_no_costable_layer_says_so_in_both_modes(client: TestClient
     gid = client.post("/v1/graphs", content=model.SerializeToString(),
                       headers={"content-type": "application/octet-stream"}).json()["id"]
     r = _predict(client, graph_id=gid, hardware_id="p100", batch_size=2, mode=mode)
-    assert r.status_code == 200, r.text
-    body = r.json()
-    assert (body["iteration"]["loss_ms"] > 0) == (mode == "training")
-    assert any("no layer of this graph could be costed" in w for w in body["warnings"]), body["warnings"]
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["code"] == "no_costed_layers" and r.json()["error"]["detail"]["op_types"] == ["Hardmax"]
+    item = {"graph_id": gid, "hardware_id": "p100", "batch_size": 2, "mode": mode}
+    batch = client.post("/v1/predictions/batch", json={"items": [item, {**item, "graph_id": None, "graph": {
+        "name": "mlp", "input_shape": [8], "layers": [{"op": "linear", "out_features": 4}]}}]}).json()["items"]
+    assert batch[0]["error"]["code"] == "no_costed_layers" and batch[1]["error"] is None
+    layers = client.get(f"/v1/graphs/{gid}/layers", params={"batch_size": 2})
+    assert layers.status_code == 200 and layers.json()["layers"], layers.text
 
 
 @pytest.mark.parametrize(
