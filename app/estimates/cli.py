@@ -11,9 +11,10 @@ Pareto front: :func:`app.estimates.service.mark_pareto`), so it needs ``--datase
 
 Exit codes: 0 success (gate: within every limit), 1 gate breach, 2 bad arguments or a prediction the
 service refused (unknown hardware, unsupported precision, unreadable model: the problem document's code
-is printed), 3 ``--server`` unreachable or not a URL (connection refused, unknown host, no ``http://``,
-a timeout, an answer that is not the service's JSON, a 5xx: one line, never a traceback, and never 1 so a CI job
-cannot read an outage as a breach), 4 gate: the candidate has layers that cannot be costed (unsupported
+is printed; ``compare``: no row at all, or a ``--hardware`` id that names no device, after the table),
+3 ``--server`` unreachable or not a URL (connection refused, unknown host, no ``http://``, a timeout, an
+answer that is not the service's JSON, a 5xx: one line, never a traceback, and never 1 so a CI job cannot
+read an outage as a breach), 4 gate: the candidate has layers that cannot be costed (unsupported
 ops, left out of every total, so a limit would be checked against an undercount; ``--allow-unsupported``
 gates the costed layers only).
 """
@@ -450,6 +451,10 @@ def _compare(args: argparse.Namespace, backend: Backend) -> int:
               file=sys.stderr)
         return EXIT_ERROR
     hardware_ids = list(dict.fromkeys(h.strip() for h in args.hardware.split(",") if h.strip()))
+    if not hardware_ids:
+        print(f"layercast compare: --hardware {args.hardware!r} names no device: give comma-separated ids "
+              "(`layercast hardware list`)", file=sys.stderr)
+        return EXIT_ERROR
     answer = backend.compare(args.model, hardware_ids, _params(args))
     rows: list[dict[str, Any]] = [dict(r) for r in answer["rows"]]
     # a device that cannot run the job is listed with its reason, not dropped
@@ -460,6 +465,12 @@ def _compare(args: argparse.Namespace, backend: Backend) -> int:
     else:
         _print_rows(rows, comparison=True)
         print(f"predictor {answer['predictor_version']}; pareto: not dominated in job time, cost and energy")
+    # a device that cannot run the job is an answer; an id that names no device is a typo a pipeline must see
+    unknown = [u["hardware_id"] for u in answer["unavailable"] if u["code"] == "hardware_not_found"]
+    if unknown:
+        print(f"layercast compare: hardware_not_found: {', '.join(map(repr, unknown))} (see `layercast hardware "
+              "list`)", file=sys.stderr)
+        return EXIT_ERROR
     return EXIT_OK if answer["rows"] else EXIT_ERROR
 
 

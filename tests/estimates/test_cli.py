@@ -83,12 +83,18 @@ def test_offline_local_says_it_needs_the_server(models: dict[str, Path], capsys:
 
 
 def test_compare_lists_refusals_with_their_code(models: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["compare", str(models["small"]), "--hardware", f"{A100},k80,nope", "--batch-size", "64",
-                 "--dataset-size", "6400", "--epochs", "1", "--precision", "bf16", "--json"]) == 0
+    job = ["--batch-size", "64", "--dataset-size", "6400", "--epochs", "1", "--precision", "bf16", "--json"]
+    assert main(["compare", str(models["small"]), "--hardware", f"{A100},k80", *job]) == 0
     rows = {r["hardware_id"]: r for r in json.loads(capsys.readouterr().out)}
     assert rows[A100]["iteration_ms"] > 0 and rows[A100]["fits"] is True and rows[A100]["pareto"] is True
-    assert rows["k80"]["error"] == "precision_not_supported"  # Kepler has no bf16: listed, not dropped
-    assert rows["nope"]["error"] == "hardware_not_found"
+    assert rows["k80"]["error"] == "precision_not_supported"  # Kepler has no bf16: listed, not dropped, exit 0
+    # a typo'd id is listed too, but a pipeline must not pass on it
+    assert main(["compare", str(models["small"]), "--hardware", f"{A100},nope", *job]) == ci.EXIT_ERROR
+    out, err = capsys.readouterr()
+    assert {r["hardware_id"]: r.get("error") for r in json.loads(out)} == {A100: None, "nope": "hardware_not_found"}
+    assert "hardware_not_found: 'nope'" in err
+    assert main(["compare", str(models["small"]), "--hardware", " , ", *job]) == ci.EXIT_ERROR
+    assert "names no device" in capsys.readouterr().err
     assert main(["compare", str(models["small"]), "--hardware", A100, "--batch-size", "64"]) == ci.EXIT_ERROR
     assert "--dataset-size and --epochs" in capsys.readouterr().err
 
@@ -123,7 +129,7 @@ def test_tables_have_no_column_they_leave_empty(models: dict[str, Path], capsys:
     (row,) = _table(capsys.readouterr().out)
     assert not {"epoch_s", "job_s", "cost_usd", "energy_kwh", "pareto", "error"} & set(row), row
     assert {"iteration_ms", "peak_gib", "fits", "largest_batch"} <= set(row) and all(row.values()), row
-    assert main(["compare", str(models["small"]), "--hardware", f"{A100},v100-sxm2-16gb,nope", *job]) == 0
+    assert main(["compare", str(models["small"]), "--hardware", f"{A100},v100-sxm2-16gb,nope", *job]) == ci.EXIT_ERROR
     rows = {r["hardware_id"]: r for r in _table(capsys.readouterr().out)}
     assert set(rows) == {A100, "v100-sxm2-16gb", "nope"}
     assert {rows[h]["pareto"] for h in (A100, "v100-sxm2-16gb")} <= {"True", "False"}
