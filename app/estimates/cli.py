@@ -127,7 +127,7 @@ class OfflineBackend:
         from app.graphs import service as graphs
         from app.hardware.local import LOCAL_ID
         from app.predictions.schemas import PredictionCreate
-        from app.predictions.service import estimate
+        from app.predictions.service import check_costed, estimate
 
         hw = self.catalog.get(hardware_id)
         if hw is None and hardware_id == LOCAL_ID:  # the one non-catalog id a user may expect to work offline
@@ -151,6 +151,7 @@ class OfflineBackend:
             graph = graphs.build_graph(content, "onnx", batch_size=request.per_device_batch_size,
                                        dims=dict(params.dims), name=model.stem)
             analysis = analyze(graph, software_stack=request.software_stack, hardware_kind=hw.kind)
+            check_costed(analysis, None)  # as the API: never a 0 s answer
             answer = estimate(analysis, hw, self.predictor, request=request, graph_id=None)
         except LayercastError as exc:
             raise PredictionFailed(exc.code, exc.message) from exc

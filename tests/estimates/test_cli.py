@@ -317,11 +317,13 @@ def test_gate_fails_a_candidate_with_layers_it_cannot_cost(models: dict[str, Pat
     assert report["ok"] is False and report["breaches"] == []
     assert "Mystery" in {u["op_type"] for u in report["unsupported"]}
     assert any("no cost formula" in w for w in report["warnings"])
-    # a model none of whose layers can be costed (epoch_s = 0) is refused, not "ok: epoch_s = 0"
+    # a model none of whose layers can be costed (epoch_s = 0) is refused as the API refuses it (422
+    # no_costed_layers), not "ok: epoch_s = 0", even with --allow-unsupported
     only = tmp_path / "only.onnx"
     only.write_bytes(_with_unknown_op(mlp_onnx(512), "Gemm"))
-    assert main(["gate", str(only), *common, "--max-epoch-s", "100"]) == ci.EXIT_UNSUPPORTED
-    assert "UNSUPPORTED:" in capsys.readouterr().out
+    for allow in ([], ["--allow-unsupported"]):
+        assert main(["gate", str(only), *common, "--max-epoch-s", "100", *allow]) == ci.EXIT_ERROR
+        assert "no_costed_layers" in capsys.readouterr().err
     # a fully costed candidate still passes without the flag
     assert main(["gate", str(models["small"]), *common, "--max-epoch-s", "100"]) == ci.EXIT_OK
     # a baseline with uncosted layers is under-counted (the growth would be inflated): refused the same way
