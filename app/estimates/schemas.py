@@ -162,6 +162,10 @@ class JobEstimateRead(Schema):
     calibration_factor: float = Field(default=1.0, description="applied to the model's p50 (actual/predicted)")
     calibration_group: CalibrationGroupRead | None = Field(
         default=None, description="the setting whose actuals calibrate this job (null with an error)")
+    warnings: list[str] = Field(
+        default_factory=list, description="what the estimate assumed or left out, as POST /v1/predictions says "
+                                          "it: an assumed inter-node network, layers without a cost formula "
+                                          "(an undercount); empty when neither")
     error: ItemError | None = None
 
 

@@ -82,7 +82,15 @@ from app.measurements.service import (
 )
 from app.measurements.validation import RowProblem, field_problems
 from app.predictions.schemas import PredictionCreate, RunSettings
-from app.predictions.service import answer_warnings, check_costed, estimate, loss_ms, memory_warning
+from app.predictions.service import (
+    answer_warnings,
+    check_costed,
+    estimate,
+    loss_ms,
+    memory_warning,
+    network_warning,
+    unsupported_warning,
+)
 from app.predictor.base import Predictor
 from app.predictor.metadata import JobCalibrationFit, RatioStatsModel
 from app.predictor.table import Estimates
@@ -204,6 +212,7 @@ class _JobModel:
     p90_s: float
     fits: bool
     memory_warning: str | None = None  # the peak over the device's memory, when it does not fit
+    warnings: tuple[str, ...] = ()  # an assumed network, uncosted layers (network_warning, unsupported_warning)
 
 
 def _model_jobs(session: Session, predictor: Predictor, jobs: Sequence[JobSpec]) -> list[_JobModel | ItemError]:
@@ -224,8 +233,10 @@ def _model_jobs(session: Session, predictor: Predictor, jobs: Sequence[JobSpec])
         def model(s: Scenario = s, sums: LayerSums = sums) -> _JobModel:
             job = engine.scenario_aggregate(cache, s, sums).job
             assert job is not None
+            said = (network_warning(s.request), unsupported_warning(s.analysis))
             return _JobModel(p50_s=job.time_s, p90_s=job.time_s_p90, fits=cache.fits(s),
-                             memory_warning=memory_warning(cache.footprint(s), s.hardware))
+                             memory_warning=memory_warning(cache.footprint(s), s.hardware),
+                             warnings=tuple(w for w in said if w is not None))
 
         out.append(_attempt(model))
     return out
@@ -380,7 +391,8 @@ def estimate_jobs(session: Session, predictor: Predictor, *, request: JobEstimat
         cal = calibrations.get(group, UNCALIBRATED)
         p50, p90 = cal.p50_p90(m.p50_s, m.p90_s)
         answers.append(JobEstimateRead(index=i, p50_s=p50, p90_s=p90, fits=m.fits, actuals=cal.actuals,
-                                       calibration_factor=cal.factor, calibration_group=_group_read(group)))
+                                       calibration_factor=cal.factor, calibration_group=_group_read(group),
+                                       warnings=list(m.warnings)))
     return JobEstimatesRead(predictor_version=predictor.version, count=len(answers),
                             failed=sum(a.error is not None for a in answers), estimates=answers)
 

@@ -613,25 +613,18 @@ def answer_warnings(analysis: GraphAnalysis, hw: HardwareSpec, request: Predicti
         # never a silent zero: a graph with nothing costable is an error the caller must see (in training the
         # loss layer after the graph is always costed, so it alone does not make the graph's time meaningful)
         warnings.append("no layer of this graph could be costed; the iteration time is not meaningful")
-    if analysis.unsupported:
-        warnings.append(
-            f"{analysis.unsupported_layer_count} layer(s) of op types "
-            f"{', '.join(u.op_type for u in analysis.unsupported)} have no cost formula; totals exclude them"
-        )
+    uncosted = unsupported_warning(analysis)
+    if uncosted is not None:
+        warnings.append(uncosted)
     ood_layers, _ = _layer_stats(analysis, estimates)
     if ood_layers:
         warnings.append(
             f"{ood_layers} layer(s) lie outside the learned predictor's training data (hardware or shape "
             "range); their intervals are wider"
         )
-    if request.nodes > 1 and (request.inter_node_bandwidth_bytes_per_s is None
-                              or request.inter_node_latency_s is None):
-        net = network_link(request)
-        assert net is not None
-        warnings.append(
-            f"{request.nodes} nodes: inter-node network assumed {net.bandwidth_bytes_per_s / 1e9:.3g} GB/s per node "
-            f"and {net.step_latency_s * 1e6:.3g} us per step (default: one InfiniBand HDR 200 Gb/s NIC per node); "
-            "give inter_node_bandwidth_bytes_per_s and inter_node_latency_s for yours")
+    network = network_warning(request)
+    if network is not None:
+        warnings.append(network)
     if it.energy_j is None:
         warnings.append(f"hardware {hw.id!r} lists no tdp_w: energy and CO2 are not estimated")
     if agg.job is not None and _price(request, hw)[0] is None:
@@ -645,6 +638,28 @@ def answer_warnings(analysis: GraphAnalysis, hw: HardwareSpec, request: Predicti
     if memory is not None:
         warnings.append(memory)
     return warnings
+
+
+def unsupported_warning(analysis: GraphAnalysis) -> str | None:
+    """The warning of layers without a cost formula (left out of every total: the time is an undercount), None
+    when every layer is costed. Predictions, batch summaries and job estimates say it alike."""
+    if not analysis.unsupported:
+        return None
+    return (f"{analysis.unsupported_layer_count} layer(s) of op types "
+            f"{', '.join(u.op_type for u in analysis.unsupported)} have no cost formula; totals exclude them")
+
+
+def network_warning(request: PredictionCreate) -> str | None:
+    """The warning of an assumed inter-node network (``nodes`` > 1 without both network fields: the default
+    link of :func:`network_link`), None otherwise. Predictions, batch summaries and job estimates say it alike."""
+    if request.nodes <= 1 or (request.inter_node_bandwidth_bytes_per_s is not None
+                              and request.inter_node_latency_s is not None):
+        return None
+    net = network_link(request)
+    assert net is not None
+    return (f"{request.nodes} nodes: inter-node network assumed {net.bandwidth_bytes_per_s / 1e9:.3g} GB/s per "
+            f"node and {net.step_latency_s * 1e6:.3g} us per step (default: one InfiniBand HDR 200 Gb/s NIC per "
+            "node); give inter_node_bandwidth_bytes_per_s and inter_node_latency_s for yours")
 
 
 def memory_warning(fp: MemoryFootprint, hw: HardwareSpec) -> str | None:

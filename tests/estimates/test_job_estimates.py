@@ -34,7 +34,20 @@ def test_single_device_p50_is_the_predicted_job_time(client: TestClient, resnet_
     assert est[0]["fits"] is True and est[0]["actuals"] == 0
     assert est[1]["fits"] is False  # ResNet-50 at 4,096 samples does not fit in 40 GB
     assert set(est[0]) == {"index", "p50_s", "p90_s", "fits", "actuals", "calibration_factor", "calibration_group",
-                           "error"}
+                           "warnings", "error"}
+    assert est[0]["warnings"] == []
+
+
+def test_a_job_says_what_it_assumed_as_its_prediction_does(client: TestClient, resnet_id: str, node: str) -> None:
+    """16 devices on 2 nodes without a network: the default link is assumed and said, in the words of the
+    prediction's warning; with both network fields nothing is assumed and nothing said."""
+    spread = _job(resnet_id, hardware_id=node, batch_size=1024, device_count=16, nodes=2)
+    given = {**spread, "inter_node_bandwidth_bytes_per_s": 50e9, "inter_node_latency_s": 5e-6}
+    assumed, told = _estimate(client, [spread, given])
+    single = client.post("/v1/predictions", json={**spread, "detail": "summary"}).json()
+    network = [w for w in single["warnings"] if "inter-node network assumed" in w]
+    assert len(network) == 1 and assumed["warnings"] == network
+    assert told["warnings"] == []
 
 
 RUN = {"activation_checkpointing": True, "iteration_overhead_ms": 3.0, "loading_samples_per_s": 2_000.0,
