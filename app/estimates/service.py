@@ -178,6 +178,11 @@ def predict_batch(session: Session, predictor: Predictor, *, request: BatchPredi
 # ----------------------------------------------------------------------------------------- job estimates
 
 
+def run_settings(source: RunSettings) -> dict[str, Any]:
+    """The :class:`RunSettings` fields of ``source``, for the schema a job or comparison row is predicted as."""
+    return {name: getattr(source, name) for name in RunSettings.model_fields}
+
+
 def _job_request(job: JobSpec, **extra: Any) -> PredictionCreate:
     """The single prediction a job is; raises ``ValidationError`` (a batch that does not divide over the
     devices)."""
@@ -187,7 +192,7 @@ def _job_request(job: JobSpec, **extra: Any) -> PredictionCreate:
         inter_node_latency_s=job.inter_node_latency_s, batch_size=job.batch_size,
         dataset_size=job.dataset_size, epochs=job.epochs, precision=job.precision, optimizer=job.optimizer,
         software_stack=job.software_stack, dims=job.dims,
-        **{name: getattr(job, name) for name in RunSettings.model_fields}, **extra)
+        **run_settings(job), **extra)
 
 
 def _job_scenario(cache: GraphCache, job: JobSpec, **extra: Any) -> Scenario:
@@ -634,7 +639,7 @@ def compare(session: Session, predictor: Predictor, *, request: ComparisonCreate
     base = JobSpec(graph_id=request.graph_id, hardware_id="", batch_size=request.batch_size,
                    dataset_size=request.dataset_size, epochs=request.epochs, precision=request.precision,
                    optimizer=request.optimizer, software_stack=request.software_stack, dims=request.dims,
-                   **{name: getattr(request, name) for name in RunSettings.model_fields})
+                   **run_settings(request))
     extra: dict[str, Any] = {"mode": request.mode, "grid_gco2_per_kwh": request.grid_gco2_per_kwh}
     # the dims are the request's, the same on every row: refused here even when every row fails before binding
     cache.check_binding(_job_request(base, **extra))

@@ -50,6 +50,17 @@ class RunSettings(Schema):
     checkpoint_write_bytes_per_s: float | None = Field(
         default=None, strict=True, gt=0, allow_inf_nan=False, description="write bandwidth of the checkpoint storage")
 
+    @model_validator(mode="after")
+    def _pairs(self) -> RunSettings:
+        """Fields that mean nothing alone are refused alone (422 at parse time, in every schema built on these
+        settings), never ignored."""
+        if (self.checkpoint_every_epochs is None) != (self.checkpoint_write_bytes_per_s is None):
+            raise ValueError("give 'checkpoint_every_epochs' and 'checkpoint_write_bytes_per_s' together")
+        if not self.loading_overlapped and self.loading_samples_per_s is None:
+            raise ValueError("'loading_overlapped': false needs 'loading_samples_per_s' (without a loading rate "
+                             "loading is free, overlapped or not)")
+        return self
+
 
 class PredictionCreate(RunSettings):
     """What to predict. Give exactly one of ``graph_id``/``graph`` and one of ``hardware_id``/``hardware``."""
@@ -134,8 +145,6 @@ class PredictionCreate(RunSettings):
             raise ValueError(f"device_count {self.device_count} does not spread evenly over nodes {self.nodes}")
         if self.nodes == 1 and (self.inter_node_bandwidth_bytes_per_s or self.inter_node_latency_s):
             raise ValueError("'inter_node_bandwidth_bytes_per_s' and 'inter_node_latency_s' need nodes > 1")
-        if (self.checkpoint_every_epochs is None) != (self.checkpoint_write_bytes_per_s is None):
-            raise ValueError("give 'checkpoint_every_epochs' and 'checkpoint_write_bytes_per_s' together")
         if self.checkpoint_every_epochs is not None and self.epochs is None:
             raise ValueError("'checkpoint_every_epochs' needs 'epochs'")
         for name in ("price_usd_per_hour", "grid_gco2_per_kwh"):  # they price the job (cost_usd, co2_kg) only

@@ -74,6 +74,16 @@ def test_a_jobs_run_settings_are_the_predictions(client: TestClient, resnet_id: 
     refused = client.post("/v1/comparisons", json={"graph_id": resnet_id, "batch_size": 64, "mode": "inference",
                                                    "activation_checkpointing": True})
     assert refused.status_code == 422 and refused.json()["error"]["code"] == "validation_error"
+    # a setting that means nothing alone is refused alone, at parse time, on every path (it was a 500 in a
+    # comparison, whose rows are built after parsing)
+    for alone in ({"checkpoint_every_epochs": 1.0}, {"checkpoint_write_bytes_per_s": 1e8},
+                  {"loading_overlapped": False}):
+        for path, body in (("/v1/comparisons", {"graph_id": resnet_id, "batch_size": 64, "dataset_size": 640,
+                                                "epochs": 1, "hardware_ids": [A100], **alone}),
+                           ("/v1/job-estimates", {"jobs": [{**_job(resnet_id), **alone}]}),
+                           ("/v1/predictions", {**_job(resnet_id), **alone})):
+            r = client.post(path, json=body)
+            assert r.status_code == 422 and r.json()["error"]["code"] == "validation_error", (path, alone, r.text)
 
 
 def test_data_parallel_is_faster_but_not_linear(client: TestClient, resnet_id: str, node: str) -> None:
