@@ -67,7 +67,7 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from app.core.costs import layer_cost
@@ -97,6 +97,9 @@ FLOOR_TOLERANCE = 0.2
 #: batch uploaded while its last rows were being timed; a later date is a wrong date (2999, a swapped
 #: day and month), not skew. The aware datetime carries its zone, so zones need no allowance.
 MAX_CLOCK_SKEW = timedelta(days=1)
+#: The earliest ``measured_at`` taken: no GPU kernel was timed by a deep-learning framework before CUDA (2007);
+#: an earlier date is a default left in (1970-01-01, the Unix epoch), not a measurement's date.
+EARLIEST_MEASURED_AT = datetime(2000, 1, 1, tzinfo=UTC)
 
 _DTYPE = {"fp16": "float16", "bf16": "bfloat16", "fp64": "float64"}
 
@@ -318,7 +321,14 @@ def check_spread(*, time_ms_std: float | None, granularity: Granularity | str, r
 
 def check_measured_at(*, measured_at: datetime | None, now: datetime) -> None:
     """Raise :class:`ImplausibleMeasurement` (422) when the aware ``measured_at`` is later than the aware
-    ``now`` (the server's clock) plus :data:`MAX_CLOCK_SKEW`: a measurement cannot come from the future."""
+    ``now`` (the server's clock) plus :data:`MAX_CLOCK_SKEW` (a measurement cannot come from the future) or
+    earlier than :data:`EARLIEST_MEASURED_AT` (a default date left in, such as the Unix epoch)."""
+    if measured_at is not None and measured_at < EARLIEST_MEASURED_AT:
+        raise ImplausibleMeasurement(
+            f"measured_at {measured_at.isoformat()} is before {EARLIEST_MEASURED_AT.date().isoformat()}: a default "
+            "date left in (1970-01-01 is the Unix epoch), not when a layer was timed",
+            detail={"measured_at": measured_at.isoformat(), "reason": "measured_before_earliest",
+                    "earliest": EARLIEST_MEASURED_AT.isoformat()})
     if measured_at is None or measured_at <= now + MAX_CLOCK_SKEW:
         return
     raise ImplausibleMeasurement(

@@ -161,19 +161,20 @@ def test_api_refuses_spreads_no_repetitions_have_and_dates_in_the_future(client:
     late = (datetime.now(UTC) + timedelta(days=2)).isoformat()
     rows = [{**ok, "time_ms_std": 1e300}, {**ok, "time_ms_std": 3e6, "repetitions": 2},
             {**ok, "time_ms_std": 0.5, "repetitions": 1}, {**ok, "measured_at": "2999-01-01T00:00:00Z"},
-            {**ok, "measured_at": late},
+            {**ok, "measured_at": late}, {**ok, "measured_at": "1970-01-01T00:00:00Z"},
             {**ok, "time_ms_std": 2.5e6, "repetitions": 2, "measured_at": soon},  # within M / sqrt(2): accepted
-            {**ok, "time_ms_std": 100 * floor, "repetitions": 11}]  # 30x the median: one preempted repetition
+            {**ok, "time_ms_std": 100 * floor, "repetitions": 11, "measured_at": "2018-03-01T09:00:00+01:00"}]
     r = client.post("/v1/measurements", json={"measurements": rows})
     assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_measurements", r.text
     errors = r.json()["error"]["detail"]["errors"]
     assert [(e["index"], e["code"], e["field"]) for e in errors] == [
         (0, "implausible_measurement", "time_ms_std"), (1, "implausible_measurement", "time_ms_std"),
         (2, "implausible_measurement", "time_ms_std"), (3, "implausible_measurement", "measured_at"),
-        (4, "implausible_measurement", "measured_at")]
+        (4, "implausible_measurement", "measured_at"), (5, "implausible_measurement", "measured_at")]
     assert "2999" in errors[3]["message"] and "future" in errors[3]["message"]
+    assert "1970" in errors[5]["message"] and "Unix epoch" in errors[5]["message"]
     assert client.get("/v1/measurements", params={"source": "ci"}).json()["total"] == 0
-    r = client.post("/v1/measurements", json={"measurements": rows[5:]})
+    r = client.post("/v1/measurements", json={"measurements": rows[6:]})
     assert r.status_code == 201, r.text
 
 
