@@ -39,7 +39,10 @@ class HardwareNotFound(NotFoundError):
 
 
 class InvalidGraph(LayercastError):
-    """The uploaded bytes are not a model graph we can read (ONNX that does not parse, bad JSON)."""
+    """The uploaded bytes are not a model graph we can read (ONNX that does not parse, bad JSON), or one whose
+    shapes do not chain at the binding asked for (a JSON layer declaring another input size than it gets, ONNX
+    operands that do not fit, a Reshape target baked in at other sizes); ``detail`` names the layer or node
+    and the field."""
 
     status_code = 422
     code = "invalid_graph"

@@ -30,6 +30,22 @@ def seq_matmul_onnx(k: int = 16, n: int = 4) -> bytes:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
 
 
+def baked_seq_reshape_onnx(seq: int = 16, k: int = 8) -> bytes:
+    """ONNX bytes of ``y = relu(reshape(x[batch, seq, k], [1, seq, 2, k/2]))``: a symbolic ``seq`` axis whose
+    Reshape target ``[1, seq, 2, k/2]`` was fixed at export at ``seq`` and batch 1, as a trace bakes it. It holds
+    at batch 1 and that ``seq`` only; onnxruntime refuses any other binding."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", k])
+    target = numpy_helper.from_array(np.array([1, seq, 2, k // 2], np.int64), "target")
+    nodes = [helper.make_node("Reshape", ["x", "target"], ["heads"], name="split_heads"),
+             helper.make_node("Relu", ["heads"], ["y"])]
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    graph = helper.make_graph(nodes, "g", [x], [y], [target])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
 def light_model(name: str) -> bytes:
     """Bytes of ``light_<name>.onnx`` shipped inside the onnx wheel."""
     return (LIGHT_MODELS / f"light_{name}.onnx").read_bytes()

@@ -14,6 +14,14 @@ Layers are applied in order; each receives the previous layer's output. Layout i
 (PyTorch): ``(C, *spatial)`` for conv/pool/norm inputs, ``(features,)`` or ``(seq, features)`` for linear.
 Every layer becomes the :class:`Layer` an equivalent ONNX node would, so one cost model serves both
 importers. Errors raise :class:`InvalidGraph` naming the layer index and the field.
+
+A layer may repeat a size of its input the way PyTorch's module constructor takes it
+(:data:`DECLARED_INPUT_SIZES`: ``in_features`` of ``linear``, ``in_channels`` of a convolution,
+``embed_dim`` of ``multihead_attention``, ``normalized_shape`` of ``layernorm``...). The input decides the
+size, so the field is optional; given, it must equal the size the previous layer delivers, else the graph does
+not chain (PyTorch raises on the first forward) and the import is an :class:`InvalidGraph` with
+``detail = {"layer_index", "field", "declared", "actual"}``. This importer is the one place that rule lives:
+the measurement checks (:mod:`app.measurements.validation`) rebuild their layers through it.
 """
 
 from __future__ import annotations
@@ -50,10 +58,30 @@ SUPPORTED_OPS: tuple[str, ...] = (
 )
 
 
-def _err(i: int, msg: str, field: str | None = None) -> InvalidGraph:
+#: Fields that repeat a size of the layer's input (PyTorch's constructor arguments of the same name), by op:
+#: optional, and refused when they differ from the input (module doc). ``kdim``/``vdim`` are the key's and
+#: value's widths, which in this self-attention are the input's too.
+DECLARED_INPUT_SIZES: dict[str, tuple[str, ...]] = {
+    **{op: ("in_features",) for op in ("linear", "dense")},
+    **{op: ("in_channels",) for op in ("conv1d", "conv2d", "conv3d", "conv", "conv_transpose1d",
+                                       "conv_transpose2d", "conv_transpose3d", "conv_transpose")},
+    **{op: ("num_features",) for op in ("batchnorm", "instancenorm")},
+    "groupnorm": ("num_channels",),
+    "layernorm": ("normalized_shape",),
+    **{op: ("input_size",) for op in ("lstm", "gru", "rnn")},
+    "multihead_attention": ("embed_dim", "kdim", "vdim"),
+}
+#: Every field of :data:`DECLARED_INPUT_SIZES`.
+DECLARED_SIZE_FIELDS: frozenset[str] = frozenset(f for fields in DECLARED_INPUT_SIZES.values() for f in fields)
+
+
+def _err(i: int, msg: str, field: str | None = None, **extra: Any) -> InvalidGraph:
+    """:class:`InvalidGraph` of layer ``i``: ``detail = {"layer_index": i, "field": field, **extra}`` (no
+    ``field`` key when None)."""
     detail: dict[str, Any] = {"layer_index": i}
     if field is not None:
         detail["field"] = field
+    detail.update(extra)
     return InvalidGraph(f"layer {i}: {msg}", detail=detail)
 
 
@@ -70,7 +98,7 @@ def _int(spec: Mapping[str, Any], key: str, i: int, default: int | None = None, 
     if v is None and default is None:
         raise _missing(i, key)
     if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise _err(i, f"'{key}' must be an integer ≥ {minimum}, got {v!r}")
+        raise _err(i, f"'{key}' must be an integer ≥ {minimum}, got {v!r}", field=key)
     return v
 
 
@@ -87,8 +115,52 @@ def _tuple(spec: Mapping[str, Any], key: str, n: int, i: int, default: int | Non
     if not isinstance(v, list | tuple) or len(v) != n or any(
         isinstance(x, bool) or not isinstance(x, int) or x < minimum for x in v
     ):
-        raise _err(i, f"'{key}' must be an integer ≥ {minimum} or a list of {n} such integers, got {v!r}")
+        raise _err(i, f"'{key}' must be an integer ≥ {minimum} or a list of {n} such integers, got {v!r}",
+                   field=key)
     return tuple(v)
+
+
+def _source(i: int) -> str:
+    """What feeds layer ``i``, for messages: the document's ``input_shape`` or the previous layer."""
+    return "'input_shape'" if i == 0 else f"layer {i - 1}'s output"
+
+
+def _declared(spec: Mapping[str, Any], key: str, i: int, actual: int, what: str) -> None:
+    """Check the optional declared input size ``spec[key]`` (:data:`DECLARED_INPUT_SIZES`) against ``actual``,
+    the size of the layer's input it repeats (``what`` names that axis for the message): absent or equal is
+    fine (and the field counts as read); anything else is :class:`InvalidGraph` with ``detail =
+    {"layer_index": i, "field": key, "declared": value, "actual": actual}``."""
+    if key not in spec:
+        return
+    v = spec[key]
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise _err(i, f"'{key}' must be an integer ≥ 1, got {v!r}", field=key)
+    if v != actual:
+        raise _err(i, f"'{key}' is {v} but its input ({_source(i)}) has {actual} {what}: the layers do not "
+                      f"chain (omit '{key}': the input sets it)", field=key, declared=v, actual=actual)
+
+
+def _normalized_shape(spec: Mapping[str, Any], i: int, x: Tensor) -> tuple[int, ...]:
+    """``layernorm``'s normalized shape: ``normalized_shape`` (an integer or a list, as ``torch.nn.LayerNorm``
+    takes it), which must equal the trailing axes of one sample of the input ``x`` (batched), else
+    :class:`InvalidGraph` (field ``normalized_shape``, ``declared`` and ``actual`` as in :func:`_declared`:
+    ``actual`` is the trailing axis, or axes for a list); absent, the last axis."""
+    if "normalized_shape" not in spec:
+        return (x.shape[-1],)
+    v = spec["normalized_shape"]
+    shape = [v] if isinstance(v, int) and not isinstance(v, bool) else v
+    if (not isinstance(shape, list) or not shape
+            or any(isinstance(d, bool) or not isinstance(d, int) or d < 1 for d in shape)):
+        raise _err(i, f"'normalized_shape' must be an integer ≥ 1 or a non-empty list of them, got {v!r}",
+                   field="normalized_shape")
+    sample = list(x.shape[1:])
+    trailing = sample[-len(shape):] if len(shape) <= len(sample) else sample
+    if shape != trailing:
+        axes = "its last axis" if len(shape) == 1 else f"its last {len(shape)} axes"
+        raise _err(i, f"'normalized_shape' is {v} but its input ({_source(i)}) is {sample} per sample: it must be "
+                      f"{axes} (omit it to normalize the last axis)", field="normalized_shape", declared=v,
+                   actual=trailing[0] if isinstance(v, int) else trailing)
+    return tuple(shape)
 
 
 class _ReadFields(Mapping[str, Any]):
@@ -140,7 +212,8 @@ def import_json(doc: Mapping[str, Any], *, batch_size: int = 1) -> Graph:
     """Build a :class:`Graph` from a JSON layer list at ``batch_size``.
 
     Raises :class:`InvalidGraph` for a malformed document (unknown op, missing or non-positive field,
-    shapes that do not chain, e.g. a conv kernel larger than its padded input), ``ValueError`` for a
+    shapes that do not chain, e.g. a conv kernel larger than its padded input or a declared input size,
+    :data:`DECLARED_INPUT_SIZES`, that differs from the input), ``ValueError`` for a
     non-positive ``batch_size``, and for documents over the active :class:`app.core.limits.Limits`
     :class:`app.errors.GraphTooLarge` (more layers than ``max_nodes``) or
     :class:`app.errors.LimitExceeded` (nesting over ``max_json_depth``, a tensor (output, weight or buffer)
@@ -213,6 +286,7 @@ def _conv_geometry(
     if len(x.shape) != nd + 2:
         raise _err(i, f"{op} expects an input of rank {nd + 1} per sample (C, *spatial), got {x.shape[1:]}")
     c_in = x.shape[1]
+    _declared(spec, "in_channels", i, c_in, "channels")
     c_out = _int(spec, "out_channels", i)
     k = _tuple(spec, "kernel_size", nd, i, None)  # required, as in torch.nn.Conv*d / ConvTranspose*d
     s = _tuple(spec, "stride", nd, i, 1)
@@ -252,6 +326,7 @@ def _build(
                      nig)
     if op in ("linear", "dense"):
         f_in = x.shape[-1]
+        _declared(spec, "in_features", i, f_in, "features (its last axis)")
         f_out = _int(spec, "out_features", i)
         weights = [t("weight", (f_out, f_in))]
         if spec.get("bias", True):
@@ -264,9 +339,14 @@ def _build(
     if op in ("batchnorm", "instancenorm", "groupnorm", "layernorm"):
         if len(x.shape) < 2:
             raise _err(i, f"{op} needs a channel axis")
-        c = x.shape[-1] if op == "layernorm" else x.shape[1]
+        if op == "layernorm":
+            norm_shape = _normalized_shape(spec, i, x)
+        else:
+            norm_shape = (x.shape[1],)
+            _declared(spec, "num_channels" if op == "groupnorm" else "num_features", i, x.shape[1], "channels")
+        c = x.shape[1]
         affine = bool(spec.get("affine", True))
-        norm_w: tuple[Tensor, ...] = (t("weight", (c,)), t("bias", (c,))) if affine else ()
+        norm_w: tuple[Tensor, ...] = (t("weight", norm_shape), t("bias", norm_shape)) if affine else ()
         if op == "batchnorm":
             bufs = (t("running_mean", (c,)), t("running_var", (c,)))
             return Layer(name, "BatchNormalization", OpKind.BATCHNORM, (x,), (t("out", x.shape),), norm_w, bufs,
@@ -332,6 +412,7 @@ def _recurrent(i: int, op: str, name: str, spec: Mapping[str, Any], x: Tensor, d
     """
     if len(x.shape) != 3:
         raise _err(i, f"{op} expects (seq, features) per sample, got {x.shape[1:]}")
+    _declared(spec, "input_size", i, x.shape[2], "features (its last axis)")
     hidden = _int(spec, "hidden_size", i)
     num_layers = _int(spec, "num_layers", i, 1)
     dirs = 2 if spec.get("bidirectional", False) else 1
@@ -382,6 +463,8 @@ def _attention(i: int, name: str, spec: Mapping[str, Any], x: Tensor, dt: str, n
     if len(x.shape) != 3:
         raise _err(i, f"multihead_attention expects (seq, embed_dim) per sample, got {x.shape[1:]}")
     b, seq, e = x.shape
+    for key in ("embed_dim", "kdim", "vdim"):  # self-attention: query, key and value are all the input
+        _declared(spec, key, i, e, "features (its last axis)")
     heads = _int(spec, "num_heads", i)
     if e % heads:
         raise _err(i, f"num_heads={heads} must divide embed_dim={e}")

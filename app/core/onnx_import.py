@@ -17,10 +17,11 @@ data input, by what the op reading it means, ← the batch size; any other name 
 :class:`UnboundDimension`); (3) when the export batch size is fixed and differs from the requested one,
 rebind it and rewrite constant ``Reshape`` targets that carry it to ``0`` ("copy this axis", ONNX Reshape
 semantics); (4) run ``onnx.shape_inference.infer_shapes`` with data propagation, then
-:func:`app.core.shape_prop.propagate_shapes`; (5) mark "static" tensors (initializers, parameter and constant
-inputs, outputs of nodes fed only by static tensors or by ``Shape``) — nodes with no non-static input are
-weight/shape bookkeeping, not layers; (6) emit one :class:`Layer` per remaining node with its typed
-attribute record.
+:func:`app.core.shape_prop.propagate_shapes`, and refuse a ``Reshape`` whose input and output sizes differ at
+this binding (:func:`_refuse_inconsistent_reshapes`); (5) mark "static" tensors (initializers, parameter and
+constant inputs, outputs of nodes fed only by static tensors or by ``Shape``) — nodes with no non-static input
+are weight/shape bookkeeping, not layers; (6) emit one :class:`Layer` per remaining node with its typed
+attribute record, after checking that its operands fit (:func:`_check_operands`).
 """
 
 from __future__ import annotations
@@ -686,8 +687,8 @@ def _rewrite_batch_one_reshapes(
     at batch 4 the input holds 4 × 2048 elements, and ONNX shape inference answers (1, 2048) anyway, so
     the classifier would be costed at batch 1. A target whose element count differs from its input's
     by exactly the factor ``batch_size``, with a leading 1, and input axis 0 equal to ``batch_size``,
-    gets its leading 1 turned into 0 ("copy axis 0", ``allowzero=0``); any other mismatch is reported
-    as a warning and left alone.
+    gets its leading 1 turned into 0 ("copy axis 0", ``allowzero=0``); any other mismatch is left alone
+    here, for :func:`_refuse_inconsistent_reshapes` once the shapes are propagated again.
     """
     g = model.graph
     inits = {t.name: t for t in g.initializer}
@@ -724,12 +725,47 @@ def _rewrite_batch_one_reshapes(
                 f"Reshape '{label}' has the hard-coded target {target.tolist()}, which holds one sample, on a "
                 f"batch of {batch_size}; its leading 1 was read as the batch axis and rewritten to copy axis 0"
             )
-        else:
-            out.append(
-                f"Reshape '{label}' turns {n_in} elements {list(src[0])} into {n_out} {list(dst[0])}: the graph "
-                "is inconsistent at this binding and the layers after it may be costed at the wrong size"
-            )
     return out
+
+
+def _refuse_inconsistent_reshapes(
+    model: onnx.ModelProto, shapes: Mapping[str, tuple[tuple[int | str | None, ...], int]], *, batch_size: int,
+    binding: Mapping[str, int],
+) -> None:
+    """Raise :class:`InvalidGraph` when a ``Reshape`` node's input and output (concrete ``shapes``, after
+    :func:`_rewrite_batch_one_reshapes`) hold different numbers of elements.
+
+    That is a target shape the exporter baked in at other sizes (torch's ``nn.MultiheadAttention`` traced at
+    ``seq=16`` reshapes to ``[16, batch·heads, head_dim]`` whatever ``dims`` binds): onnxruntime refuses to run
+    the node at this binding, and every layer after it would be costed at the export's sizes, so the number
+    would be wrong. ``detail``: ``node`` (name, or first output), ``node_index``, ``op_type``, ``field``
+    (``shape``, the target input), ``input_shape``, ``output_shape``, the binding (``batch_size``, ``dims``)
+    and ``nodes`` (every such Reshape, up to 20).
+    """
+    bad: list[tuple[int, str, list[int], list[int]]] = []
+    for idx, node in enumerate(model.graph.node):
+        if node.op_type != "Reshape" or node.domain not in ("", "ai.onnx") or len(node.input) < 2 or not node.output:
+            continue
+        src, dst = shapes.get(node.input[0]), shapes.get(node.output[0])
+        if src is None or dst is None or not all(isinstance(d, int) for d in (*src[0], *dst[0])):
+            continue
+        a, b = [int(d) for d in src[0]], [int(d) for d in dst[0]]  # type: ignore[arg-type]
+        if math.prod(a) != math.prod(b):
+            bad.append((idx, node.name or node.output[0], a, b))
+    if not bad:
+        return
+    idx, label, a, b = bad[0]
+    more = f" (and {len(bad) - 1} more Reshape node(s))" if len(bad) > 1 else ""
+    bound = "".join(f", {k}={v}" for k, v in binding.items())
+    raise InvalidGraph(
+        f"Reshape '{label}' (node {idx}) turns {math.prod(a)} elements {a} into {math.prod(b)} {b}{more}: the "
+        f"graph is inconsistent at this binding (batch_size={batch_size}{bound}). Its "
+        "target shape was fixed at export for other sizes, so onnxruntime cannot run it and the layers after it "
+        "would be costed at the wrong size: bind the sizes it was exported at, or export with that axis dynamic",
+        detail={"node": label, "node_index": idx, "op_type": "Reshape", "field": "shape", "input_shape": a,
+                "output_shape": b, "batch_size": batch_size, "dims": dict(binding),
+                "nodes": [n for _, n, _, _ in bad[:20]]},
+    )
 
 
 def _is_float_table(entry: tuple[list[int | str | None], str] | None) -> bool:
@@ -824,7 +860,8 @@ def import_onnx(
 
     ``dims`` binds symbolic dimensions other than the batch axis (e.g. ``{"sequence": 128}``); naming the
     batch axis there is :class:`BatchAxisInDims` (``batch_size`` binds it).
-    Raises :class:`InvalidGraph` for bytes that are not ONNX or a graph whose shapes cannot be inferred,
+    Raises :class:`InvalidGraph` for bytes that are not ONNX, a graph whose shapes cannot be inferred, or one
+    whose shapes do not chain at this binding (:func:`_refuse_inconsistent_reshapes`, :func:`_check_operands`),
     :class:`UnboundDimension` for a symbolic dimension without a value, :class:`BatchAxisInDims` when
     ``dims`` names the batch axis, ``ValueError`` for a
     non-positive ``batch_size``.
@@ -891,6 +928,7 @@ def import_onnx(
     if reshape_warnings:
         warnings.extend(reshape_warnings)
         propagated = propagate_shapes(model, known=known, fallback=fallback, deadline=deadline)
+    _refuse_inconsistent_reshapes(model, propagated, batch_size=batch_size, binding=binding)
     shapes: dict[str, tuple[list[int | str | None], str]] = {
         k: (list(shp), _DTYPES.get(elem, "float32"))  # type: ignore[call-overload]
         for k, (shp, elem) in propagated.items()
@@ -1002,6 +1040,8 @@ def import_onnx(
             else:
                 outs.append(t)
         raw = _attrs(node)
+        if node.domain in ("", "ai.onnx"):
+            _check_operands(idx, node, raw, tensor)
         needs_input_grad = not all(i in data_names for i in ins if i not in static)
 
         if op in ("MatMul", "Gemm", "Einsum") and not weights:
@@ -1117,6 +1157,97 @@ def _merged_constant_warnings(g: onnx.GraphProto, shared: tuple[str, ...]) -> li
         "the exporter merges initializers with equal values, as in an untrained model, so distinct parameters "
         "may be counted once"
     ]
+
+
+def _check_operands(idx: int, node: onnx.NodeProto, raw: Mapping[str, Any], tensor: Any) -> None:
+    """Raise :class:`InvalidGraph` when the operands of a ``MatMul``, ``Gemm``, ``Conv`` or ``ConvTranspose``
+    node, at the shapes of this binding (``tensor(name)``: a :class:`Tensor` or None when unknown), do not fit
+    each other: what onnx's strict shape inference and onnxruntime refuse, and what per-node inference
+    (:func:`app.core.shape_prop.propagate_shapes`) leaves to the fallback, which used to cost such a node with
+    one operand's sizes.
+
+    * ``MatMul`` A (…, M, K) · B (…, K, N) (numpy ``matmul``; a 1-D operand is a row / a column): the two K
+      differ, or the batch axes do not broadcast (field ``B``).
+    * ``Gemm`` A (M, K) · B (K, N), each transposed by ``transA``/``transB``: the two K differ (field ``B``);
+      C does not broadcast to (M, N) one-way (field ``C``).
+    * ``Conv`` X (N, C, …) with W (M, C/group, k…): W's rank is not X's, W's second axis × ``group`` is not C
+      (field ``W``), ``group`` does not divide M (field ``group``), B is not (M,) (field ``B``).
+    * ``ConvTranspose`` X (N, C, …) with W (C, M/group, k…): W's rank is not X's, W's first axis is not C
+      (field ``W``), ``group`` does not divide C (field ``group``), B is not (M/group · group,) (field ``B``).
+
+    ``detail``: ``node`` (name or ``<op>_<index>``), ``node_index``, ``op_type``, ``field`` (the operand as
+    the ONNX operator spec names it, or the attribute) and ``shapes`` (operand name → shape). Operands of
+    unknown shape are not checked.
+    """
+    op = node.op_type
+    names = {"MatMul": ("A", "B"), "Gemm": ("A", "B", "C"), "Conv": ("X", "W", "B"),
+             "ConvTranspose": ("X", "W", "B")}.get(op)
+    if names is None:
+        return
+    operands: dict[str, tuple[int, ...]] = {}
+    for slot, iname in zip(names, node.input, strict=False):
+        t = tensor(iname) if iname else None
+        if t is not None:
+            operands[slot] = t.shape
+    label = node.name or f"{op}_{idx}"
+
+    def refuse(field: str, why: str) -> InvalidGraph:
+        shown = ", ".join(f"{k} {list(v)}" for k, v in operands.items())
+        return InvalidGraph(
+            f"{op} '{label}' (node {idx}): {why} ({shown}); onnxruntime refuses to run this node, so the graph "
+            "cannot be costed", detail={"node": label, "node_index": idx, "op_type": op, "field": field,
+                                        "shapes": {k: list(v) for k, v in operands.items()}})
+
+    if op == "MatMul":
+        a, b = operands.get("A"), operands.get("B")
+        if a is None or b is None or not a or not b:
+            return
+        k_a, k_b = a[-1], (b[0] if len(b) == 1 else b[-2])
+        if k_a != k_b:
+            raise refuse("B", f"A has {k_a} columns (its last axis) but B has {k_b} rows "
+                              f"({'its only axis' if len(b) == 1 else 'its second-to-last axis'})")
+        try:
+            np.broadcast_shapes(tuple(a[:-2]), tuple(b[:-2]))
+        except ValueError:
+            raise refuse("B", f"the batch axes {list(a[:-2])} and {list(b[:-2])} do not broadcast") from None
+        return
+    if op == "Gemm":
+        a, b = operands.get("A"), operands.get("B")
+        if a is None or b is None or len(a) != 2 or len(b) != 2:
+            return
+        trans_a, trans_b = bool(raw.get("transA", 0)), bool(raw.get("transB", 0))
+        m, k_a = (a[1], a[0]) if trans_a else (a[0], a[1])
+        k_b, n = (b[1], b[0]) if trans_b else (b[0], b[1])
+        if k_a != k_b:
+            raise refuse("B", f"A{'ᵀ' if trans_a else ''} has K={k_a} (transA={int(trans_a)}) but "
+                              f"B{'ᵀ' if trans_b else ''} has K={k_b} (transB={int(trans_b)})")
+        c = operands.get("C")
+        if c is not None and (len(c) > 2 or any(d not in (1, full) for d, full in zip(c[::-1], (n, m),
+                                                                                         strict=False))):
+            raise refuse("C", f"C does not broadcast to the product's shape [{m}, {n}]")
+        return
+    x, w = operands.get("X"), operands.get("W")
+    if x is None or w is None:
+        return
+    group = int(raw.get("group", 1))
+    if len(w) != len(x) or len(x) < 3:
+        raise refuse("W", f"W has rank {len(w)} but X has rank {len(x)} (N, C, spatial...)")
+    if op == "Conv":
+        if w[1] * group != x[1]:
+            raise refuse("W", f"X has C={x[1]} channels but W's second axis × group is {w[1]} × {group} = "
+                              f"{w[1] * group}")
+        out_channels = w[0]
+        if w[0] % group:
+            raise refuse("group", f"group={group} does not divide W's {w[0]} output channels")
+    else:
+        if w[0] != x[1]:
+            raise refuse("W", f"X has C={x[1]} channels but W's first axis is {w[0]}")
+        out_channels = w[1] * group
+        if x[1] % group:
+            raise refuse("group", f"group={group} does not divide X's {x[1]} channels")
+    bias = operands.get("B")
+    if bias is not None and tuple(bias) != (out_channels,):
+        raise refuse("B", f"B must be [{out_channels}], one value per output channel")
 
 
 class _NotCosted(Exception):

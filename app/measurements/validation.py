@@ -54,10 +54,11 @@ family (:class:`app.core.ir.OpKind`) nor ``iteration``/``job`` nor a collective 
 ``send_recv``); a shape record of the importers (:data:`SHAPE_RECORD_KINDS`: DeepBench's bare GEMM,
 NeuSight's batched matmul, Vidur's element-wise ops, RoPE and collectives, a ``layer`` without
 ``input_shape``) labelled with another ``op_kind``; or a JSON-vocabulary config (any other ``layer``) that
-does not import into a layer (``"op": "linearr"``, ``"out_features": -3``, no
-``input_shape``), whose declared ``in_features``/``in_channels`` disagree with its ``input_shape``, or whose
-kind is not its ``op_kind``. Such rows used to skip the floor (no layer, no floor) and be stored, feeding
-retraining with times of layers that do not exist.
+does not import into a layer (``"op": "linearr"``, ``"out_features": -3``, no ``input_shape``; a declared
+input size such as ``in_features``/``in_channels`` that disagrees with its ``input_shape`` is the importer's
+own refusal, :data:`app.core.json_import.DECLARED_INPUT_SIZES`, reported under field ``config.layer.<field>``),
+or whose kind is not its ``op_kind``. Such rows used to skip the floor (no layer, no floor) and be stored,
+feeding retraining with times of layers that do not exist.
 """
 
 from __future__ import annotations
@@ -73,12 +74,12 @@ from typing import Any
 from app.core.costs import layer_cost
 from app.core.hardware import HardwareSpec
 from app.core.ir import Layer, OpKind
-from app.core.json_import import import_json
+from app.core.json_import import DECLARED_SIZE_FIELDS, import_json
 from app.core.limits import Limits, current_limits
 from app.core.precision import Precision, PrecisionNotSupported, check_precision, physics_floor_ms
 from app.core.shape_records import COLLECTIVE_OPS, shape_record_layer
 from app.core.vocab import Granularity, stack_runs_on
-from app.errors import LayercastError
+from app.errors import InvalidGraph, LayercastError
 from app.measurements.importers import MeasurementRecord
 
 #: Shortest time accepted, ms (100 ns; module doc).
@@ -142,10 +143,6 @@ SHAPE_RECORD_KINDS: dict[str, frozenset[str]] = {
     "allreduce": frozenset({"allreduce"}),
     "send_recv": frozenset({"send_recv"}),
 }
-#: Declared input sizes a JSON layer may repeat → the axis of its (batched) input they must match.
-_DECLARED_INPUT = {"in_features": -1, "in_channels": 1}
-
-
 def check_granularity(*, op_kind: str, granularity: Granularity | str) -> None:
     """Raise :class:`InvalidLayerConfig` (422, field ``granularity``) when ``granularity`` contradicts
     ``op_kind``: a cost family is timed as a ``kernel`` or a ``layer``, ``iteration`` as an iteration, ``job``
@@ -163,9 +160,10 @@ def check_layer_config(*, op_kind: str, config: dict[str, Any], batch_size: int)
     """Raise :class:`InvalidLayerConfig` (422) when ``op_kind`` is no cost family nor one of
     :data:`WHOLE_KINDS`/:data:`COLLECTIVE_KINDS`, when ``config`` is a shape record
     (:data:`SHAPE_RECORD_KINDS`) of another kind than ``op_kind``, or when ``config`` is in the JSON layer
-    vocabulary (any other ``layer``) but does not import into a layer of kind ``op_kind`` whose declared
-    ``in_features``/``in_channels`` match ``input_shape``. Configs of other vocabularies (no ``layer``) are not
-    checked here."""
+    vocabulary (any other ``layer``) but does not import into a layer of kind ``op_kind``: field
+    ``config.layer.<field>`` when the importer refuses a declared input size
+    (:data:`app.core.json_import.DECLARED_SIZE_FIELDS`: ``in_features``, ``in_channels``... that disagree with
+    ``input_shape``), else ``config.layer``. Configs of other vocabularies (no ``layer``) are not checked here."""
     if op_kind not in LAYER_KINDS and op_kind not in WHOLE_KINDS and op_kind not in COLLECTIVE_KINDS:
         raise InvalidLayerConfig(
             f"op_kind {op_kind!r} is not a cost family ({', '.join(sorted(LAYER_KINDS))}) nor one of "
@@ -197,19 +195,15 @@ def check_layer_config(*, op_kind: str, config: dict[str, Any], batch_size: int)
         layers = _rebuilt_layers(config, batch_size=batch_size)
     except (LayercastError, KeyError, TypeError, ValueError) as exc:
         message = exc.message if isinstance(exc, LayercastError) else str(exc)
-        raise InvalidLayerConfig(f"config does not import as a layer: {message}", field="config.layer") from exc
+        bad = exc.detail.get("field") if isinstance(exc, InvalidGraph) else None
+        field = f"config.layer.{bad}" if bad in DECLARED_SIZE_FIELDS else "config.layer"
+        raise InvalidLayerConfig(f"config does not import as a layer: {message}", field=field) from exc
     if not layers:
         raise InvalidLayerConfig("config.layer imports as no layer", field="config.layer")
     first = layers[0]
     if op_kind not in WHOLE_KINDS and all(layer.kind.value != op_kind for layer in layers):
         raise InvalidLayerConfig(f"op_kind {op_kind!r} is not the kind of config.layer ({first.kind.value})",
                                  field="op_kind")
-    shape = first.inputs[0].shape if first.inputs else ()
-    for key, axis in _DECLARED_INPUT.items():
-        if key in layer_spec and (len(shape) < 2 or layer_spec[key] != shape[axis]):
-            raise InvalidLayerConfig(
-                f"config.layer.{key} is {layer_spec[key]!r} but config.input_shape gives "
-                f"{shape[axis] if len(shape) >= 2 else 'no such axis'}", field=f"config.layer.{key}")
 
 
 #: Rebuilt measurement layers remembered per process: a source repeats each configuration for every device,

@@ -13,7 +13,7 @@ from app.core.analysis import analyze
 from app.core.json_import import import_json
 from app.core.limits import Limits, json_bytes_depth, json_depth, json_text_problem, use_limits
 from app.core.onnx_import import import_onnx
-from app.errors import GraphTooLarge, LimitExceeded
+from app.errors import GraphTooLarge, InvalidGraph, LimitExceeded
 
 
 def _model(nodes, inputs, inits=()) -> bytes:  # noqa: ANN001 - onnx protos
@@ -61,14 +61,22 @@ def test_hard_coded_batch_one_reshape_is_rewritten_with_a_warning() -> None:
     assert not any("Reshape" in w for w in import_onnx(content, batch_size=1).warnings)
 
 
-def test_an_inconsistent_reshape_is_reported() -> None:
+def test_an_inconsistent_reshape_is_refused_at_that_binding_only() -> None:
+    """(N, 6) reshaped to a fixed [3, 4] holds at N=2 and nowhere else: at N=4 onnxruntime refuses the node and
+    the layers after it would be costed at the export's size (it used to be a warning and a number)."""
     content = _model(
-        [helper.make_node("Reshape", ["x", "s"], ["y"], name="odd")],
+        [helper.make_node("Reshape", ["x", "s"], ["r"], name="odd"), helper.make_node("Relu", ["r"], ["y"])],
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6])],
-        [numpy_helper.from_array(np.array([5, 5], np.int64), "s")],
+        [numpy_helper.from_array(np.array([3, 4], np.int64), "s")],
     )
-    warnings = import_onnx(content, batch_size=2).warnings
-    assert any("Reshape 'odd' turns 12 elements" in w for w in warnings)
+    assert [layer.outputs[0].shape for layer in import_onnx(content, batch_size=2).layers] == [(3, 4), (3, 4)]
+    with pytest.raises(InvalidGraph) as err:
+        import_onnx(content, batch_size=4)
+    assert err.value.code == "invalid_graph" and err.value.status_code == 422
+    assert err.value.message.startswith("Reshape 'odd' (node 0) turns 24 elements [4, 6] into 12 [3, 4]")
+    assert err.value.detail == {"node": "odd", "node_index": 0, "op_type": "Reshape", "field": "shape",
+                                "input_shape": [4, 6], "output_shape": [3, 4], "batch_size": 4, "dims": {"N": 4},
+                                "nodes": ["odd"]}
 
 
 def test_the_deadline_stops_an_import() -> None:

@@ -7,7 +7,7 @@ import pytest
 
 from app.core.analysis import analyze, mac_class_flops
 from app.core.ir import OpKind
-from app.core.json_import import import_json
+from app.core.json_import import DECLARED_INPUT_SIZES, DECLARED_SIZE_FIELDS, import_json
 from app.errors import InvalidGraph
 
 
@@ -184,3 +184,96 @@ def test_a_view_after_the_graphs_softmax_still_makes_the_loss_nll() -> None:
         a = analyze(g)
         assert a.loss is not None and a.loss.op_type == op, tail
         assert a.loss_cost is not None and a.loss_cost.forward_flops == (b if op == NLL_OP_TYPE else 5 * b * 100)
+
+
+@pytest.mark.parametrize(("shape", "spec", "field", "declared", "actual"), [
+    ([784], {"op": "linear", "in_features": 100, "out_features": 10}, "in_features", 100, 784),
+    ([784], {"op": "dense", "in_features": 100, "out_features": 10}, "in_features", 100, 784),
+    ([3, 32, 32], {"op": "conv2d", "in_channels": 1, "out_channels": 8, "kernel_size": 3}, "in_channels", 1, 3),
+    ([8, 7, 7], {"op": "conv_transpose2d", "in_channels": 4, "out_channels": 4, "kernel_size": 3}, "in_channels",
+     4, 8),
+    ([16, 64], {"op": "multihead_attention", "embed_dim": 128, "num_heads": 4}, "embed_dim", 128, 64),
+    ([16, 64], {"op": "multihead_attention", "num_heads": 4, "kdim": 32}, "kdim", 32, 64),
+    ([16, 64], {"op": "layernorm", "normalized_shape": 128}, "normalized_shape", 128, 64),
+    ([16, 64], {"op": "layernorm", "normalized_shape": [8, 64]}, "normalized_shape", [8, 64], [16, 64]),
+    ([3, 32, 32], {"op": "batchnorm", "num_features": 16}, "num_features", 16, 3),
+    ([8, 4, 4], {"op": "groupnorm", "num_groups": 2, "num_channels": 16}, "num_channels", 16, 8),
+    ([12, 64], {"op": "lstm", "input_size": 32, "hidden_size": 16}, "input_size", 32, 64),
+])
+def test_a_declared_input_size_that_contradicts_the_input_is_refused(
+        shape: list[int], spec: dict[str, object], field: str, declared: object, actual: object) -> None:
+    """PyTorch's constructor takes these sizes (``nn.Linear(100, 10)``) and raises on a 784-wide input; they
+    used to be ignored with the generic "fields not read ... misspelt" warning and the graph stored and costed
+    with the input's size."""
+    with pytest.raises(InvalidGraph) as e:
+        import_json({"input_shape": shape, "layers": [{"op": "relu"}, spec]})
+    assert e.value.code == "invalid_graph" and e.value.status_code == 422
+    assert e.value.detail == {"layer_index": 1, "field": field, "declared": declared, "actual": actual}
+    assert e.value.message.startswith(f"layer 1: '{field}' is {declared} but its input (layer 0's output)")
+    with pytest.raises(InvalidGraph) as first:  # the first layer's input is the document's input_shape
+        import_json({"input_shape": shape, "layers": [spec]})
+    assert first.value.detail["layer_index"] == 0 and "('input_shape')" in first.value.message
+
+
+@pytest.mark.parametrize(("shape", "spec"), [
+    ([784], {"op": "linear", "in_features": 784, "out_features": 10}),
+    ([3, 32, 32], {"op": "conv2d", "in_channels": 3, "out_channels": 8, "kernel_size": 3}),
+    ([8, 7, 7], {"op": "conv_transpose2d", "in_channels": 8, "out_channels": 4, "kernel_size": 3}),
+    ([16, 64], {"op": "multihead_attention", "embed_dim": 64, "kdim": 64, "vdim": 64, "num_heads": 4}),
+    ([16, 64], {"op": "layernorm", "normalized_shape": 64}),
+    ([16, 64], {"op": "layernorm", "normalized_shape": [64]}),
+    ([3, 32, 32], {"op": "batchnorm", "num_features": 3}),
+    ([3, 32, 32], {"op": "instancenorm", "num_features": 3}),
+    ([8, 4, 4], {"op": "groupnorm", "num_groups": 2, "num_channels": 8}),
+    ([12, 64], {"op": "gru", "input_size": 64, "hidden_size": 16, "num_layers": 2}),
+])
+def test_a_declared_input_size_equal_to_the_input_is_read_and_changes_nothing(
+        shape: list[int], spec: dict[str, object]) -> None:
+    """The same layer without the field: same layers, same costs, and no "fields not read" warning."""
+    key = next(k for k in spec if k in DECLARED_SIZE_FIELDS)
+    g = import_json({"input_shape": shape, "layers": [spec]}, batch_size=2)
+    plain = import_json({"input_shape": shape, "layers": [{k: v for k, v in spec.items() if k not in
+                                                           DECLARED_SIZE_FIELDS}]}, batch_size=2)
+    assert g.warnings == plain.warnings == ()
+    assert g.layers == plain.layers, key
+    assert analyze(g).forward_macs == analyze(plain).forward_macs
+
+
+def test_a_layernorm_over_several_axes_has_their_gains() -> None:
+    """``nn.LayerNorm([16, 64])`` on a (16, 64) sample: weight and bias of shape (16, 64), as in PyTorch."""
+    g = import_json({"input_shape": [16, 64], "layers": [{"op": "layernorm", "normalized_shape": [16, 64]}]})
+    assert [w.shape for w in g.layers[0].weights] == [(16, 64), (16, 64)]
+    assert analyze(g).params == 2 * 16 * 64
+
+
+def test_a_declared_size_on_an_op_without_it_is_still_only_unread() -> None:
+    """``in_channels`` is no field of ``linear`` (PyTorch's ``nn.Linear`` has none): a warning, as any unread
+    field, not a refusal."""
+    g = import_json({"input_shape": [784], "layers": [{"op": "linear", "in_channels": 3, "out_features": 10}]})
+    assert len(g.warnings) == 1 and "layer 0 (linear): 'in_channels'" in g.warnings[0]
+
+
+_CONV_SHAPES = {"1": [3, 10], "2": [3, 10, 10], "3": [3, 6, 6, 6], "": [3, 10, 10]}
+#: op → (one sample's shape, the op's required fields, the input size its declared fields repeat)
+_DECLARING_OPS: dict[str, tuple[list[int], dict[str, object], int]] = {
+    **{op: ([8], {"out_features": 4}, 8) for op in ("linear", "dense")},
+    **{f"{base}{nd}{'d' if nd else ''}": (shape, {"out_channels": 4, "kernel_size": 3}, 3)
+       for base in ("conv", "conv_transpose") for nd, shape in _CONV_SHAPES.items()},
+    **{op: ([3, 10, 10], {}, 3) for op in ("batchnorm", "instancenorm")},
+    "groupnorm": ([4, 5, 5], {"num_groups": 2}, 4),
+    "layernorm": ([5, 8], {}, 8),
+    **{op: ([5, 8], {"hidden_size": 4}, 8) for op in ("lstm", "gru", "rnn")},
+    "multihead_attention": ([5, 8], {"num_heads": 2}, 8),
+}
+
+
+@pytest.mark.parametrize(("op", "field"), [(op, f) for op, fields in DECLARED_INPUT_SIZES.items() for f in fields])
+def test_every_declared_input_size_is_checked_by_its_op(op: str, field: str) -> None:
+    """Each field :data:`DECLARED_INPUT_SIZES` lists is read by its op (no warning when equal) and refused when
+    it differs; a new op with such a field needs a line in ``_DECLARING_OPS``."""
+    assert set(_DECLARING_OPS) == set(DECLARED_INPUT_SIZES)
+    shape, required, size = _DECLARING_OPS[op]
+    assert import_json({"input_shape": shape, "layers": [{"op": op, **required, field: size}]}).warnings == ()
+    with pytest.raises(InvalidGraph) as e:
+        import_json({"input_shape": shape, "layers": [{"op": op, **required, field: size + 1}]})
+    assert e.value.detail == {"layer_index": 0, "field": field, "declared": size + 1, "actual": size}

@@ -157,3 +157,107 @@ def test_model_proto_input_is_not_mutated() -> None:
     before = model.SerializeToString()
     import_onnx(model, batch_size=16)
     assert model.SerializeToString() == before
+
+
+def _one_node(op: str, x_shape: list[int | str], weights: dict[str, tuple[int, ...]], **attrs: object) -> bytes:
+    """A graph of one ``op`` node on data input ``x`` and float initializers ``weights`` (operand order)."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    inits = [numpy_helper.from_array(np.full(shape, 0.5, np.float32), name) for name, shape in weights.items()]
+    node = helper.make_node(op, ["x", *weights], ["y"], name="n", **attrs)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def _ort_runs(content: bytes, x_shape: tuple[int, ...]) -> bool:
+    """Whether onnxruntime builds and runs the model on zeros of ``x_shape`` (the oracle for "the shapes chain")."""
+    import numpy as np
+    import onnxruntime as ort
+
+    try:
+        session = ort.InferenceSession(content, providers=["CPUExecutionProvider"])
+        session.run(None, {"x": np.zeros(x_shape, np.float32)})
+    except Exception:  # noqa: BLE001 - onnxruntime raises its own Fail/InvalidArgument/RuntimeException types
+        return False
+    return True
+
+
+_SHAPE_CASES = [
+    # (op, x, weights, attrs, refused field or None, forward MACs at batch 2 when accepted)
+    ("MatMul", ["N", 784], {"w": (100, 10)}, {}, "B", None),
+    ("MatMul", ["N", 784], {"w": (784, 10)}, {}, None, 2 * 784 * 10),
+    ("MatMul", ["N", 3, 4, 8], {"w": (2, 8, 5)}, {}, "B", None),  # batch axes (N, 3) and (2,) do not broadcast
+    ("Gemm", ["N", 784], {"w": (100, 10)}, {}, "B", None),
+    ("Gemm", ["N", 784], {"w": (784, 10)}, {"transB": 1}, "B", None),
+    ("Gemm", ["N", 784], {"w": (10, 784)}, {"transB": 1}, None, 2 * 784 * 10),
+    # A (K, M) under transA: the importer takes axis 0 for the batch axis (it would rebind a fixed 784 to the
+    # batch size), so these are imported at batch_size 784, with dims binding M
+    ("Gemm", [784, "M"], {"w": (784, 10)}, {"transA": 1}, None, 2 * 784 * 10),
+    ("Gemm", [784, "M"], {"w": (100, 10)}, {"transA": 1}, "B", None),
+    ("Gemm", ["N", 784], {"w": (784, 10), "c": (7,)}, {}, "C", None),
+    ("Gemm", ["N", 784], {"w": (784, 10), "c": (10,)}, {}, None, 2 * 784 * 10),
+    ("Conv", ["N", 3, 32, 32], {"w": (8, 5, 3, 3)}, {}, "W", None),  # C_in 3 != 5
+    ("Conv", ["N", 3, 32, 32], {"w": (8, 3, 3, 3)}, {}, None, 2 * 8 * 30 * 30 * 3 * 9),
+    ("Conv", ["N", 4, 8, 8], {"w": (8, 4, 3, 3)}, {"group": 2}, "W", None),  # 4 x 2 != 4
+    ("Conv", ["N", 4, 8, 8], {"w": (8, 2, 3, 3)}, {"group": 2}, None, 2 * 8 * 6 * 6 * 2 * 9),
+    ("Conv", ["N", 4, 8, 8], {"w": (7, 2, 3, 3)}, {"group": 2}, "group", None),  # 2 groups of 7 filters
+    ("Conv", ["N", 3, 32, 32], {"w": (8, 3, 3, 3), "b": (9,)}, {}, "B", None),
+    ("ConvTranspose", ["N", 4, 8, 8], {"w": (3, 2, 3, 3)}, {}, "W", None),  # W's first axis is C_in
+    ("ConvTranspose", ["N", 4, 8, 8], {"w": (4, 2, 3, 3)}, {}, None, 2 * 4 * 64 * 2 * 9),
+]
+
+
+@pytest.mark.parametrize(("op", "x", "weights", "attrs", "field", "macs"), _SHAPE_CASES)
+def test_operands_that_do_not_fit_are_refused_as_onnxruntime_refuses_them(
+        op: str, x: list[int | str], weights: dict[str, tuple[int, ...]], attrs: dict[str, object],
+        field: str | None, macs: int | None) -> None:
+    """A MatMul of x (N, 784) with W (100, 10) was stored and costed with K = 784 (or listed as "shape could
+    not be inferred"); onnx's strict inference and onnxruntime refuse it. onnxruntime is the oracle here: every
+    refused case fails to run there and every accepted one runs."""
+    content = _one_node(op, x, weights, **attrs)
+    x_shape = tuple(2 if isinstance(d, str) else d for d in x)
+    dims, batch = ({"M": 2}, 784) if "M" in x else ({}, 2)
+    assert _ort_runs(content, x_shape) is (field is None)
+    if field is None:
+        a = analyze(import_onnx(content, batch_size=batch, dims=dims))
+        assert not a.unsupported and a.forward_macs == macs
+        return
+    with pytest.raises(InvalidGraph) as err:
+        import_onnx(content, batch_size=batch, dims=dims)
+    assert err.value.code == "invalid_graph" and err.value.status_code == 422
+    detail = err.value.detail
+    assert (detail["node"], detail["node_index"], detail["op_type"], detail["field"]) == ("n", 0, op, field)
+    slot = "W" if field == "group" else field  # the operand the message shows (ONNX spec names: A, B, C, X, W)
+    init = {"W": "w", "C": "c", "B": "w" if op in ("MatMul", "Gemm") else "b"}[slot]
+    assert detail["shapes"][slot] == list(weights[init])
+    assert err.value.message.startswith(f"{op} 'n' (node 0): ")
+
+
+def test_a_transformer_export_is_refused_at_a_sequence_length_its_reshapes_do_not_hold() -> None:
+    """``torch.nn.TransformerEncoder`` traced at seq 16 bakes ``[16, batch·heads, head_dim]`` into its
+    attention Reshapes, even with a dynamic ``seq`` axis: at ``seq=64`` onnxruntime refuses the node, and the
+    import used to warn "inconsistent at this binding" and cost every later layer at seq 16."""
+    torch = pytest.importorskip("torch")
+    import warnings
+
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(d_model=64, nhead=4, dim_feedforward=128, batch_first=True)
+    encoder = torch.nn.TransformerEncoder(layer, num_layers=1, enable_nested_tensor=False).eval()
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(encoder, (torch.randn(1, 16, 64),), buf, input_names=["x"],
+                          dynamic_axes={"x": {0: "batch", 1: "seq"}}, dynamo=False, opset_version=17)
+    content = buf.getvalue()
+    assert _ort_runs(content, (1, 16, 64)) and not _ort_runs(content, (1, 64, 64))
+    g = import_onnx(content, batch_size=1, dims={"seq": 16})
+    assert g.outputs[0].shape == (1, 16, 64) and not any("Reshape" in w for w in g.warnings)
+    with pytest.raises(InvalidGraph) as err:
+        import_onnx(content, batch_size=1, dims={"seq": 64})
+    detail = err.value.detail
+    assert detail["op_type"] == "Reshape" and detail["field"] == "shape" and detail["dims"]["seq"] == 64
+    assert detail["input_shape"] == [64, 1, 64] and detail["output_shape"] == [16, 4, 16]
+    assert len(detail["nodes"]) == 2 and detail["node"] in detail["nodes"]
+    assert "inconsistent at this binding" in err.value.message

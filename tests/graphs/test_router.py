@@ -182,6 +182,56 @@ def test_a_json_conv_without_kernel_size_is_422_naming_the_field(client: TestCli
     assert session.scalar(select(func.count()).select_from(StoredGraph)) == 0
 
 
+def test_graphs_whose_shapes_do_not_chain_are_422_and_store_nothing(client: TestClient) -> None:
+    """A linear layer declaring 100 inputs on a 784-wide input, a MatMul of x (N, 784) with W (100, 10), and a
+    Reshape baked at seq 16 uploaded at ``dims=seq=64`` were all stored (201) and costed."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from tests.helpers import baked_seq_reshape_onnx
+
+    linear = {"input_shape": [784], "layers": [{"op": "linear", "in_features": 100, "out_features": 10}]}
+    r = client.post("/v1/graphs", json=linear)
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["code"] == "invalid_graph"
+    assert error["detail"] == {"layer_index": 0, "field": "in_features", "declared": 100, "actual": 784}
+    assert "'in_features' is 100" in error["message"] and "784" in error["message"]
+
+    w = numpy_helper.from_array(np.zeros((100, 10), np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="fc")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 784])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])], [w])
+    matmul = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    r = client.post("/v1/graphs", files={"file": ("mm.onnx", matmul, "application/octet-stream")})
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["code"] == "invalid_graph"
+    assert {k: error["detail"][k] for k in ("node", "node_index", "op_type", "field")} == {
+        "node": "fc", "node_index": 0, "op_type": "MatMul", "field": "B"}
+
+    baked = baked_seq_reshape_onnx(seq=16)
+    r = client.post("/v1/graphs", files={"file": ("b.onnx", baked, "application/octet-stream")},
+                    params={"dims": "seq=64"})
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["code"] == "invalid_graph"
+    assert r.json()["error"]["detail"]["node"] == "split_heads" and r.json()["error"]["detail"]["field"] == "shape"
+    assert client.get("/v1/graphs").json()["total"] == 0
+    # the equal declared size, and the baked graph at the sizes it was exported at, are stored
+    ok = client.post("/v1/graphs", json={**linear, "layers": [{**linear["layers"][0], "in_features": 784}]})
+    assert ok.status_code == 201 and ok.json()["summary"]["warnings"] == []
+    ok = client.post("/v1/graphs", files={"file": ("b.onnx", baked, "application/octet-stream")},
+                     params={"dims": "seq=16"})
+    assert ok.status_code == 201, ok.text
+    assert client.get("/v1/graphs").json()["total"] == 2
+    # its layer table at another binding is the same 422, at the sizes it holds a table
+    layers = client.get(f"/v1/graphs/{ok.json()['id']}/layers", params={"dims": "seq=64"})
+    assert layers.status_code == 422 and layers.json()["error"]["code"] == "invalid_graph", layers.text
+    assert layers.json()["error"]["detail"]["dims"] == {"batch": 1, "seq": 64}
+    layers = client.get(f"/v1/graphs/{ok.json()['id']}/layers", params={"dims": "seq=16"})
+    assert layers.status_code == 200, layers.text
+
+
 def test_a_bad_json_graph_names_the_field_and_does_not_echo_the_document(client: TestClient) -> None:
     # no input_shape: pydantic's error carries the whole document as its input; the problem must not
     layers = [{"op": "linear", "out_features": 10, "name": f"fc{i}"} for i in range(2000)]

@@ -188,6 +188,9 @@ def test_api_refuses_spreads_no_repetitions_have_and_dates_in_the_future(client:
                                                                      "out_features": 10}}},
      "config.layer.in_features"),
     ({"config": {**CONV, "layer": {**CONV["layer"], "in_channels": 3}}}, "config.layer.in_channels"),
+    # every declared input size the graph importer checks (app.core.json_import.DECLARED_INPUT_SIZES)
+    ({"op_kind": "norm", "config": {"input_shape": [16, 64], "layer": {"op": "layernorm", "normalized_shape": 128}}},
+     "config.layer.normalized_shape"),
     ({"config": {"layer": CONV["layer"]}}, "config.input_shape"),
     ({"op_kind": "whatever"}, "op_kind"),
     ({"op_kind": "gemm"}, "op_kind"),  # a conv config labelled a GEMM

@@ -221,6 +221,26 @@ def test_unbound_symbolic_dimension_is_422_naming_it(client: TestClient) -> None
     assert r.json()["totals"]["forward_macs"] == 8 * 64 * 16 * 4
 
 
+def test_a_prediction_at_a_binding_the_graph_does_not_hold_is_422(client: TestClient) -> None:
+    """A Reshape baked at seq 16 (a traced export) on a graph stored with a symbolic seq: a prediction at seq 64
+    was answered with an "inconsistent at this binding" warning and the later layers costed at seq 16."""
+    from tests.helpers import baked_seq_reshape_onnx
+
+    up = client.post("/v1/graphs", content=baked_seq_reshape_onnx(seq=16), params={"dims": "seq=16"},
+                     headers={"content-type": "application/octet-stream"})
+    assert up.status_code == 201, up.text
+    r = _predict(client, graph_id=up.json()["id"], hardware_id="p100", batch_size=1, dims={"seq": 64})
+    error = r.json()["error"]
+    assert r.status_code == 422 and error["code"] == "invalid_graph", r.text
+    assert error["detail"]["node"] == "split_heads" and error["detail"]["input_shape"] == [1, 64, 8]
+    # a baked leading 1 at another batch is still read as the batch axis (rewritten, with a warning)
+    four = _predict(client, graph_id=up.json()["id"], hardware_id="p100", batch_size=4, dims={"seq": 16})
+    assert four.status_code == 200 and any("Reshape 'split_heads'" in w for w in four.json()["warnings"]), four.text
+    ok = _predict(client, graph_id=up.json()["id"], hardware_id="p100", batch_size=1, dims={"seq": 16})
+    assert ok.status_code == 200, ok.text
+    assert not any("Reshape" in w for w in ok.json()["warnings"])
+
+
 def test_memory_footprint_by_precision_and_largest_batch(client: TestClient, resnet_id: str) -> None:
     fp32 = _predict(client, graph_id=resnet_id, hardware_id="v100-sxm2-16gb", batch_size=32, optimizer="adam").json()
     mixed = _predict(client, graph_id=resnet_id, hardware_id="v100-sxm2-16gb", batch_size=32, optimizer="adam",
