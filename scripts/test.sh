@@ -29,15 +29,20 @@ echo "==> ruff"
 echo "==> mypy"
 "$VENV/bin/python" -m mypy app
 
-echo "==> pytest"
-"$VENV/bin/python" -m pytest -q "$@"
+# Both pytest passes run on $LAYERCAST_TEST_WORKERS pytest-xdist worker processes (default 2, the cores of the
+# CI machine; 0 runs in this process), each test file whole on one worker (--dist loadfile: its module-scoped
+# fixtures, such as exported real models, are built once).
+WORKERS=(-n "${LAYERCAST_TEST_WORKERS:-2}" --dist loadfile)
+
+echo "==> pytest (${LAYERCAST_TEST_WORKERS:-2} workers)"
+"$VENV/bin/python" -m pytest -q "${WORKERS[@]}" "$@"
 
 # The API tests once more on PostgreSQL (127.0.0.1:5432, database `test`; tests/conftest.py gives each test
 # its own database copied from a migrated template). Only on a full run (no pytest arguments); under
 # CI=true an unreachable server fails these tests instead of skipping them.
 if [ "$#" -eq 0 ]; then
   echo "==> pytest on PostgreSQL (API test packages, LAYERCAST_TEST_BACKEND=postgresql)"
-  LAYERCAST_TEST_BACKEND=postgresql "$VENV/bin/python" -m pytest -q -m "not slow" \
+  LAYERCAST_TEST_BACKEND=postgresql "$VENV/bin/python" -m pytest -q "${WORKERS[@]}" -m "not slow" \
     tests/test_app.py tests/hardware tests/measurements tests/estimates tests/predictions tests/graphs \
     tests/security/test_auth.py
 fi

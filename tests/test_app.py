@@ -11,7 +11,7 @@ from pydantic import BaseModel
 from app.config import Settings
 from app.errors import HardwareNotFound
 from app.main import create_app
-from app.migrate import upgrade
+from app.migrate import database_revisions, script_heads, upgrade
 
 
 def _assert_problem(body: dict, code: str) -> None:  # type: ignore[type-arg]
@@ -142,10 +142,13 @@ def test_create_app_twice(settings: Settings, tmp_path) -> None:  # type: ignore
         assert c1.app.state.engine is not c2.app.state.engine  # type: ignore[attr-defined]
 
 
-def test_run_migrations_at_startup(settings: Settings) -> None:
-    app = create_app(settings, run_migrations=True)
+def test_run_migrations_at_startup(settings: Settings, empty_database_url: str) -> None:
+    """``run_migrations=True`` migrates an empty database (of the suite's backend) to head at startup."""
+    assert database_revisions(empty_database_url) == frozenset()
+    app = create_app(settings.model_copy(update={"database_url": empty_database_url}), run_migrations=True)
     with TestClient(app) as client:
         assert client.get("/readyz").json()["database"] == "ok"
+    assert database_revisions(empty_database_url) == script_heads()
 
 
 def test_api_does_not_import_torch(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -16,10 +16,13 @@ FlopCounterMode and would count as zero).
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import io
 import os
+import pickle
 from dataclasses import dataclass
+from pathlib import Path
 
 SEQ = 16
 BATCH = 1
@@ -133,9 +136,33 @@ def _prepared(name: str):  # noqa: ANN202 - (module, args, dynamic axes, dims, t
     return wrapped, args, dynamic, dims, params, tied
 
 
+#: Folder shared by every pytest-xdist worker of one run where :func:`exported` keeps what it built, so a
+#: model is exported once per run, not once per worker (set by ``tests/conftest.py``; None: in this process only).
+SHARED_DIR: Path | None = None
+
+
 @functools.cache
 def exported(name: str) -> Exported:
-    """Build, perturb, measure with the oracle and export ``name`` (TorchScript exporter, with weights)."""
+    """Build, perturb, measure with the oracle and export ``name`` (TorchScript exporter, with weights): once per
+    process, and once per run where :data:`SHARED_DIR` is set (the first worker to ask builds it under a file
+    lock and pickles it there; the others wait for it and read it)."""
+    if SHARED_DIR is None:
+        return _export_with_oracle(name)
+    path = SHARED_DIR / f"{name}.pickle"
+    with (SHARED_DIR / f"{name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
+        if path.exists():
+            found = pickle.loads(path.read_bytes())
+            assert isinstance(found, Exported) and found.name == name, path
+            return found
+        built = _export_with_oracle(name)
+        partial = path.with_suffix(".partial")
+        partial.write_bytes(pickle.dumps(built, protocol=pickle.HIGHEST_PROTOCOL))
+        os.replace(partial, path)
+        return built
+
+
+def _export_with_oracle(name: str) -> Exported:
     module, args, dynamic, dims, params, tied = _prepared(name)
     if name.startswith("lstm"):
         flops, by_op = unrolled_lstm_oracle(module, args[0]), {}
@@ -157,7 +184,6 @@ def export_variant(name: str, *, dynamo: bool, weights: str) -> tuple[bytes, dic
     and constants listed as inputs without data). The sequence axis is bound to the length of :func:`exported`.
     """
     import tempfile
-    from pathlib import Path
 
     import onnx
     import torch

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
+from collections.abc import Iterator
 
 import pytest
 
@@ -29,6 +30,14 @@ N_LAYERS = 12  # BERT-base and GPT-2 small both have 12 blocks
 def _graph(name: str) -> Graph:
     e = exported(name)
     return import_onnx(e.onnx_bytes, batch_size=e.batch_size, dims=e.dims)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _release_graphs() -> Iterator[None]:
+    """The graphs of :func:`_graph` are shared by this module's tests only: released after them, they would
+    otherwise stay in the worker for the rest of the run (and slow every later full garbage collection)."""
+    yield
+    _graph.cache_clear()
 
 
 def test_bert_eager_fuses_attention_gelu_and_bias_keeping_flops() -> None:

@@ -11,6 +11,7 @@ a small positive remainder, never the bulk.
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
 
 import pytest
 
@@ -39,6 +40,14 @@ PUBLISHED_GMACS = {"resnet50": 4.1, "mobilenet_v2": 0.30, "vit": 17.6}
 def _analysis(name: str):
     e = exported(name)
     return e, analyze(import_onnx(e.onnx_bytes, batch_size=e.batch_size, dims=e.dims, name=name))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _release_analyses() -> Iterator[None]:
+    """The analyses of :func:`_analysis` are shared by this module's tests only: released after them, they would
+    otherwise stay in the worker for the rest of the run (and slow every later full garbage collection)."""
+    yield
+    _analysis.cache_clear()
 
 
 @pytest.mark.parametrize("name", HF + RNN)
