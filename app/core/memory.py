@@ -787,83 +787,106 @@ def _weights(layers: Sequence[Layer]) -> tuple[dict[str, Tensor], dict[str, int]
 
 
 @dataclass(frozen=True, slots=True)
+class _Sums:
+    """Fixed sums over a vector of byte counts ``b`` as one gather, one cumulative sum and one gather:
+    ``P = cumsum0(b[rows] * coef)[bounds]`` (``cumsum0``: the cumulative sum with a leading 0), int64, so
+    every sum :class:`_Walk` reads is a difference of two entries of ``P`` (exact integers: no float, no
+    order dependence). ``coef`` is ``None`` when every coefficient is 1."""
+
+    rows: np.ndarray  # intp [G]
+    coef: np.ndarray | None  # int64 [G]
+    bounds: np.ndarray  # intp [Q], indices into cumsum0 (0..G)
+
+    def of(self, b: np.ndarray) -> np.ndarray:
+        """``P`` ``[Q]`` (int64) for byte counts ``b``."""
+        v = b[self.rows]
+        if self.coef is not None:
+            v = v * self.coef
+        cs = np.zeros(len(v) + 1, dtype=np.int64)
+        np.cumsum(v, out=cs[1:])
+        return cs[self.bounds]
+
+
+@dataclass(frozen=True, slots=True)
 class _Walk:
     """:func:`footprint`'s training walk without activation checkpointing, compiled once per :class:`Layout`
     into numpy: which tensor is saved, released, or in flight as a gradient at each layer depends on the
     names alone, so only the byte counts depend on the batch and the device's allocator. ``footprint``
-    sizes every byte count of the layout at once (:data:`_Size` rows: ``amount`` elements or bytes, ``per``
-    bytes per element, 1 for a buffer, ``fixed`` when it does not scale with the batch) and replays the
-    reverse walk as cumulative sums over the layers: the same integers as the set-by-set walk
-    :func:`_walk_sets` (``tests/predictions/test_fresh_identical.py``), ~50 us instead of ~1 ms for
-    BERT-base. Key rows come first, then one row per term of a layer's extra and transient bytes."""
+    sizes the layout's byte counts (:data:`_Size` rows: ``amount`` elements or bytes, ``per`` bytes per
+    element, 1 for a buffer) and reads every sum of the reverse walk from one cumulative sum over them
+    (:class:`_Sums`): the same integers as the set-by-set walk :func:`_walk_sets`
+    (``tests/predictions/test_fresh_identical.py``). The rows that do not scale with the batch (weights and
+    fixed buffers) are sized and summed once per device runtime (``per_runtime``), so a call sizes and sums
+    the batch-scaled rows only.
 
-    amount: np.ndarray  # float64 [S]
-    per: np.ndarray  # int64 [S]
-    fixed: np.ndarray  # bool [S]
-    extra_layer: np.ndarray  # intp [E]: the layer of each extra term
-    extra_coef: np.ndarray  # int64 [E]
-    extra_size: np.ndarray  # intp [E]: its size row
+    The sums ``P`` (``[n + 2 T + 8]``, of the scaled rows plus those of the fixed rows), at step ``j`` of the
+    reverse walk (layer ``n - 1 - j``): ``P[j]`` = the gradients in flight added up to step ``j``, minus those
+    done and the saved tensors (and extra bytes) released before step ``j``; then per layer with transient
+    bytes (``transient_step``) the end and the start of its terms; then the ends and starts of the saved
+    activations alive at the end of forward (and the output), of autocast's weight copies among them, of the
+    model output's keys (their gradient is the first in flight) and of the layers' extra terms."""
+
+    amount: np.ndarray  # float64 [Ss]: elements (or bytes) of each batch-scaled row at the graph's batch
+    per: np.ndarray  # int64 [Ss]: bytes per element (1 for a buffer)
+    fixed_bytes: np.ndarray  # int64 [Sf]: bytes of each fixed row before allocator rounding
+    scaled_sums: _Sums  # over the scaled rows' bytes
+    fixed_sums: _Sums  # over the fixed rows' bytes (the same layout of P)
     extra_fixed: np.ndarray  # int64 [n]: extras that are plain integers
-    transient_layer: np.ndarray  # intp [T]
-    transient_size: np.ndarray  # intp [T]
-    has_transient: np.ndarray  # bool [n]
-    act_keys: np.ndarray  # intp: saved activations alive at the end of forward (and the output)
-    copy_keys: np.ndarray  # intp: autocast's 16-bit weight copies among the saved
-    out_keys: np.ndarray  # intp: the model output's keys (their gradient is the first in flight)
+    extra_fixed_total: int  # their sum
+    extra_fixed_before: np.ndarray  # int64 [n]: at step j, the plain extras of the layers released before it
+    transient_step: np.ndarray  # intp [T]: the step of each layer with transient terms
     loss_numel: int | None  # elements of the first float output (the loss's log_softmax), None without one
     weight_numel: np.ndarray  # int64 [W]: elements of each weight
     weight_last_use: np.ndarray  # intp [W]: the layer whose backward reaches its gradient
+    weight_elements: int  # their sum
     gpu: bool
+    nonnegative: bool  # every amount and per is >= 0 (the rounding's sign test can be skipped)
+    per_runtime: dict[DeviceRuntime, tuple[int, int, np.ndarray, np.ndarray]]  # see _runtime_terms
 
-    event_layer: np.ndarray  # intp [A+D+R]: the events' layers, offset by n per kind (add, done, released)
-    event_key: np.ndarray  # intp [A+D+R]: their keys
-    per_runtime: dict[DeviceRuntime, tuple[int, int, np.ndarray]]  # see _weight_terms
-
-    def _weight_terms(self, runtime: DeviceRuntime) -> tuple[int, int, np.ndarray]:
-        """What the weights hold on a device of ``runtime`` whatever the batch: all gradients' bytes, the largest
-        one's, and the gradients alive at each step of the reverse walk ``[n]`` (kept per runtime)."""
+    def _runtime_terms(self, runtime: DeviceRuntime) -> tuple[int, int, np.ndarray, np.ndarray]:
+        """What a device of ``runtime`` holds whatever the batch: all gradients' bytes, the largest one's, the
+        gradients alive at each step of the reverse walk less the plain extras released before it ``[n]``, and
+        the fixed rows' sums ``P`` (kept per runtime)."""
         found = self.per_runtime.get(runtime)
         if found is None:
             param = _rounded(self.weight_numel * 4, runtime)
             grads_at = np.zeros(len(self.extra_fixed), dtype=np.int64)
             np.add.at(grads_at, self.weight_last_use, param)
+            alive = np.cumsum(grads_at[::-1]) - self.extra_fixed_before
+            fixed = self.fixed_sums.of(_rounded(self.fixed_bytes, runtime))
             found = self.per_runtime.setdefault(
-                runtime, (int(param.sum()), int(param.max()) if len(param) else 0, np.cumsum(grads_at[::-1])))
+                runtime, (int(param.sum()), int(param.max()) if len(param) else 0, alive, fixed))
         return found
 
     def footprint(self, scale: float, *, runtime: DeviceRuntime, states: int, precision: str) -> MemoryFootprint:
         """The training :class:`MemoryFootprint` at ``scale`` (batch / the graph's batch) on a device of
         ``runtime`` with ``states`` optimizer states per parameter."""
         n = len(self.extra_fixed)
-        b = _rounded(np.trunc(np.where(self.fixed, self.amount, self.amount * scale)).astype(np.int64) * self.per,
-                     runtime)
-        extra = self.extra_fixed.copy()
-        np.add.at(extra, self.extra_layer, self.extra_coef * b[self.extra_size])
-        transient = np.zeros(n, dtype=np.int64)
-        np.add.at(transient, self.transient_layer, b[self.transient_size])
-        transient = np.where(self.has_transient, np.minimum(transient, 1024 * MIB), 0)
-        grads, largest, grads_alive = self._weight_terms(runtime)
+        grads, largest, alive, fixed = self._runtime_terms(runtime)
+        b = np.trunc(self.amount * scale).astype(np.int64) * self.per
+        p = self.scaled_sums.of(_rounded(b, runtime) if not self.nonnegative else _rounded_nonnegative(b, runtime))
+        p += fixed
+        t = len(self.transient_step)
+        act_end, act_start, copy_end, copy_start, out_end, out_start, ex_end, ex_start = p[n + 2 * t:].tolist()
         loss = runtime.rounded(int(4 * self.loss_numel * scale)) if self.loss_numel is not None else 0
-        act = int(b[self.act_keys].sum()) + int(extra.sum()) + loss
-        copies = int(b[self.copy_keys].sum())
+        act = (act_end - act_start) + (ex_end - ex_start) + self.extra_fixed_total + loss
+        copies = copy_end - copy_start
         end_of_forward = act + copies
-        # the three kinds of events as one [3, n] array, each row in reverse order (backward walks from the end)
-        per_layer = np.zeros(3 * n, dtype=np.int64)
-        np.add.at(per_layer, self.event_layer, b[self.event_key])
-        add, done, released = per_layer.reshape(3, n)[:, ::-1]
-        summed = np.cumsum(np.stack((add, done, released + extra[::-1])), axis=1)
-        cum_add, cum_done, cum_freed = summed
-        gone = cum_freed - (released + extra[::-1])  # freed by the layers after
-        in_flight = int(b[self.out_keys].sum()) + cum_add - (cum_done - done)
-        live = (end_of_forward - loss) - gone + grads_alive + in_flight + transient[::-1]
-        peak = max(end_of_forward + 2 * loss, int(live.max()) if n else 0)
+        peak = end_of_forward + 2 * loss
+        if n:
+            live = p[:n] + alive
+            if t:
+                live[self.transient_step] += np.minimum(p[n:n + t] - p[n + t:n + 2 * t], 1024 * MIB)
+            # at each step: what is alive of the end of forward (the loss's output gone), the weights' gradients
+            # reached, the activation gradients in flight and the layer's transient
+            peak = max(peak, int(live.max()) + (end_of_forward - loss) + (out_end - out_start))
         step_tmp = (grads if states >= 2 else 0) if self.gpu else (2 * largest if states else 0)
         peak = max(peak, grads + step_tmp)
         return MemoryFootprint(
             weights_bytes=grads, gradients_bytes=grads, optimizer_state_bytes=states * grads,
             activations_bytes=act, weight_copies_bytes=copies, backward_transient_bytes=peak - end_of_forward,
             runtime_bytes=runtime.context_bytes + runtime.workspace_bytes, precision=precision,
-            activation_checkpointing=False, checkpoint_bytes=(1 + states) * int(self.weight_numel.sum()) * 4,
+            activation_checkpointing=False, checkpoint_bytes=(1 + states) * self.weight_elements * 4,
         )  # fmt: skip
 
 
@@ -871,9 +894,27 @@ def _rounded(nbytes: np.ndarray, runtime: DeviceRuntime) -> np.ndarray:
     """:meth:`DeviceRuntime.rounded` of every element of ``nbytes`` (int64)."""
     if runtime.block_bytes <= 1:
         return nbytes
-    r = -(-nbytes // runtime.block_bytes) * runtime.block_bytes
-    r = np.where(r >= runtime.large_from_bytes, -(-r // runtime.large_block_bytes) * runtime.large_block_bytes, r)
-    return np.where(nbytes > 0, r, nbytes)
+    return np.where(nbytes > 0, _rounded_nonnegative(nbytes, runtime), nbytes)
+
+
+def _rounded_nonnegative(nbytes: np.ndarray, runtime: DeviceRuntime) -> np.ndarray:
+    """:func:`_rounded` of ``nbytes`` (int64) whose elements are all >= 0 (0 stays 0: ``ceil(0 / block)``)."""
+    bb, lb = runtime.block_bytes, runtime.large_block_bytes
+    if bb <= 1:
+        return nbytes
+    r = _ceil_to(nbytes, bb)
+    large = r >= runtime.large_from_bytes
+    if large.any():
+        r = np.where(large, _ceil_to(r, lb), r)
+    return r
+
+
+def _ceil_to(x: np.ndarray, block: int) -> np.ndarray:
+    """Each element of ``x`` (int64) rounded up to a multiple of ``block`` (>= 1): ``ceil(x / block) * block``,
+    with a mask when ``block`` is a power of two (the allocator's are)."""
+    if block & (block - 1) == 0:
+        return (x + (block - 1)) & -block
+    return (x + (block - 1)) // block * block
 
 
 def _compile_walk(layout: Layout, layers: Sequence[Layer], outputs: Sequence[Tensor]) -> _Walk:
@@ -888,20 +929,16 @@ def _compile_walk(layout: Layout, layers: Sequence[Layer], outputs: Sequence[Ten
         return len(rows) - 1
 
     extra_fixed = np.zeros(n, dtype=np.int64)
-    e_layer, e_coef, e_size = [], [], []
+    extra_terms: list[tuple[int, int, int]] = []  # (layer, coefficient, row)
     for i, e in enumerate(layout.extra):
         if isinstance(e, _Terms):
-            for c, size in e.terms:
-                e_layer.append(i)
-                e_coef.append(c)
-                e_size.append(row(size))
+            extra_terms += [(i, c, row(size)) for c, size in e.terms]
         else:
             extra_fixed[i] = e
-    t_layer, t_size = [], []
+    transient: dict[int, list[int]] = {}  # layer -> its terms' rows
     for i, t in enumerate(layout.transient):
         for size in t or ():
-            t_layer.append(i)
-            t_size.append(row(size))
+            transient.setdefault(i, []).append(row(size))
     saved = layout.saved
     out_names = {t.name for t in outputs}
     out_keys = {k for k in layout.sizes if k in out_names}
@@ -929,29 +966,59 @@ def _compile_walk(layout: Layout, layers: Sequence[Layer], outputs: Sequence[Ten
                 grad_live.discard(k)
                 if k in keys:
                     done.append((i, keys[k]))
-    released = [(i, keys[k]) for k, i in release.items()]
 
-    def pairs(ev: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
-        a = np.asarray(ev, dtype=np.intp).reshape(len(ev), 2)
-        return a[:, 0].copy(), a[:, 1].copy()
+    # the terms of P (see _Walk) as (step from which they count, row, coefficient) for the running sum, then
+    # the segments summed whole; step j of the reverse walk is layer n - 1 - j
+    running = ([(n - 1 - i, r, 1) for i, r in add] + [(n - i, r, -1) for i, r in done]
+               + [(n - i, keys[k], -1) for k, i in release.items()] + [(n - i, r, -c) for i, c, r in extra_terms])
+    transient_layers = sorted(transient)
+    segments = ([[(r, 1) for r in transient[i]] for i in transient_layers]
+                + [[(keys[k], 1) for k in sorted(ks, key=keys.__getitem__)] for ks in (act_keys, copies, out_keys)]
+                + [[(r, c) for _, c, r in extra_terms]])
+    scaled = np.asarray([not (r[3] if r[0] == "t" else not r[3]) for r in rows], dtype=bool).reshape(len(rows))
+    position = np.zeros(len(rows), dtype=np.intp)  # each row's index among the scaled or among the fixed rows
+    position[scaled] = np.arange(int(scaled.sum()))
+    position[~scaled] = np.arange(int((~scaled).sum()))
 
-    def idx(ks: Iterable[str]) -> np.ndarray:
-        return np.asarray(sorted(keys[k] for k in ks), dtype=np.intp)
+    def sums(keep: bool) -> _Sums:
+        """The :class:`_Sums` of the terms over the scaled (``keep``) or the fixed rows."""
+        mine = sorted(((s, int(position[r]), c) for s, r, c in running if scaled[r] == keep), key=lambda x: x[0])
+        steps = np.asarray([s for s, _, _ in mine], dtype=np.intp)
+        g_rows = [r for _, r, _ in mine]
+        g_coef = [c for _, _, c in mine]
+        bounds = list(np.searchsorted(steps, np.arange(n), side="right").tolist())
+        ends, starts = [], []
+        for seg in segments:
+            starts.append(len(g_rows))
+            for r, c in seg:
+                if scaled[r] == keep:
+                    g_rows.append(int(position[r]))
+                    g_coef.append(c)
+            ends.append(len(g_rows))
+        t = len(transient_layers)
+        bounds += ends[:t] + starts[:t]
+        for e, s in zip(ends[t:], starts[t:], strict=True):
+            bounds += [e, s]
+        coef = np.asarray(g_coef, dtype=np.int64)
+        return _Sums(rows=np.asarray(g_rows, dtype=np.intp), coef=None if (coef == 1).all() else coef,
+                     bounds=np.asarray(bounds, dtype=np.intp))
 
+    amount = np.asarray([float(r[1]) for r in rows], dtype=np.float64)
+    per = np.asarray([r[2] if r[0] == "t" else 1 for r in rows], dtype=np.int64)
+    released_plain = np.zeros(n + 1, dtype=np.int64)  # at step j: the plain extras of the steps before it
+    released_plain[1:] = np.cumsum(extra_fixed[::-1])
     return _Walk(
-        amount=np.asarray([float(r[1]) for r in rows], dtype=np.float64),
-        per=np.asarray([r[2] if r[0] == "t" else 1 for r in rows], dtype=np.int64),
-        fixed=np.asarray([r[3] if r[0] == "t" else not r[3] for r in rows], dtype=bool),
-        extra_layer=np.asarray(e_layer, dtype=np.intp), extra_coef=np.asarray(e_coef, dtype=np.int64),
-        extra_size=np.asarray(e_size, dtype=np.intp), extra_fixed=extra_fixed,
-        transient_layer=np.asarray(t_layer, dtype=np.intp), transient_size=np.asarray(t_size, dtype=np.intp),
-        has_transient=np.asarray([t is not None for t in layout.transient], dtype=bool).reshape(n),
-        act_keys=idx(act_keys), copy_keys=idx(copies), out_keys=idx(out_keys),
+        amount=amount[scaled], per=per[scaled],
+        fixed_bytes=np.trunc(amount[~scaled]).astype(np.int64) * per[~scaled],
+        scaled_sums=sums(True), fixed_sums=sums(False), extra_fixed=extra_fixed,
+        extra_fixed_total=int(extra_fixed.sum()),
+        extra_fixed_before=released_plain[:n],
+        transient_step=np.asarray([n - 1 - i for i in transient_layers], dtype=np.intp),
         loss_numel=first_out.numel if first_out is not None else None,
-        event_layer=np.concatenate([pairs(ev)[0] + j * n for j, ev in enumerate((add, done, released))]),
-        event_key=np.concatenate([pairs(ev)[1] for ev in (add, done, released)]), per_runtime={},
         weight_numel=np.asarray([w.numel for w in weights.values()], dtype=np.int64),
-        weight_last_use=np.asarray([last_use[name] for name in weights], dtype=np.intp), gpu=layout.gpu,
+        weight_last_use=np.asarray([last_use[name] for name in weights], dtype=np.intp),
+        weight_elements=sum(w.numel for w in weights.values()), gpu=layout.gpu,
+        nonnegative=bool((amount >= 0).all() and (per >= 0).all()), per_runtime={},
     )  # fmt: skip
 
 

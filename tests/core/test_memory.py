@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from app.core.analysis import analyze
@@ -13,6 +14,9 @@ from app.core.memory import (
     GPU_DEFAULT_RUNTIME,
     HEADROOM,
     MIB,
+    DeviceRuntime,
+    _rounded,
+    _rounded_nonnegative,
     ddp_bucket_sizes,
     device_key,
     fits,
@@ -269,3 +273,17 @@ def test_data_parallel_lowers_the_largest_batch_that_fits() -> None:
 def test_data_parallel_applies_to_training_only() -> None:
     with pytest.raises(ValueError, match="data_parallel"):
         footprint(_a(), mode="inference", optimizer="none", data_parallel=True)
+
+
+@pytest.mark.parametrize("runtime", [DEVICE_RUNTIME["ampere"], CPU_RUNTIME,
+                                     DeviceRuntime(0, 0, 500, 3 * MIB, 7 * MIB, "not powers of two")])
+def test_the_vectorised_rounding_equals_the_allocators(runtime: DeviceRuntime) -> None:
+    """The compiled walk rounds its byte counts in numpy (with masks for power-of-two blocks, an explicit sign
+    test unless every count is >= 0): each element as :meth:`DeviceRuntime.rounded` rounds it."""
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.integers(-5000, 5000, 2000), rng.integers(0, 64 * MIB, 2000),
+                        np.asarray([0, 1, 511, 512, 513, 10 * MIB - 1, 10 * MIB, 10 * MIB + 1, 2**40 + 3])])
+    want = [runtime.rounded(int(v)) for v in x]
+    assert _rounded(x, runtime).tolist() == want
+    pos = x[x >= 0]
+    assert _rounded_nonnegative(pos, runtime).tolist() == [runtime.rounded(int(v)) for v in pos]
