@@ -27,8 +27,9 @@ EPOCHS_DESCRIPTION = ("epochs of dataset_size; may be fractional. A job runs who
 class RunSettings(Schema):
     """How a training or inference run goes beyond its layers: activation checkpointing, the fixed time per
     iteration, the input pipeline, an evaluation set and checkpoint writes. Shared by a prediction
-    (:class:`PredictionCreate`) and a scheduler's job (:class:`app.estimates.schemas.JobSpec`), which hand
-    these fields to the same iteration, epoch and job model (:mod:`app.core.aggregate`)."""
+    (:class:`PredictionCreate`), a scheduler's job (:class:`app.estimates.schemas.JobSpec`) and a comparison
+    (:class:`app.estimates.schemas.ComparisonCreate`), which hand these fields to the same iteration, epoch and
+    job model (:mod:`app.core.aggregate`)."""
 
     activation_checkpointing: bool = Field(
         default=False, description="training only: keep one input per segment of sqrt(layers) layers and "
