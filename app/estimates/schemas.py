@@ -10,7 +10,14 @@ from pydantic import AwareDatetime, Field, model_validator
 from app.core.precision import Precision
 from app.core.vocab import SoftwareStack
 from app.graphs.schemas import JsonGraphCreate
-from app.predictions.schemas import EPOCHS_DESCRIPTION, Mode, Optimizer, PredictionRead, RunSettings
+from app.predictions.schemas import (
+    EPOCHS_DESCRIPTION,
+    Mode,
+    Optimizer,
+    PredictionRead,
+    RunSettings,
+    check_checkpointing_trains,
+)
 from app.schemas import Identifier, JsonObject, Name, PositiveInt32, Schema
 
 #: Largest number of items of one ``POST /v1/predictions/batch`` (413 ``too_many_items`` above).
@@ -274,8 +281,7 @@ class ComparisonCreate(RunSettings):
 
     @model_validator(mode="after")
     def _checkpointing_trains(self) -> ComparisonCreate:
-        if self.activation_checkpointing and self.mode != "training":
-            raise ValueError("'activation_checkpointing' applies to mode 'training' only")
+        check_checkpointing_trains(self.activation_checkpointing, self.mode)
         return self
 
 

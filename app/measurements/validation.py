@@ -143,6 +143,8 @@ SHAPE_RECORD_KINDS: dict[str, frozenset[str]] = {
     "allreduce": frozenset({"allreduce"}),
     "send_recv": frozenset({"send_recv"}),
 }
+
+
 def check_granularity(*, op_kind: str, granularity: Granularity | str) -> None:
     """Raise :class:`InvalidLayerConfig` (422, field ``granularity``) when ``granularity`` contradicts
     ``op_kind``: a cost family is timed as a ``kernel`` or a ``layer``, ``iteration`` as an iteration, ``job``

@@ -24,6 +24,14 @@ EPOCHS_DESCRIPTION = ("epochs of dataset_size; may be fractional. A job runs who
                       "proportion")
 
 
+def check_checkpointing_trains(activation_checkpointing: bool, mode: Mode) -> None:
+    """Raise ``ValueError`` (a 422 ``validation_error`` from a schema validator) for activation checkpointing
+    outside training: it recomputes the forward pass in a backward pass that inference has not. One rule for
+    :class:`PredictionCreate` and :class:`app.estimates.schemas.ComparisonCreate`, the schemas with a mode."""
+    if activation_checkpointing and mode != "training":
+        raise ValueError("'activation_checkpointing' applies to mode 'training' only")
+
+
 class RunSettings(Schema):
     """How a training or inference run goes beyond its layers: activation checkpointing, the fixed time per
     iteration, the input pipeline, an evaluation set and checkpoint writes. Shared by a prediction
@@ -133,8 +141,7 @@ class PredictionCreate(RunSettings):
             raise ValueError("give exactly one of 'graph_id' or 'graph'")
         if (self.hardware_id is None) == (self.hardware is None):
             raise ValueError("give exactly one of 'hardware_id' or 'hardware'")
-        if self.activation_checkpointing and self.mode != "training":
-            raise ValueError("'activation_checkpointing' applies to mode 'training' only")
+        check_checkpointing_trains(self.activation_checkpointing, self.mode)
         if self.epochs is not None and self.dataset_size is None:
             raise ValueError("'epochs' needs 'dataset_size'")
         if self.eval_size is not None and self.dataset_size is None:

@@ -610,8 +610,9 @@ def answer_warnings(analysis: GraphAnalysis, hw: HardwareSpec, request: Predicti
     ]
     it = agg.iteration
     if it.layers_ms - loss <= 0:
-        # never a silent zero: a graph with nothing costable is an error the caller must see (in training the
-        # loss layer after the graph is always costed, so it alone does not make the graph's time meaningful)
+        # never a silent zero: a graph with no costable layer is refused before this (check_costed); what
+        # reaches here has costed layers of 0 ms only (in training the loss after the graph is always costed,
+        # so it alone does not make the graph's time meaningful)
         warnings.append("no layer of this graph could be costed; the iteration time is not meaningful")
     uncosted = unsupported_warning(analysis)
     if uncosted is not None:
