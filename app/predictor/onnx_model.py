@@ -45,6 +45,16 @@ clamp still bounds it). Such layers are flagged out of distribution with a note.
 conv/GEMM/matmul/recurrent layer's forward also pays autocast's weight cast
 (:meth:`LearnedPredictor._autocast_casts`).
 
+Never slower on tensor cores than without: a row that runs on tensor cores under the query's precision and
+is predicted there directly (its op kind was measured on tensor cores: GEMMs in Vidur's fp16 rows) is also
+predicted at :data:`REFERENCE_PRECISION`, and each quantile is the smaller of the two (plus autocast's weight
+cast, which the strict kernel would not pay). The library may always run the strict-fp32 kernel (cuBLAS keeps
+its SIMT kernels under TF32 and picks by heuristic), and a tensor-core kernel reads at most the strict kernel's
+bytes at no less than its peak (:func:`app.core.precision.op_precision`). The model alone extrapolates TF32
+GEMMs from kernel-time 16-bit rows and answered 14-17 % of single conv/linear layers under ``tf32`` slower than
+strict fp32 on the A10, L4, H100 and H200, up to 3.4x (``scripts/monotonicity_check.py --precisions``). Capped
+rows carry a note and are flagged out of distribution.
+
 Never faster than physics: v3 predicts ``ln(time / floor)`` through a softplus, so each quantile is at
 least the physics floor :func:`app.core.features.pass_floor_ms`; the served times are also clamped to it
 in float64. Intervals are the model's conformal p10/p90, calibrated on leave-one-GPU-out folds for GPUs
@@ -329,41 +339,46 @@ class LearnedPredictor:
         # never measured on tensor cores: answer at the reference precision, carried over by the floors
         tc_col = self.feature_names.index("uses_tensor_cores") if "uses_tensor_cores" in self.feature_names else None
 
-        def transfers(k: OpKind) -> bool:
+        def measured_on_tensor_cores(k: OpKind) -> bool:
             rng = self._ranges.get((hw.kind, k.value)) or self._ranges.get((hw.kind, "*"))
-            return bool(op_precision(spec, prec, k).tensor_cores
-                        and (rng is None or tc_col is None or rng[1][tc_col] < 0.5))
+            return not (rng is None or tc_col is None or rng[1][tc_col] < 0.5)
 
-        transfer = np.asarray([transfers(k) for k in rows.kinds], dtype=bool)[rows.kind_index[idx]]
+        on_tc = np.asarray([op_precision(spec, prec, k).tensor_cores for k in rows.kinds], dtype=bool)
+        seen_tc = np.asarray([measured_on_tensor_cores(k) for k in rows.kinds], dtype=bool)
+        transfer = (on_tc & ~seen_tc)[rows.kind_index[idx]]
+        ref = REFERENCE_PRECISION.value
+        # predicted on tensor cores directly: also at the reference precision, the cap of _assemble
+        cap = (on_tc & seen_tc)[rows.kind_index[idx]] if prec != ref else np.zeros(len(idx), dtype=bool)
         training = s.mode == "training"
         learned_step = training and stack in self._scope[hw.kind]["train_step_stacks"]
         floors = floors_for(table, spec, prec, "none")
-        ref = REFERENCE_PRECISION.value
 
-        def raw(pass_: str, optimizer: str) -> tuple[np.ndarray, np.ndarray]:
-            """(raw rows as featurised, the floor_ms column at the query's precision)."""
+        def raw(pass_: str, optimizer: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            """(raw rows as featurised, the floor_ms column at the query's precision, the capped rows' raw rows at
+            the reference precision)."""
             at = raw_for(table, hw, pass_=pass_, optimizer=optimizer, precision=prec, stack=stack,
                          optimizer_per_params=True)[idx]
             floor = floor_ms_from_raw(at)
-            if transfer.any():
-                at_ref = raw_for(table, hw, pass_=pass_, optimizer=optimizer, precision=ref, stack=stack,
-                                 optimizer_per_params=True)[idx]
-                at = np.where(transfer[:, None], at_ref, at)
-            return at, floor
+            if not (transfer.any() or cap.any()):
+                return at, floor, at[:0]
+            at_ref = raw_for(table, hw, pass_=pass_, optimizer=optimizer, precision=ref, stack=stack,
+                             optimizer_per_params=True)[idx]
+            return np.where(transfer[:, None], at_ref, at), floor, at_ref[cap]
 
-        raw_f, _ = raw("forward", "none")
+        raw_f, _, cap_f = raw("forward", "none")
         step_floor = np.zeros(len(idx))
         if learned_step:
-            raw_t, step_floor = raw("train_step", s.optimizer)
-            raw_all = np.empty((2 * len(idx), raw_f.shape[1]))
-            raw_all[0::2], raw_all[1::2] = raw_f, raw_t
+            raw_t, step_floor, cap_t = raw("train_step", s.optimizer)
+            raw_all, cap_all = _interleave(raw_f, raw_t), _interleave(cap_f, cap_t)
         else:
-            raw_all = raw_f
+            raw_all, cap_all = raw_f, cap_f
         return _Prepared(table=table, idx=idx, setting=s, rows=rows, seen=seen, transfer=transfer,
                          learned_step=learned_step, forward_floor_ms=floors.forward[idx],
                          backward_floor_ms=floors.backward[idx] if training else np.zeros(len(idx)),
                          step_floor_ms=step_floor, kernel_ms=KERNEL_FLOOR_MS_BY_STACK[s.software_stack],
-                         raw=raw_all, selected=select_features(features_from_raw(raw_all), self.feature_names))
+                         raw=raw_all, selected=select_features(features_from_raw(raw_all), self.feature_names),
+                         cap=cap, cap_raw=cap_all,
+                         cap_selected=select_features(features_from_raw(cap_all), self.feature_names))
 
     def estimate_tables(self, items: Sequence[tuple[LayerTable, np.ndarray, Setting]]) -> list[Estimates]:
         """Estimates of rows ``idx`` of each ``(table, idx, setting)`` (stages: plan and featurise, run,
@@ -372,12 +387,14 @@ class LearnedPredictor:
         preps = [self._prepare(t, idx, s) for t, idx, s in items]
         if not preps:
             return []
-        x = np.concatenate([p.selected for p in preps]) if len(preps) > 1 else preps[0].selected
+        blocks = [b for p in preps for b in (p.selected, p.cap_selected) if len(b)]
+        x = np.concatenate(blocks) if len(blocks) > 1 else blocks[0] if blocks else preps[0].selected
         out = self._run_selected(x)
         results, start = [], 0
         for p in preps:
-            stop = start + len(p.selected)
-            results.append(self._assemble(p, out[start:stop]))
+            mid = start + len(p.selected)
+            stop = mid + len(p.cap_selected)
+            results.append(self._assemble(p, out[start:mid], out[mid:stop]))
             start = stop
         return results
 
@@ -388,13 +405,15 @@ class LearnedPredictor:
         """
         return estimate_queries(queries, self.estimate_tables)
 
-    def _notes(self, p: _Prepared, suffix: Mapping[int, tuple[str, ...]]) -> tuple[list[tuple[str, ...]], np.ndarray]:
+    def _notes(self, p: _Prepared, suffix: Mapping[int, tuple[str, ...]],
+               capped: np.ndarray) -> tuple[list[tuple[str, ...]], np.ndarray]:
         """Notes per row and whether the row is out of distribution (any note besides how its backward was
         obtained): transfer, unseen hardware, feature range, stack, optimizer, precision, layer, then the
-        train-step row's range note where it differs, then ``suffix[kind]`` (how the backward of that op
-        kind index was obtained; not out of distribution). Rows with the same notes share one tuple: the
-        notes are built once per distinct combination (range notes, optimizer, layer notes, transfer, kind),
-        not once per row."""
+        train-step row's range note where it differs, the reference-precision cap where ``capped`` ``[N]``
+        (the row's p50 came from it), then ``suffix[kind]`` (how the backward of that op kind index was
+        obtained; not out of distribution). Rows with the same notes share one tuple: the notes are built once
+        per distinct combination (range notes, optimizer, layer notes, transfer, cap, kind), not once per
+        row."""
         s, idx, rows = p.setting, p.idx, p.rows
         hw = s.hardware
         scope = self._scope.get(hw.kind, {})
@@ -412,8 +431,8 @@ class LearnedPredictor:
                           else (f_code, f_text))  # fmt: skip
         columns = (f_code, t_code, (p.table.params[idx] != 0).astype(np.intp) if opt_note is not None
                    else np.zeros(len(idx), dtype=np.intp), rows.layer_note_index[idx], p.transfer.astype(np.intp),
-                   rows.kind_index[idx])  # fmt: skip
-        radix = (len(f_text), len(t_text), 2, max(len(rows.layer_note_sets), 1), 2, max(len(rows.kinds), 1))
+                   capped.astype(np.intp), rows.kind_index[idx])  # fmt: skip
+        radix = (len(f_text), len(t_text), 2, max(len(rows.layer_note_sets), 1), 2, 2, max(len(rows.kinds), 1))
         key = np.zeros(len(idx), dtype=np.int64)
         for col, size in zip(columns, radix, strict=True):
             key = key * size + col
@@ -421,7 +440,7 @@ class LearnedPredictor:
         built: list[tuple[str, ...]] = []
         ood = np.zeros(len(distinct), dtype=bool)
         for u, j in enumerate(first.tolist()):
-            f, t, opt, ln, tr, ki = (int(col[j]) for col in columns)
+            f, t, opt, ln, tr, cp, ki = (int(col[j]) for col in columns)
             row = list(before)
             if f_text[f] is not None:
                 row.append(f_text[f])  # type: ignore[arg-type]
@@ -432,6 +451,9 @@ class LearnedPredictor:
             row += rows.layer_note_sets[ln]
             if t_text[t] is not None and t_text[t] not in row:
                 row.append(t_text[t])  # type: ignore[arg-type]
+            if cp:
+                row.append(f"capped at its {REFERENCE_PRECISION.value} prediction: a {s.precision} kernel is not "
+                           f"slower than the {REFERENCE_PRECISION.value} kernel of the same layer")
             if tr:
                 row.insert(0, f"{rows.kinds[ki].value} was not measured on tensor cores: predicted "
                               f"at {REFERENCE_PRECISION.value} and carried to {s.precision} by the physics floors "
@@ -441,14 +463,22 @@ class LearnedPredictor:
         which = which.reshape(len(idx))
         return [built[u] for u in which.tolist()], ood[which]
 
-    def _assemble(self, p: _Prepared, out_ln: np.ndarray) -> Estimates:
+    def _assemble(self, p: _Prepared, out_ln: np.ndarray, cap_ln: np.ndarray) -> Estimates:
         """Estimates of a :meth:`_prepare` from the model's ln-ms quantiles ``out_ln`` ``[rows, 3]`` of its features
-        (``[N]`` numpy per pass; see the module docstring)."""
+        and ``cap_ln`` of its capped rows at the reference precision (``[N]`` numpy per pass; see the module
+        docstring)."""
         s, idx = p.setting, p.idx
         # never below the physics floor of the row (the graph guarantees it up to float32 rounding; this in float64)
         row_floor = floor_ms_from_raw(p.raw)
         out_ms = np.maximum(np.exp(out_ln.astype(np.float64)), row_floor[:, None])
         step = p.learned_step
+        capped = np.zeros(len(idx), dtype=bool)
+        if p.cap.any():  # never above the strict-fp32 answer (module docstring); each pass, each quantile
+            ref_ms = np.maximum(np.exp(cap_ln.astype(np.float64)), floor_ms_from_raw(p.cap_raw)[:, None])
+            where = np.repeat(p.cap, 2) if step else p.cap
+            mine = out_ms[where]
+            out_ms[where] = np.minimum(mine, ref_ms)
+            capped[p.cap] = (ref_ms[0::2] if step else ref_ms)[:, 1] < (mine[0::2] if step else mine)[:, 1]
         fwd_q = out_ms[0::2] if step else out_ms
         k = p.kernel_ms
         tr = p.transfer
@@ -461,7 +491,7 @@ class LearnedPredictor:
             for ki, c in enumerate(p.rows.kinds):
                 e = self._excess.get(c, PHYSICS_EXCESS)
                 suffix[ki] = (f"backward from the forward: {e.median:.3g} x the physics-floor ratio ({e.source})",)
-        notes, ood = self._notes(p, suffix)
+        notes, ood = self._notes(p, suffix, capped)
         f10, f50, f90 = fwd_q[:, 0], fwd_q[:, 1], fwd_q[:, 2]
         n = len(idx)
         cast = self._autocast_casts(p)
@@ -704,7 +734,9 @@ class _Prepared:
     (``transfer``), whether a learned train-step row times the step (``learned_step``) or the backward comes
     from the forward, the floors (ms, at the setting's precision) of the forward, backward and train step, the
     stack's fixed cost per kernel (ms), and the raw rows and their model inputs (the artifact's feature columns,
-    float32, C order; forward, train step interleaved)."""
+    float32, C order; forward, train step interleaved); ``cap`` ``[N]``: the rows predicted on tensor cores
+    directly, whose answers are capped by the same rows at :data:`REFERENCE_PRECISION` (``cap_raw`` and
+    ``cap_selected``: those rows only, laid out like ``raw``)."""
 
     table: LayerTable
     idx: np.ndarray
@@ -719,6 +751,16 @@ class _Prepared:
     kernel_ms: float
     raw: np.ndarray
     selected: np.ndarray
+    cap: np.ndarray
+    cap_raw: np.ndarray
+    cap_selected: np.ndarray
+
+
+def _interleave(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Rows of ``a`` and ``b`` (same shape ``[N, F]``) alternating: ``[2N, F]``, ``a`` at the even rows."""
+    out = np.empty((2 * len(a), a.shape[1]), dtype=a.dtype)
+    out[0::2], out[1::2] = a, b
+    return out
 
 
 def _cpu_identity(hw: HardwareSpec) -> tuple[str, int, int | None]:

@@ -105,7 +105,7 @@ def _est(fwd: float, bwd: float, upd: float, p10: float, p90: float, notes: list
 
 def per_row(p: LearnedPredictor, queries: Sequence[LayerTimeQuery]) -> list[LayerTimeEstimate]:
     """The per-query definition (plan, featurise, one run, assemble) the vectorised path replaced."""
-    plans, rows = [], []
+    plans, rows, ref_rows = [], [], []
     for q in queries:
         hw, seen = p._canonical(q.hardware)
         prec, stack = str(q.precision), q.software_stack.value
@@ -114,6 +114,8 @@ def per_row(p: LearnedPredictor, queries: Sequence[LayerTimeQuery]) -> list[Laye
         rng = p._ranges.get((hw.kind, q.layer.kind.value)) or p._ranges.get((hw.kind, "*"))
         tc_col = p.feature_names.index("uses_tensor_cores") if "uses_tensor_cores" in p.feature_names else None
         transfer = bool(tc and (rng is None or tc_col is None or rng[1][tc_col] < 0.5))
+        # predicted on tensor cores directly: capped by the same layer at the reference precision
+        cap = len(ref_rows) if tc and not transfer and prec != REFERENCE_PRECISION.value else None
         training = q.mode == "training"
         step = training and stack in p._scope[hw.kind]["train_step_stacks"]
         step_opt = q.optimizer if q.cost.params else "none"
@@ -127,21 +129,39 @@ def per_row(p: LearnedPredictor, queries: Sequence[LayerTimeQuery]) -> list[Laye
         else:
             n_bwd = int(c.backward_flops > 0 or c.backward_bytes > 0)
         plans.append((q, seen, transfer, step, fwd_floor, bwd_floor, step_floor, n_bwd,
-                      KERNEL_FLOOR_MS_BY_STACK[q.software_stack]))
+                      KERNEL_FLOOR_MS_BY_STACK[q.software_stack], cap))
         fprec = REFERENCE_PRECISION.value if transfer else prec
         rows.append(FeatureInput(q.layer, q.cost, hw, "forward", "none", fprec, stack))
         if step:
             rows.append(FeatureInput(q.layer, q.cost, hw, "train_step", step_opt, fprec, stack))
-    raw = raw_matrix(rows)
-    feats = features_from_raw(raw)
-    row_floor = floor_ms_from_raw(raw)
-    out_ms = np.maximum(np.exp(p.run_features(feats).astype(np.float64)), row_floor[:, None])
+        if cap is not None:
+            ref_rows.append(FeatureInput(q.layer, q.cost, hw, "forward", "none", REFERENCE_PRECISION.value, stack))
+            if step:
+                ref_rows.append(FeatureInput(q.layer, q.cost, hw, "train_step", step_opt, REFERENCE_PRECISION.value,
+                                             stack))
+
+    def run(inputs: list[FeatureInput]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        raw = raw_matrix(inputs)
+        feats = features_from_raw(raw)
+        row_floor = floor_ms_from_raw(raw)
+        return feats, row_floor, np.maximum(np.exp(p.run_features(feats).astype(np.float64)), row_floor[:, None])
+
+    feats, row_floor, out_ms = run(rows)
+    ref_ms = run(ref_rows)[2] if ref_rows else np.zeros((0, 3))
     results, i = [], 0
-    for q, seen, transfer, step, fwd_floor, bwd_floor, step_floor, n_bwd, k in plans:
+    for q, seen, transfer, step, fwd_floor, bwd_floor, step_floor, n_bwd, k, cap in plans:
         notes = _notes(p, q, feats[i], seen)
         if step:
             notes += [n for n in _notes(p, q, feats[i + 1], seen) if n not in notes]
         fwd_q = out_ms[i]
+        step_q = out_ms[i + 1] if step else None
+        if cap is not None:
+            if ref_ms[cap][1] < fwd_q[1]:
+                notes.append(f"capped at its {REFERENCE_PRECISION.value} prediction: a {q.precision} kernel is not "
+                             f"slower than the {REFERENCE_PRECISION.value} kernel of the same layer")
+            fwd_q = np.minimum(fwd_q, ref_ms[cap])
+            if step:
+                step_q = np.minimum(step_q, ref_ms[cap + 1])
         if transfer:
             fwd_q = np.array([transfer_precision_ms(time_ms=float(t), floor_from_ms=float(row_floor[i]),
                                                     floor_to_ms=fwd_floor, overhead_ms=k) for t in fwd_q])
@@ -157,7 +177,7 @@ def per_row(p: LearnedPredictor, queries: Sequence[LayerTimeQuery]) -> list[Laye
         if q.mode == "inference":
             results.append(_est(f50, 0.0, 0.0, f10, f90, notes))
         elif step:
-            step_q = out_ms[i + 1]
+            assert step_q is not None
             if transfer:
                 step_q = np.array([transfer_precision_ms(time_ms=float(t), floor_from_ms=float(row_floor[i + 1]),
                                                          floor_to_ms=step_floor, overhead_ms=k * (1 + n_bwd))

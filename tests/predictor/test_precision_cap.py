@@ -1,0 +1,90 @@
+"""A tensor-core answer is never above the strict-fp32 answer of the same layer (issue 8: precision dominance).
+
+The learned model predicts GEMMs under TF32 and autocast fp16/bf16 directly (Vidur's fp16 rows showed it GEMMs on
+tensor cores); alone it answered 14-17 % of single conv/linear layers under tf32 slower than strict fp32 on the
+A10, L4, H100 and H200, up to 3.4x. The served forward, less autocast's weight cast, is capped by the strict-fp32
+forward of the same layer on the same device and stack.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.core.costs import layer_cost
+from app.core.ir import Layer
+from app.core.json_import import import_json
+from app.core.precision import Precision, check_precision
+from app.core.vocab import SoftwareStack
+from app.hardware.catalog import load_catalog
+from app.predictor.base import LayerTimeQuery
+from app.predictor.registry import load_predictor
+from app.predictor.roofline import KERNEL_FLOOR_MS_BY_STACK, autocast_weight_cast_ms
+
+MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
+CAP_NOTE = "capped at its fp32-strict prediction"
+
+
+def _linears() -> list[Layer]:
+    """Single ``nn.Linear`` layers K -> N at batch 1-4096 (the grid of scripts/monotonicity_check.py)."""
+    out = []
+    for b in (1, 8, 64, 512, 4096):
+        for k in (256, 1024, 4096):
+            for n in (256, 1024, 4096):
+                out.extend(import_json({"input_shape": [k], "layers": [{"op": "linear", "out_features": n}]},
+                                       batch_size=b).layers)
+    return out
+
+
+@pytest.fixture(scope="module")
+def predictor():  # type: ignore[no-untyped-def]
+    return load_predictor(MODELS_DIR)
+
+
+@pytest.mark.parametrize("mode", ["inference", "training"])
+def test_tensor_core_forward_never_above_strict_fp32(predictor, mode: str) -> None:  # type: ignore[no-untyped-def]
+    """Every catalog GPU x TF32/fp16/bf16 it supports x 45 linear layers: served forward less the autocast
+    cast <= the strict-fp32 forward (float tolerance), and the cap binds somewhere with its note."""
+    layers = _linears()
+    capped = 0
+    gpus = [hw for hw in load_catalog().values() if hw.kind == "gpu"]
+    opt = "adamw" if mode == "training" else "none"
+    for hw in gpus:
+
+        def q(p: Precision, la: Layer, hw=hw) -> LayerTimeQuery:  # type: ignore[no-untyped-def]
+            return LayerTimeQuery(la, layer_cost(la), hw, mode, opt, p)
+
+        strict = predictor.estimate([q(Precision.FP32_STRICT, la) for la in layers])
+        for p in (Precision.TF32, Precision.FP16, Precision.BF16):
+            try:
+                check_precision(hw, p)
+            except Exception:
+                continue
+            got = predictor.estimate([q(p, la) for la in layers])
+            params = np.asarray([layer_cost(la).params for la in layers], dtype=np.float64)
+            cast = autocast_weight_cast_ms(params, precision=p.value, hardware=hw,
+                                           stack=SoftwareStack.PYTORCH_EAGER,
+                                           kernel_ms=KERNEL_FLOOR_MS_BY_STACK[SoftwareStack.PYTORCH_EAGER])
+            for la, e, ref, c in zip(layers, got, strict, cast, strict=True):
+                assert e.forward_ms - c <= ref.forward_ms * (1 + 1e-9), (hw.id, p.value, la.name)
+                assert e.total_ms_p10 <= e.total_ms <= e.total_ms_p90
+                if any(n.startswith(CAP_NOTE) for n in e.notes):
+                    capped += 1
+                    assert e.out_of_distribution
+    assert capped > 0  # the shipped model needs the cap (else this test shows nothing)
+
+
+def test_the_cap_leaves_rows_it_does_not_bind_untouched(predictor) -> None:  # type: ignore[no-untyped-def]
+    """A100 (training GPU) fp16 linear layers whose own prediction is below the strict one: no note, and the
+    answer is the model's (the cap is a min, not a blend): same as the strict answer scaled by nothing."""
+    hw = load_catalog()["a100-sxm4-40gb"]
+    layers = _linears()
+    got = predictor.estimate([LayerTimeQuery(la, layer_cost(la), hw, "inference", "none", Precision.FP16)
+                              for la in layers])
+    strict = predictor.estimate([LayerTimeQuery(la, layer_cost(la), hw, "inference", "none",
+                                                Precision.FP32_STRICT) for la in layers])
+    free = [(e, s) for e, s in zip(got, strict, strict=True) if not any(n.startswith(CAP_NOTE) for n in e.notes)]
+    assert len(free) > len(layers) // 2
+    assert any(e.forward_ms < 0.9 * s.forward_ms for e, s in free)  # below the cap, not pinned to it
