@@ -187,7 +187,9 @@ def test_tensor_core_peaks_follow_the_architecture_and_are_dense(hardware_id: st
         assert peaks["fp8"] == pytest.approx(2 * peaks["fp16"], rel=0.02)
     if gen in ("Volta", "Turing"):
         assert "fp16" in peaks and not {"tf32", "bf16"} & set(peaks)
-        assert peaks["fp16"] == pytest.approx(8 * fp32, rel=0.02)  # 8x the CUDA-core rate (whitepapers)
+        # 8x the CUDA-core rate (whitepapers); GeForce Turing accumulates in FP32 at half that rate
+        ratio = 4 if "GeForce" in spec.name and gen == "Turing" else 8
+        assert peaks["fp16"] == pytest.approx(ratio * fp32, rel=0.02)
     if gen == "Pascal":
         assert not {"tf32", "bf16"} & set(peaks)
         ratio = 2.0 if "GP100" in (spec.architecture or "") else 1 / 64

@@ -11,7 +11,8 @@ Published figures (images/s, one GPU, synthetic or DALI input, PyTorch; recorded
   2023; commit 0551cb70ffdc155dc4cb2c10dddebb65651c3883; "fp32" is the container default, TF32 on Ampere and
   newer): H100 80GB SXM5 (1CC) fp16 2791, TF32 1898; A100 80GB SXM4 fp16 1582, TF32 1066; V100 16GB fp16 833,
   fp32 369; and, Lambda only, the single-GPU rows of the other catalog GPUs in those files (PCIe boards,
-  GeForce, a 150 W A10): H100 80GB PCIe Gen5 1866 / 1197, A100 80GB PCIe 1527 / 1014, A100 40GB PCIe
+  GeForce, a 150 W A10; not the TITAN V, TITAN RTX, RTX 2080 Ti and V100S entries added to the catalog later,
+  whose Lambda rows were not at hand): H100 80GB PCIe Gen5 1866 / 1197, A100 80GB PCIe 1527 / 1014, A100 40GB PCIe
   1396 / 882, RTX 4090 1301 / 721, RTX 3090 905 / 513, A10 638 / 349 (fp16 / TF32). Its ``bert_base_squad``
   column (SQuAD fine-tuning of BERT-base, sequence 384, sequences/s) is the BERT check below.
 
