@@ -176,6 +176,7 @@ def logo_block(
     all_lo: list[np.ndarray] = []
     all_hi: list[np.ndarray] = []
     all_lookup: list[np.ndarray] = []
+    parts: list[tuple[str, TrainingRows, np.ndarray]] = []
     for g, f in folds.items():
         te_g: TrainingRows = f["test"]
         if not len(te_g):
@@ -192,6 +193,7 @@ def logo_block(
         all_lo.append(lo)
         all_hi.append(hi)
         all_lookup.append(lookup)
+        parts.append((g, te_g, p))
         m = per[g]["learned"]
         log(f"LOGO {g}: learned {m['mape_pct']:.1f} %, coverage {m['coverage_80_pct']:.1f} %")
     rows = TrainingRows.concat(all_rows)
@@ -210,7 +212,90 @@ def logo_block(
         "pooled": pooled,
         "by_source": by_source,
         "vidur_a100_a40": metrics(rows.time_ms[vid], p_all[vid, 1]) if vid.any() else {"n": 0},
+        "neusight_host_floor": host_floor_block(parts),
         "mean_over_gpus_mape_pct": round(float(np.mean([v["learned"]["mape_pct"] for v in per.values()])), 4),
+    }
+
+
+#: Tiny ``add`` calls of the held-out GPU timed on its host (:func:`host_floor_block`): the one measurement a
+#: user can take on a machine in a second (models/README.md, "what bounds blind leave-one-GPU-out on NeuSight").
+HOST_FLOOR_CALIBRATION_ROWS = 5
+#: Norms tried for swapping the model's dispatch floor for the host's (1: additive; 2, 4: smooth maxima).
+HOST_FLOOR_NORMS = (1.0, 2.0, 4.0)
+
+
+def host_dispatch_adjusted_ms(pred_ms: np.ndarray, model_floor_ms: np.ndarray, host_ratio: float,
+                              q: float) -> np.ndarray:
+    """Predictions ``pred_ms`` ``[N]`` with the model's dispatch floor ``model_floor_ms`` ``[N]`` (its own answer
+    for the tiniest calls of each row's op family on this GPU, ms) swapped for the host's, ``host_ratio`` times
+    it: ``(max(t^q - c^q, 0) + (rho c)^q)^(1/q)`` (``q = 1`` shifts every row by the floor difference; larger
+    ``q`` leaves rows far above the floor alone). The host ratio is a measured tiny call's time over the
+    model's answer for it; NeuSight's floors keep one ratio per host across op families
+    (reports/dispatch_floor.md). Raises ``ValueError`` for ``q <= 0`` or a non-positive ratio."""
+    if q <= 0 or not host_ratio > 0:
+        raise ValueError(f"need q > 0 and host_ratio > 0, got q={q!r}, host_ratio={host_ratio!r}")
+    t, c = np.asarray(pred_ms, dtype=np.float64), np.asarray(model_floor_ms, dtype=np.float64)
+    return np.asarray((np.maximum(t**q - c**q, 0.0) + (host_ratio * c) ** q) ** (1.0 / q))
+
+
+def host_floor_block(parts: Sequence[tuple[str, TrainingRows, np.ndarray]]) -> dict[str, Any]:
+    """Leave-one-GPU-out on NeuSight's rows two ways, same rows: blind (the fold model as is) and with the
+    held-out host's dispatch floor measured (:func:`host_dispatch_adjusted_ms`, every norm of
+    :data:`HOST_FLOOR_NORMS`). ``parts`` are ``(fold, test rows, fold model's ln-ms quantiles [n, 3])``. Per
+    held-out GPU the only measurement used is the median time of its :data:`HOST_FLOOR_CALIBRATION_ROWS`
+    ``add`` rows with the smallest physics floor (left out of the scored rows); the model's floor of each op
+    family is the median of its own answers for that family's tiniest calls (no measured time). Every
+    NeuSight family is adjusted, GEMMs and convolutions too. Empty (``{"n": 0}``) without NeuSight rows."""
+    from app.core.features import floor_ms_from_raw
+
+    k = HOST_FLOOR_CALIBRATION_ROWS
+    true, blind, fams, gpus = [], [], [], []
+    adjusted: dict[float, list[np.ndarray]] = {q: [] for q in HOST_FLOOR_NORMS}
+    ratios: dict[str, float] = {}
+    for g, rows, ln in parts:
+        ns = np.nonzero(source_of(rows) == "neusight")[0]
+        fam = rows.family[ns]
+        add = np.nonzero(fam == "neusight:add")[0]
+        if len(add) <= k:
+            continue
+        floor = floor_ms_from_raw(rows.raw[ns])
+        pred = np.exp(ln[ns, 1].astype(np.float64))
+        t = rows.time_ms[ns]
+        cal = add[np.argsort(floor[add], kind="stable")[:k]]
+        rho = float(np.median(t[cal]) / np.median(pred[cal]))
+        ratios[g] = round(rho, 4)
+        c_hat = np.empty(len(ns))
+        for f in np.unique(fam):
+            idx = np.nonzero(fam == f)[0]
+            c_hat[idx] = np.median(pred[idx[np.argsort(floor[idx], kind="stable")[:k]]])
+        keep = np.ones(len(ns), dtype=bool)
+        keep[cal] = False
+        true.append(t[keep])
+        blind.append(pred[keep])
+        fams.append(fam[keep])
+        gpus.append(np.full(int(keep.sum()), g, dtype=object))
+        for q in HOST_FLOOR_NORMS:
+            adj = np.maximum(host_dispatch_adjusted_ms(pred, c_hat, rho, q), floor)
+            adjusted[q].append(adj[keep])
+    if not true:
+        return {"n": 0}
+    t_all, b_all, f_all, g_all = (np.concatenate(x) for x in (true, blind, fams, gpus))
+    a_all = {q: np.concatenate(v) for q, v in adjusted.items()}
+
+    def mape(pred: np.ndarray, m: np.ndarray) -> float:
+        return round(float(np.mean(np.abs(pred[m] - t_all[m]) / t_all[m]) * 100), 2)
+
+    def block(m: np.ndarray) -> dict[str, Any]:
+        return {"n": int(m.sum()), "blind_mape_pct": mape(b_all, m),
+                **{f"host_floor_q{q:g}_mape_pct": mape(a, m) for q, a in a_all.items()}}
+
+    every = np.ones(len(t_all), dtype=bool)
+    return {
+        "calibration_rows": k,
+        "host_ratio_by_gpu": ratios,
+        "pooled": block(every),
+        "by_gpu": {str(g): block(g_all == g) for g in np.unique(g_all)},
+        "by_op": {str(f): block(f_all == f) for f in np.unique(f_all)},
     }
 
 
@@ -451,6 +536,27 @@ def _grouped_rows(block: Mapping[str, Any], by: str) -> list[str]:
     return out
 
 
+def _host_floor_lines(hf: Mapping[str, Any]) -> list[str]:
+    """The markdown of :func:`host_floor_block` (nothing without NeuSight folds)."""
+    if "pooled" not in hf:
+        return []
+    qs = [f"q = {q:g}" for q in HOST_FLOOR_NORMS]
+    keys = ["blind_mape_pct", *(f"host_floor_q{q:g}_mape_pct" for q in HOST_FLOOR_NORMS)]
+    head = ["| rows | n | blind | " + " | ".join(f"host floor measured, {q}" for q in qs) + " |",
+            "|---|---|" + "---|" * (1 + len(qs))]
+
+    def row(name: str, b: Mapping[str, Any]) -> str:
+        return f"| {name} | {b['n']} | " + " | ".join(_fmt(b[k]) for k in keys) + " |"
+
+    ratios = ", ".join(f"{g} {r:.2f}" for g, r in hf["host_ratio_by_gpu"].items())
+    return ["", "NeuSight leave-one-GPU-out with the held-out host's dispatch floor measured (MAPE, same rows: the "
+            f"{hf['calibration_rows']} tiniest `add` calls of the held-out GPU timed, left out of the scored rows; "
+            "each family's model floor swapped for the host's by the norm q; not a target, which stays blind). "
+            f"Host ratio (measured / model) per held-out GPU: {ratios}.", "", *head,
+            row("**all NeuSight**", hf["pooled"]), *(row(g, b) for g, b in hf["by_gpu"].items()),
+            *(row(f, b) for f, b in hf["by_op"].items())]
+
+
 def markdown(report: Mapping[str, Any]) -> str:
     """The human-readable report (MAPE of every method on the same rows)."""
     h = report["held_out"]
@@ -490,6 +596,7 @@ def markdown(report: Mapping[str, Any]) -> str:
             )
         for by in ("op", "precision"):
             lines += ["", f"Pooled leave-one-GPU-out by {by} (MAPE):", "", *_grouped_rows(logo["pooled"], by)]
+        lines += _host_floor_lines(logo.get("neusight_host_floor") or {"n": 0})
         lines += [
             "",
             f"The previous predictor ({report.get('previous')}) is the shipped artifact, trained on every GPU: on "

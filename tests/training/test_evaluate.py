@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -169,3 +170,42 @@ def test_the_previous_predictor_defaults_to_the_artifact_created_before_and_a_mi
     assert evaluate_main(["--models-dir", str(tmp_path), "--previous", "layer-time-mlp-1", "--no-logo",
                           "--no-e2e"]) == 2
     assert "no artifact layer-time-mlp-1.json" in capsys.readouterr().err
+
+
+def _kernel_rows(gpu: str, floors_ms: np.ndarray, times_ms: np.ndarray, families: list[str]) -> Any:
+    """Synthetic NeuSight test rows of one GPU: only what :func:`host_floor_block` reads is meaningful."""
+    from app.core.features import RAW_FIELDS, raw_index
+    from app.training.dataset import TrainingRows
+
+    n = len(floors_ms)
+    raw = np.zeros((n, len(RAW_FIELDS)))
+    raw[:, raw_index("floor_ms")] = floors_ms
+    text = np.full(n, "", dtype=object)
+    return TrainingRows(family=np.asarray(families, dtype=object), gpu=np.full(n, gpu, dtype=object), pass_=text,
+                        optimizer=text, time_ms=np.asarray(times_ms, dtype=np.float64), config=text, raw=raw,
+                        features=np.zeros((n, 1), dtype=np.float32), source=np.full(n, "neusight", dtype=object),
+                        precision=text, software_stack=text, granularity=text, op_kind=text,
+                        measurement_id=np.arange(n))
+
+
+def test_host_floor_swaps_the_models_dispatch_floor_for_the_hosts_measured_one() -> None:
+    """A model that predicts a 20 us floor on a host whose tiny calls take 40 us: with the 5 tiniest adds timed,
+    every row gets the host's floor (q = 1: shifted by 20 us), the big rows barely move under q = 4, the
+    calibration rows are not scored, and a host without enough adds is skipped."""
+    from app.training.evaluate import host_dispatch_adjusted_ms, host_floor_block
+
+    floors = np.array([1e-4] * 6 + [1e-4] * 3 + [1.0, 2.0])
+    fams = ["neusight:add"] * 6 + ["neusight:ln"] * 3 + ["neusight:add", "neusight:ln"]
+    model = np.where(floors < 1e-3, 0.020, floors * 1.25)  # the fold model: 20 us floor, 80 % of bandwidth
+    truth = np.where(floors < 1e-3, 0.040, floors * 1.25 + 0.020)  # the host: 40 us floor
+    rows = _kernel_rows("gpu-a", floors, truth, fams)
+    out = host_floor_block([("chip A", rows, np.log(np.stack([model, model, model], axis=1)))])
+    assert out["host_ratio_by_gpu"] == {"chip A": 2.0}
+    assert out["pooled"]["n"] == len(floors) - 5  # the 5 calibration adds are left out
+    assert out["pooled"]["host_floor_q1_mape_pct"] == pytest.approx(0.0, abs=1e-6)  # the shift is exact here
+    assert out["pooled"]["blind_mape_pct"] > 10
+    assert host_dispatch_adjusted_ms(np.array([2.5]), np.array([0.02]), 2.0, 4.0)[0] == pytest.approx(2.5, rel=1e-6)
+    few = _kernel_rows("gpu-b", floors[6:], truth[6:], fams[6:])
+    assert host_floor_block([("chip B", few, np.log(np.stack([model[6:]] * 3, axis=1)))]) == {"n": 0}
+    with pytest.raises(ValueError):
+        host_dispatch_adjusted_ms(np.array([1.0]), np.array([0.1]), 0.0, 1.0)
