@@ -247,7 +247,9 @@ def sums_of(table: LayerTable, setting: Setting, est: Estimates) -> LayerSums:
 
 
 #: Approximate bytes of one row of a memoised :class:`~app.predictor.table.Estimates` (seven float64/bool
-#: columns and two list slots; the method and note strings are shared), counted against the analysis cache.
+#: columns and two list slots; the method and note strings are shared; until the notes are read, ~20 bytes of
+#: flags and row indices they are built from, :class:`~app.predictor.table.LazyNotes`), counted against the
+#: analysis cache.
 ESTIMATE_BYTES_PER_ROW = 100
 _ESTIMATE_FIXED_BYTES = 1500  # the Estimates object, its arrays' headers, the LayerSums and the memo key
 
