@@ -77,7 +77,7 @@ import numpy as np
 
 from app.core.analysis import GraphAnalysis, loss_input, loss_on_probabilities
 from app.core.costs import OPTIMIZERS, VIEW_OPS
-from app.core.hardware import HardwareSpec
+from app.core.hardware import HardwareSpec, per_spec
 from app.core.ir import BYTES_PER_ELEMENT, Layer, OpKind, Tensor
 
 # Usable share of device memory once context, workspace and rounding are counted: the caching allocator's
@@ -236,17 +236,37 @@ def runtime_for(hardware: HardwareSpec | None) -> DeviceRuntime:
 def device_key(hardware: HardwareSpec | None) -> tuple[DeviceRuntime, bool]:
     """What of ``hardware`` :func:`footprint` depends on: its runtime (:func:`runtime_for`) and whether it
     is a GPU (the autocast op lists). Two devices with equal keys have equal footprints for every graph and
-    option, so a memo of footprints can be keyed by this instead of by the whole spec."""
+    option, so a memo of footprints can be keyed by this instead of by the whole spec. Computed once per spec
+    object (:func:`app.core.hardware.per_spec`): every footprint of a largest-batch search reads it."""
+    if hardware is None:
+        return _device_key(None)
+    return per_spec(_DEVICE_KEYS, hardware, _device_key)
+
+
+_DEVICE_KEYS: dict[int, tuple[HardwareSpec, Any]] = {}
+
+
+def _device_key(hardware: HardwareSpec | None) -> tuple[DeviceRuntime, bool]:
     return runtime_for(hardware), hardware is not None and hardware.kind == "gpu"
+
+
+_FOOTPRINT_KEYS: dict[int, tuple[HardwareSpec, Any]] = {}
+
+
+def _footprint_key(hardware: HardwareSpec | None) -> tuple[int, int, int, int, int, bool]:
+    r, gpu = device_key(hardware)
+    return r.context_bytes, r.workspace_bytes, r.block_bytes, r.large_block_bytes, r.large_from_bytes, gpu
 
 
 def footprint_key(hardware: HardwareSpec | None) -> tuple[int, int, int, int, int, bool]:
     """:func:`device_key` by value: the runtime's numbers (context, workspace, allocator blocks) without the text
     saying where they come from, and whether the device is a GPU. Footprints read nothing else of the device, so
     devices with equal keys have equal footprints even when their runtimes are documented apart (a ROCm device
-    and a CUDA one with the same constants): a memo of footprints keyed by it serves both."""
-    r, gpu = device_key(hardware)
-    return r.context_bytes, r.workspace_bytes, r.block_bytes, r.large_block_bytes, r.large_from_bytes, gpu
+    and a CUDA one with the same constants): a memo of footprints keyed by it serves both. Computed once per
+    spec object (:func:`app.core.hardware.per_spec`): a prediction's memo keys of footprints read it per batch."""
+    if hardware is None:
+        return _footprint_key(None)
+    return per_spec(_FOOTPRINT_KEYS, hardware, _footprint_key)
 
 
 # ------------------------------------------------------------------------------------------ tensor model
