@@ -494,7 +494,7 @@ def memo_largest_batch(bound: graphs.BoundGraph, mem_opts: dict[str, Any]) -> in
     hw = mem_opts["hardware"]
     return bound.memo(_memo_key("largest", mem_opts, hw.memory_bytes), lambda: largest_batch_that_fits(
         bound.analysis, memory_bytes=hw.memory_bytes, **mem_opts,
-        total_bytes=lambda b: memo_footprint(bound, mem_opts, batch_size=b).total_bytes))
+        footprint_at=lambda b: memo_footprint(bound, mem_opts, batch_size=b)))
 
 
 def checked_precision(hw: HardwareSpec, precision: Precision) -> Precision:
