@@ -7,9 +7,10 @@ depend on where specs come from.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from app.core.collectives import Link, LinkKind
 
@@ -72,6 +73,42 @@ class HardwareSpec:
         if precision in self.peak_flops_per_s:
             return self.peak_flops_per_s[precision]
         return self.peak_flops_per_s["fp32"]
+
+
+#: Specs whose derived keys (:func:`per_spec`) each memo keeps: a request reads one spec object many times
+#: (the memo keys of its estimates, roofline rows, footprints and largest batch), a many-scenario call a few.
+SPEC_MEMO_SIZE = 64
+
+_T = TypeVar("_T")
+
+
+def per_spec(memo: dict[int, tuple[HardwareSpec, Any]], hw: HardwareSpec, compute: Callable[[HardwareSpec], _T]) -> _T:
+    """``compute(hw)``, remembered in ``memo`` for this spec object (by identity: a spec is frozen, so what is
+    derived from it holds while the object lives) for the last :data:`SPEC_MEMO_SIZE` objects. The entry holds
+    the object, so its ``id`` is not reused while the entry exists; a spec equal to a remembered one but
+    another object is computed again (the key derived must not depend on which object asks). Safe under
+    threads: a race computes the same value twice."""
+    found = memo.get(id(hw))
+    if found is not None and found[0] is hw:
+        return found[1]  # type: ignore[no-any-return]
+    value = compute(hw)
+    memo[id(hw)] = (hw, value)
+    if len(memo) > SPEC_MEMO_SIZE:
+        # the oldest entry; another thread may have changed the memo meanwhile
+        with contextlib.suppress(KeyError, RuntimeError, StopIteration):
+            del memo[next(iter(memo))]
+    return value
+
+
+_FINGERPRINTS: dict[int, tuple[HardwareSpec, Any]] = {}
+
+
+def spec_fingerprint(hw: HardwareSpec) -> str:
+    """Every field of ``hw`` (its dataclass ``repr``: strings, exact float reprs, mappings in full), so equal
+    fingerprints mean equal specs whatever their id (a catalog row edited since is another device); two equal
+    specs written differently (``40e9`` and ``40000000000``) only miss a memo keyed by it. ~12 us, computed
+    once per spec object (:func:`per_spec`): a prediction's estimates and its roofline rows are keyed by it."""
+    return per_spec(_FINGERPRINTS, hw, repr)
 
 
 # JSON snapshots of specs stored in predictor metadata (``training_hardware``): the trainer snapshots every

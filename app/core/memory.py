@@ -77,7 +77,7 @@ import numpy as np
 
 from app.core.analysis import GraphAnalysis, loss_input, loss_on_probabilities
 from app.core.costs import OPTIMIZERS, VIEW_OPS
-from app.core.hardware import HardwareSpec
+from app.core.hardware import HardwareSpec, per_spec
 from app.core.ir import BYTES_PER_ELEMENT, Layer, OpKind, Tensor
 
 # Usable share of device memory once context, workspace and rounding are counted: the caching allocator's
@@ -236,17 +236,37 @@ def runtime_for(hardware: HardwareSpec | None) -> DeviceRuntime:
 def device_key(hardware: HardwareSpec | None) -> tuple[DeviceRuntime, bool]:
     """What of ``hardware`` :func:`footprint` depends on: its runtime (:func:`runtime_for`) and whether it
     is a GPU (the autocast op lists). Two devices with equal keys have equal footprints for every graph and
-    option, so a memo of footprints can be keyed by this instead of by the whole spec."""
+    option, so a memo of footprints can be keyed by this instead of by the whole spec. Computed once per spec
+    object (:func:`app.core.hardware.per_spec`): every footprint of a largest-batch search reads it."""
+    if hardware is None:
+        return _device_key(None)
+    return per_spec(_DEVICE_KEYS, hardware, _device_key)
+
+
+_DEVICE_KEYS: dict[int, tuple[HardwareSpec, Any]] = {}
+
+
+def _device_key(hardware: HardwareSpec | None) -> tuple[DeviceRuntime, bool]:
     return runtime_for(hardware), hardware is not None and hardware.kind == "gpu"
+
+
+_FOOTPRINT_KEYS: dict[int, tuple[HardwareSpec, Any]] = {}
+
+
+def _footprint_key(hardware: HardwareSpec | None) -> tuple[int, int, int, int, int, bool]:
+    r, gpu = device_key(hardware)
+    return r.context_bytes, r.workspace_bytes, r.block_bytes, r.large_block_bytes, r.large_from_bytes, gpu
 
 
 def footprint_key(hardware: HardwareSpec | None) -> tuple[int, int, int, int, int, bool]:
     """:func:`device_key` by value: the runtime's numbers (context, workspace, allocator blocks) without the text
     saying where they come from, and whether the device is a GPU. Footprints read nothing else of the device, so
     devices with equal keys have equal footprints even when their runtimes are documented apart (a ROCm device
-    and a CUDA one with the same constants): a memo of footprints keyed by it serves both."""
-    r, gpu = device_key(hardware)
-    return r.context_bytes, r.workspace_bytes, r.block_bytes, r.large_block_bytes, r.large_from_bytes, gpu
+    and a CUDA one with the same constants): a memo of footprints keyed by it serves both. Computed once per
+    spec object (:func:`app.core.hardware.per_spec`): a prediction's memo keys of footprints read it per batch."""
+    if hardware is None:
+        return _footprint_key(None)
+    return per_spec(_FOOTPRINT_KEYS, hardware, _footprint_key)
 
 
 # ------------------------------------------------------------------------------------------ tensor model
@@ -1037,7 +1057,7 @@ def largest_batch_that_fits(
     hardware: HardwareSpec | None = None,
     activation_checkpointing: bool = False,
     max_batch: int = 1 << 20,
-    total_bytes: Callable[[int], int] | None = None,
+    footprint_at: Callable[[int], MemoryFootprint] | None = None,
     layout: Layout | None = None,
     data_parallel: bool = False,
 ) -> int:
@@ -1047,42 +1067,51 @@ def largest_batch_that_fits(
     constant, every activation tensor scales linearly, but allocator block rounding, integer truncation,
     the ``max`` over the backward walk's steps (and the optimizer step), the inference working set's
     ``max`` over layers and the checkpoint segment boundaries make it piecewise affine. So the search
-    jumps along the secant through the two latest exact :func:`footprint` evaluations (the affine form of
-    the piece they lie on: exact once both lie on the answer's piece) inside a bracket ``fits(lo)``,
-    ``not fits(hi)``, and stops when ``hi == lo + 1``: the answer is verified by exact evaluations at it
-    and at its successor. 4-8 evaluations on real graphs instead of a bisection's 14-30. Capped at
-    ``max_batch`` (returned when it fits). ``total_bytes``: the peak at a batch, ``footprint(...,
-    batch_size=b).total_bytes`` of these options (the default), for a caller that memoises it; ``layout``
-    and ``data_parallel`` (the batch is then per device) as for :func:`footprint` (the layout built once
-    here otherwise). Raises like :func:`footprint`.
+    jumps along the secant through the two latest points inside a bracket ``fits(lo)``, ``not fits(hi)``
+    (``lo`` 0 until a batch fits), and stops when ``hi == lo + 1``: the answer is verified by exact
+    evaluations at it and at its successor (at 1 when nothing fits). The first point is the footprint at
+    the graph's own batch (a prediction has it already); the one before it is not evaluated but the line
+    through it and the batch-independent bytes at batch 0 (:attr:`MemoryFootprint.model_state_bytes`: what
+    does not scale), so the first jump lands within a few batches of the answer on real graphs and the
+    next secant, through two exact points on the answer's piece, on it: 2-4 evaluations besides the
+    graph's batch (a bisection takes 14-30). Capped at ``max_batch`` (returned when it fits).
+    ``footprint_at``: the footprint at a batch, ``footprint(..., batch_size=b)`` of these options (the
+    default), for a caller that memoises it; ``layout`` and ``data_parallel`` (the batch is then per device)
+    as for :func:`footprint` (the layout built once here otherwise). Raises like :func:`footprint`.
     """
     limit = HEADROOM * memory_bytes
-    if layout is None and total_bytes is None and mode == "training":
+    if layout is None and footprint_at is None and mode == "training":
         layout = memory_layout(analysis, precision=precision, hardware=hardware)
 
-    def exact(b: int) -> int:
+    def exact(b: int) -> MemoryFootprint:
         return footprint(analysis, mode=mode, optimizer=optimizer, precision=precision, hardware=hardware,
                          activation_checkpointing=activation_checkpointing, batch_size=b,
-                         layout=layout, data_parallel=data_parallel).total_bytes
+                         layout=layout, data_parallel=data_parallel)
 
-    total = total_bytes or exact
-
-    t1 = total(1)
-    if t1 > limit:
-        return 0
-    lo, hi = 1, max_batch + 1  # fits(lo); hi does not fit or lies beyond the cap
-    b = min(max_batch, max(2, analysis.graph.batch_size))
-    points = [(1, t1)]
+    at = footprint_at or exact
+    lo, hi = 0, max_batch + 1  # fits(lo) (0: nothing verified yet); hi does not fit or lies beyond the cap
+    ends: list[int | None] = [None, None]  # the exact peaks at lo and at hi, once evaluated
+    b = min(max_batch, max(1, analysis.graph.batch_size))
+    last: tuple[int, int] | None = None
     stalled = 0
     while hi - lo > 1:
         if b <= lo or b >= hi:
             b = (lo + hi) // 2
-        t = total(b)
+        fp = at(b)
+        t = fp.total_bytes
+        if last is None:  # the graph's batch: the line from what does not scale with the batch (at batch 0)
+            last = (0, min(fp.model_state_bytes, t))
         width = hi - lo
-        lo, hi = (b, hi) if t <= limit else (lo, b)
+        if t <= limit:
+            lo, ends[0] = b, t
+        else:
+            hi, ends[1] = b, t
         stalled = stalled + 1 if 2 * (hi - lo) > width else 0
-        points = [points[-1], (b, t)]
-        (xa, ta), (xb, tb) = points
+        t_lo, t_hi = ends
+        # the secant through the bracket's ends once both are exact (two close points of the latest steps can
+        # straddle a rounding step and throw the secant far off), else through the latest two points
+        (xa, ta), (xb, tb) = ((lo, t_lo), (hi, t_hi)) if t_lo is not None and t_hi is not None else (last, (b, t))
+        last = (b, t)
         if stalled >= 3:  # a curved stretch: halve the bracket once, then follow the secants again
             b, stalled = (lo + hi) // 2, 0
         elif tb != ta and xb != xa:

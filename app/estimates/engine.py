@@ -32,7 +32,7 @@ from sqlalchemy.orm import Session
 
 from app.core.aggregate import Aggregate, LayerSums, aggregate
 from app.core.analysis import GraphAnalysis
-from app.core.hardware import HardwareSpec
+from app.core.hardware import HardwareSpec, spec_fingerprint
 from app.core.memory import MemoryFootprint, fits
 from app.core.precision import Precision
 from app.errors import LayercastError
@@ -52,7 +52,6 @@ from app.predictions.service import (
     memory_options,
     predict_tables,
     remember_estimates,
-    spec_fingerprint,
     sums_of,
 )
 from app.predictor.base import Predictor

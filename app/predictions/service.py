@@ -42,7 +42,7 @@ from app.core.collectives import (
 )
 from app.core.energy import IDLE_FRACTION_OF_TDP, J_PER_KWH, idle_power_w
 from app.core.fusion import rules_for_stack
-from app.core.hardware import HardwareSpec
+from app.core.hardware import HardwareSpec, spec_fingerprint
 from app.core.ir import EVAL_EXPORT_WARNING
 from app.core.memory import (
     HEADROOM,
@@ -247,7 +247,9 @@ def sums_of(table: LayerTable, setting: Setting, est: Estimates) -> LayerSums:
 
 
 #: Approximate bytes of one row of a memoised :class:`~app.predictor.table.Estimates` (seven float64/bool
-#: columns and two list slots; the method and note strings are shared), counted against the analysis cache.
+#: columns and two list slots; the method and note strings are shared; until the notes are read, ~20 bytes of
+#: flags and row indices they are built from, :class:`~app.predictor.table.LazyNotes`), counted against the
+#: analysis cache.
 ESTIMATE_BYTES_PER_ROW = 100
 _ESTIMATE_FIXED_BYTES = 1500  # the Estimates object, its arrays' headers, the LayerSums and the memo key
 
@@ -263,14 +265,6 @@ def predictor_key(predictor: Predictor) -> tuple[str, int]:
     if token is None:
         token = _TOKENS[predictor] = next(_NEXT_TOKEN)
     return predictor.version, token
-
-
-def spec_fingerprint(hw: HardwareSpec) -> str:
-    """Every field of ``hw`` (its dataclass ``repr``: strings, exact float reprs, mappings in full), so equal
-    fingerprints mean equal specs whatever their id (a catalog row edited since is another device); two
-    equal specs written differently (``40e9`` and ``40000000000``) only miss the memo. A third of the cost
-    of canonical JSON (5 us against 13 us), paid on every prediction."""
-    return repr(hw)
 
 
 def estimates_key(predictor: Predictor, setting: Setting, fingerprint: str) -> Hashable:
@@ -452,12 +446,19 @@ def memory_options(request: PredictionCreate, precision: Precision, hw: Hardware
             "data_parallel": training and request.device_count > 1}
 
 
+#: The options of :func:`memory_options` but the device, in name order: a memo key lists their values so.
+_OPTION_NAMES = ("activation_checkpointing", "data_parallel", "mode", "optimizer", "precision")
+_OPTION_KEYS = frozenset({*_OPTION_NAMES, "hardware"})
+
+
 def _memo_key(what: str, mem_opts: dict[str, Any], *extra: Any) -> tuple[Any, ...]:
-    """Memo key of a memory result: the options, the device by what footprints depend on
-    (:func:`app.core.memory.footprint_key`: devices whose runtimes have the same numbers share their footprints,
-    every generation of a vendor and across vendors)."""
-    return (what, footprint_key(mem_opts["hardware"]), *extra,
-            *(v for k, v in sorted(mem_opts.items()) if k != "hardware"))
+    """Memo key of a memory result: the options (every one but the device, in name order), the device by what
+    footprints depend on (:func:`app.core.memory.footprint_key`: devices whose runtimes have the same numbers
+    share their footprints, every generation of a vendor and across vendors)."""
+    device = footprint_key(mem_opts["hardware"])
+    if mem_opts.keys() == _OPTION_KEYS:  # what memory_options makes: no sort needed
+        return (what, device, *extra, *(mem_opts[k] for k in _OPTION_NAMES))
+    return (what, device, *extra, *(v for k, v in sorted(mem_opts.items()) if k != "hardware"))
 
 
 def _memo_layout(bound: graphs.BoundGraph, mem_opts: dict[str, Any]) -> Layout | None:
@@ -493,7 +494,7 @@ def memo_largest_batch(bound: graphs.BoundGraph, mem_opts: dict[str, Any]) -> in
     hw = mem_opts["hardware"]
     return bound.memo(_memo_key("largest", mem_opts, hw.memory_bytes), lambda: largest_batch_that_fits(
         bound.analysis, memory_bytes=hw.memory_bytes, **mem_opts,
-        total_bytes=lambda b: memo_footprint(bound, mem_opts, batch_size=b).total_bytes))
+        footprint_at=lambda b: memo_footprint(bound, mem_opts, batch_size=b)))
 
 
 def checked_precision(hw: HardwareSpec, precision: Precision) -> Precision:

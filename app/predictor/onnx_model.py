@@ -105,7 +105,16 @@ from app.predictor.base import (
     transfer_precision_ms,
 )
 from app.predictor.roofline import KERNEL_FLOOR_MS_BY_STACK, STREAM_EFFICIENCY, autocast_weight_cast_ms
-from app.predictor.table import Estimates, LayerTable, Setting, estimate_queries, floors_for, raw_for, update_cost
+from app.predictor.table import (
+    Estimates,
+    LayerTable,
+    LazyNotes,
+    Setting,
+    estimate_queries,
+    floors_for,
+    raw_for,
+    update_cost,
+)
 
 _log = logging.getLogger(__name__)
 
@@ -274,30 +283,41 @@ class LearnedPredictor:
             notes.append("dilated convolutions were not measured")
         return tuple(notes)
 
-    def _range_notes(
-        self, hw_kind: str, rows: _Rows, idx: np.ndarray, x: np.ndarray
-    ) -> tuple[np.ndarray, list[str | None]]:
-        """Per row ``idx`` (model inputs ``x`` ``[len(idx), len(feature_names)]``): the note on features outside
-        the widened training range of its (hardware kind, op kind), or on missing training rows of that op
-        kind; ``None`` inside the range. As ``(codes [len(idx)], texts)``: row ``j``'s note is
-        ``texts[codes[j]]`` (``texts[0]`` is ``None``; one text per op kind without training rows and per
-        distinct set of features out of range). Every row is compared with its kind's range at once."""
+    def _range_flags(self, hw_kind: str, rows: _Rows, idx: np.ndarray, x: np.ndarray) -> _RangeFlags:
+        """Which rows ``idx`` (model inputs ``x`` ``[len(idx), len(feature_names)]``) have a range note: their op
+        kind has no training rows on ``hw_kind`` devices, or a feature lies outside the widened training range
+        of their (hardware kind, op kind); every row compared with its kind's range at once. What
+        :meth:`_range_notes` needs to name them, kept small (the out-of-range features of those rows alone, as
+        packed bits) so that the notes can be built later, or never."""
         lo, hi, has = self._kind_ranges(hw_kind, rows)
+        ki = rows.kind_index[idx]
+        out = (x < lo[ki]) | (x > hi[ki])  # the range of a kind without one is (-inf, inf)
+        outside = out.any(axis=1)
+        bad = np.nonzero(outside)[0]
+        return _RangeFlags(missing=~has[ki], outside=outside, bad=bad, bits=np.packbits(out[bad], axis=1),
+                           width=out.shape[1])
+
+    def _range_notes(self, hw_kind: str, rows: _Rows, idx: np.ndarray, flags: _RangeFlags
+                     ) -> tuple[np.ndarray, list[str | None]]:
+        """Per row ``idx`` (its :meth:`_range_flags`): the note on features outside the widened training range
+        of its (hardware kind, op kind), or on missing training rows of that op kind; ``None`` inside the
+        range. As ``(codes [len(idx)], texts)``: row ``j``'s note is ``texts[codes[j]]`` (``texts[0]`` is
+        ``None``; one text per op kind without training rows and per distinct set of features out of range)."""
         codes = np.zeros(len(idx), dtype=np.intp)
         texts: list[str | None] = [None]
         ki = rows.kind_index[idx]
-        missing = ~has[ki]
+        missing = flags.missing
         for k in np.unique(ki[missing]).tolist():
             codes[ki == k] = len(texts)
             texts.append(f"no {hw_kind} training rows of op kind {rows.kinds[k].value}")
-        out = (x < lo[ki]) | (x > hi[ki])  # the range of a kind without one is (-inf, inf)
-        bad = np.nonzero(out.any(axis=1))[0]
+        bad = flags.bad
         if len(bad):
-            first, which = _distinct_rows(out[bad])
+            out = np.unpackbits(flags.bits, axis=1, count=flags.width).astype(bool)
+            first, which = _distinct_rows(out)
             codes[bad] = len(texts) + which
             names = self.feature_names
             texts += ["features outside the training range: " + ", ".join(
-                names[c] for c in np.nonzero(out[bad[j]])[0].tolist()) for j in first.tolist()]  # fmt: skip
+                names[c] for c in np.nonzero(out[j])[0].tolist()) for j in first.tolist()]  # fmt: skip
         return codes, texts
 
     def _kind_ranges(self, hw_kind: str, rows: _Rows) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -406,14 +426,14 @@ class LearnedPredictor:
         return estimate_queries(queries, self.estimate_tables)
 
     def _notes(self, p: _Prepared, suffix: Mapping[int, tuple[str, ...]],
-               capped: np.ndarray) -> tuple[list[tuple[str, ...]], np.ndarray]:
+               capped: np.ndarray) -> tuple[LazyNotes, np.ndarray]:
         """Notes per row and whether the row is out of distribution (any note besides how its backward was
         obtained): transfer, unseen hardware, feature range, stack, optimizer, precision, layer, then the
         train-step row's range note where it differs, the reference-precision cap where ``capped`` ``[N]``
         (the row's p50 came from it), then ``suffix[kind]`` (how the backward of that op kind index was
-        obtained; not out of distribution). Rows with the same notes share one tuple: the notes are built once
-        per distinct combination (range notes, optimizer, layer notes, transfer, cap, kind), not once per
-        row."""
+        obtained; not out of distribution). The flags are computed here, numpy over the rows; the notes are
+        built on their first read (:class:`~app.predictor.table.LazyNotes`: a summary answer never reads them)
+        from what :meth:`_note_rows` needs, not from the feature rows."""
         s, idx, rows = p.setting, p.idx, p.rows
         hw = s.hardware
         scope = self._scope.get(hw.kind, {})
@@ -426,42 +446,61 @@ class LearnedPredictor:
         prec_note = ([f"precision {str(s.precision)!r} was not measured"]
                      if str(s.precision) not in scope.get("measured_precision", scope.get("precision", ("fp32",)))
                      else [])
-        f_code, f_text = self._range_notes(hw.kind, rows, idx, p.selected[0::2] if p.learned_step else p.selected)
-        t_code, t_text = (self._range_notes(hw.kind, rows, idx, p.selected[1::2]) if p.learned_step
+        f_flags = self._range_flags(hw.kind, rows, idx, p.selected[0::2] if p.learned_step else p.selected)
+        t_flags = self._range_flags(hw.kind, rows, idx, p.selected[1::2]) if p.learned_step else f_flags
+        opt = p.table.params[idx] != 0 if opt_note is not None else np.zeros(len(idx), dtype=bool)
+        layer_noted = np.asarray([bool(nt) for nt in rows.layer_note_sets], dtype=bool)[rows.layer_note_index[idx]]
+        # a row's notes are empty exactly when none of their parts is there (the train step's range note is only
+        # left out when the forward's says the same)
+        ood = (f_flags.missing | f_flags.outside | t_flags.missing | t_flags.outside | layer_noted
+               | p.transfer | capped | opt | bool(before or after or prec_note))
+        transfer = p.transfer
+
+        def build() -> list[tuple[str, ...]]:
+            return self._note_rows(hw.kind, s.precision, rows, idx, (f_flags, t_flags), opt, transfer, capped,
+                                   suffix, before=before, after=after, opt_note=opt_note, prec_note=prec_note)
+
+        return LazyNotes(build), ood
+
+    def _note_rows(self, hw_kind: str, precision: Precision, rows: _Rows, idx: np.ndarray,
+                   flags: tuple[_RangeFlags, _RangeFlags], opt: np.ndarray, transfer: np.ndarray,
+                   capped: np.ndarray, suffix: Mapping[int, tuple[str, ...]], *, before: list[str],
+                   after: list[str], opt_note: str | None, prec_note: list[str]) -> list[tuple[str, ...]]:
+        """The notes of :meth:`_notes`, row by row. Rows with the same notes share one tuple: the notes are built
+        once per distinct combination (range notes, optimizer, layer notes, transfer, cap, kind), not once per
+        row."""
+        f_code, f_text = self._range_notes(hw_kind, rows, idx, flags[0])
+        t_code, t_text = (self._range_notes(hw_kind, rows, idx, flags[1]) if flags[1] is not flags[0]
                           else (f_code, f_text))  # fmt: skip
-        columns = (f_code, t_code, (p.table.params[idx] != 0).astype(np.intp) if opt_note is not None
-                   else np.zeros(len(idx), dtype=np.intp), rows.layer_note_index[idx], p.transfer.astype(np.intp),
-                   capped.astype(np.intp), rows.kind_index[idx])  # fmt: skip
+        columns = (f_code, t_code, opt.astype(np.intp), rows.layer_note_index[idx], transfer.astype(np.intp),
+                   capped.astype(np.intp), rows.kind_index[idx])
         radix = (len(f_text), len(t_text), 2, max(len(rows.layer_note_sets), 1), 2, 2, max(len(rows.kinds), 1))
         key = np.zeros(len(idx), dtype=np.int64)
         for col, size in zip(columns, radix, strict=True):
             key = key * size + col
-        distinct, first, which = np.unique(key, return_index=True, return_inverse=True)
+        _, first, which = np.unique(key, return_index=True, return_inverse=True)
         built: list[tuple[str, ...]] = []
-        ood = np.zeros(len(distinct), dtype=bool)
-        for u, j in enumerate(first.tolist()):
-            f, t, opt, ln, tr, cp, ki = (int(col[j]) for col in columns)
+        for j in first.tolist():
+            f, t, o, ln, tr, cp, ki = (int(col[j]) for col in columns)
             row = list(before)
             if f_text[f] is not None:
                 row.append(f_text[f])  # type: ignore[arg-type]
             row += after
-            if opt:
+            if o:
                 row.append(opt_note)  # type: ignore[arg-type]
             row += prec_note
             row += rows.layer_note_sets[ln]
             if t_text[t] is not None and t_text[t] not in row:
                 row.append(t_text[t])  # type: ignore[arg-type]
             if cp:
-                row.append(f"capped at its {REFERENCE_PRECISION.value} prediction: a {s.precision} kernel is not "
+                row.append(f"capped at its {REFERENCE_PRECISION.value} prediction: a {precision} kernel is not "
                            f"slower than the {REFERENCE_PRECISION.value} kernel of the same layer")
             if tr:
                 row.insert(0, f"{rows.kinds[ki].value} was not measured on tensor cores: predicted "
-                              f"at {REFERENCE_PRECISION.value} and carried to {s.precision} by the physics floors "
+                              f"at {REFERENCE_PRECISION.value} and carried to {precision} by the physics floors "
                               "(same efficiency above the launch cost)")
-            ood[u] = bool(row)
             built.append((*row, *suffix.get(ki, ())))
-        which = which.reshape(len(idx))
-        return [built[u] for u in which.tolist()], ood[which]
+        return [built[u] for u in which.reshape(len(idx)).tolist()]
 
     def _assemble(self, p: _Prepared, out_ln: np.ndarray, cap_ln: np.ndarray) -> Estimates:
         """Estimates of a :meth:`_prepare` from the model's ln-ms quantiles ``out_ln`` ``[rows, 3]`` of its features
@@ -725,6 +764,20 @@ class _Rows:
     layer_note_sets: tuple[tuple[str, ...], ...]
     reasons: dict[str, list[str | None]]
     ranges: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]
+
+
+@dataclass(frozen=True, slots=True)
+class _RangeFlags:
+    """:meth:`LearnedPredictor._range_flags` of rows (``[N]`` each): whether the row's op kind has no training
+    rows on the device kind (``missing``), whether a feature lies outside its kind's range (``outside``), and
+    for those rows alone (``bad``, their indices ``[B]``) which features, as ``np.packbits`` of the
+    ``[B, width]`` booleans along the features."""
+
+    missing: np.ndarray
+    outside: np.ndarray
+    bad: np.ndarray
+    bits: np.ndarray
+    width: int
 
 
 @dataclass(frozen=True, slots=True)

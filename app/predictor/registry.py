@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from app.core.costs import LayerCost
-from app.core.hardware import HardwareSpec
+from app.core.hardware import HardwareSpec, spec_fingerprint
 from app.core.ir import Layer
 from app.predictor.base import LayerTimeEstimate, LayerTimeQuery
 from app.predictor.metadata import ArtifactMetadata, verify_sha256
@@ -78,7 +78,7 @@ class CompositePredictor:
             return Estimates.from_list([])
         memo = table.memo(("fallback", self.version), OrderedDict)
         assert isinstance(memo, OrderedDict)
-        key = (repr(s.hardware), s.mode, s.optimizer, s.precision, s.software_stack, rows.tobytes())
+        key = (spec_fingerprint(s.hardware), s.mode, s.optimizer, s.precision, s.software_stack, rows.tobytes())
         found = memo.get(key)
         if found is None:
             at = table.rescaled(s.precision).costs

@@ -21,7 +21,7 @@ Tests pin each equality on real graphs (``tests/predictor/test_table.py``).
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields, replace
 
 import numpy as np
@@ -383,11 +383,58 @@ class Setting:
         return self.mode == "training"
 
 
+class LazyNotes(Sequence[tuple[str, ...]]):
+    """Per-row notes built by ``build`` on their first read, then kept (``build`` and what it holds released):
+    what :class:`Estimates` carries when making the note strings is the only work of a row's notes and a
+    caller may never read them (a summary answer reads the methods and the out-of-distribution flags, not
+    the notes). Reads as the list ``build`` returns (``len``, index, iteration, ``==`` with any sequence);
+    two threads reading first may both build it (``build`` is pure: the same list either way)."""
+
+    __slots__ = ("_build", "_rows")
+
+    def __init__(self, build: Callable[[], list[tuple[str, ...]]]) -> None:
+        self._build: Callable[[], list[tuple[str, ...]]] | None = build
+        self._rows: list[tuple[str, ...]] | None = None
+
+    def rows(self) -> list[tuple[str, ...]]:
+        """The notes as a list (built on the first call)."""
+        rows = self._rows
+        if rows is None:
+            build = self._build
+            if build is None:  # another thread built them between the two reads (it sets _rows first)
+                rows = self._rows
+                assert rows is not None
+                return rows
+            rows = self._rows = build()
+            self._build = None
+        return rows
+
+    def __len__(self) -> int:
+        return len(self.rows())
+
+    def __getitem__(self, i):  # type: ignore[no-untyped-def, override]
+        return self.rows()[i]
+
+    def __iter__(self) -> Iterator[tuple[str, ...]]:
+        return iter(self.rows())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, LazyNotes):
+            other = other.rows()
+        return isinstance(other, Sequence) and self.rows() == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"LazyNotes({self.rows()!r})"
+
+
 @dataclass(slots=True)
 class Estimates:
     """Predicted times of rows of a table in one setting (ms, ``[N]`` each), as
     :class:`app.predictor.base.LayerTimeEstimate` has them: ``method`` per row, ``out_of_distribution``,
-    ``notes`` per row, and after the serving clamp ``physics_floor_ms`` / ``floor_clamped``."""
+    ``notes`` per row (a list, or :class:`LazyNotes` built on first read), and after the serving clamp
+    ``physics_floor_ms`` / ``floor_clamped``."""
 
     forward_ms: np.ndarray
     backward_ms: np.ndarray
@@ -396,7 +443,7 @@ class Estimates:
     total_ms_p90: np.ndarray
     method: list[str]
     out_of_distribution: np.ndarray
-    notes: list[tuple[str, ...]]
+    notes: Sequence[tuple[str, ...]]
     physics_floor_ms: np.ndarray | None = None
     floor_clamped: np.ndarray | None = None
 
@@ -435,11 +482,12 @@ class Estimates:
                          [e.notes for e in estimates])
 
     def take(self, idx: np.ndarray) -> Estimates:
-        """The rows ``idx``."""
+        """The rows ``idx`` (their notes taken on first read)."""
         il = idx.tolist()
+        notes = self.notes
         return Estimates(self.forward_ms[idx], self.backward_ms[idx], self.update_ms[idx], self.total_ms_p10[idx],
                          self.total_ms_p90[idx], [self.method[i] for i in il], self.out_of_distribution[idx],
-                         [self.notes[i] for i in il],
+                         LazyNotes(lambda: [notes[i] for i in il]),
                          None if self.physics_floor_ms is None else self.physics_floor_ms[idx],
                          None if self.floor_clamped is None else self.floor_clamped[idx])
 
@@ -450,20 +498,27 @@ _TIMES = operator.attrgetter("forward_ms", "backward_ms", "update_ms", "total_ms
 
 def scatter(n: int, parts: Sequence[tuple[np.ndarray, Estimates]]) -> Estimates:
     """One :class:`Estimates` of ``n`` rows from disjoint ``(row indices, estimates of those rows)`` parts
-    covering every row."""
+    covering every row (the notes scattered on first read)."""
     f = np.zeros(n)
     b, u, lo, hi = f.copy(), f.copy(), f.copy(), f.copy()
     ood = np.zeros(n, dtype=bool)
     method: list[str] = [""] * n
-    notes: list[tuple[str, ...]] = [()] * n
     for idx, e in parts:
         f[idx], b[idx], u[idx], lo[idx], hi[idx] = e.forward_ms, e.backward_ms, e.update_ms, e.total_ms_p10, \
             e.total_ms_p90
         ood[idx] = e.out_of_distribution
-        for i, m, nt in zip(idx.tolist(), e.method, e.notes, strict=True):
+        for i, m in zip(idx.tolist(), e.method, strict=True):
             method[i] = m
-            notes[i] = nt
-    return Estimates(f, b, u, lo, hi, method, ood, notes)
+    kept = [(idx, e.notes) for idx, e in parts]
+
+    def notes() -> list[tuple[str, ...]]:
+        out: list[tuple[str, ...]] = [()] * n
+        for idx, nts in kept:
+            for i, nt in zip(idx.tolist(), nts, strict=True):
+                out[i] = nt
+        return out
+
+    return Estimates(f, b, u, lo, hi, method, ood, LazyNotes(notes))
 
 
 def clamp_to_floors(table: LayerTable, idx: np.ndarray, setting: Setting, est: Estimates) -> Estimates:
@@ -481,15 +536,24 @@ def clamp_to_floors(table: LayerTable, idx: np.ndarray, setting: Setting, est: E
     upd = np.maximum(est.update_ms, u_floor)
     total = fwd + bwd + upd
     clamped = raised_f | raised_b | raised_u
-    notes = list(est.notes)
-    for i in np.nonzero(clamped)[0].tolist():
-        names = [name for name, r in (("forward", raised_f), ("backward", raised_b), ("update", raised_u)) if r[i]]
-        notes[i] = (*notes[i], f"raised to the physics floor ({', '.join(names)}): {float(floor_sum[i]):.4g} ms in all")
+    rows = np.nonzero(clamped)[0]
+    # only the clamped rows' flags and floors are kept for the notes, which are built on first read
+    raised = [(name, r[rows].tolist()) for name, r in (("forward", raised_f), ("backward", raised_b),
+                                                        ("update", raised_u))]
+    sums, before = floor_sum[rows].tolist(), est.notes
+
+    def notes() -> list[tuple[str, ...]]:
+        out = list(before)
+        for j, i in enumerate(rows.tolist()):
+            names = [name for name, r in raised if r[j]]
+            out[i] = (*out[i], f"raised to the physics floor ({', '.join(names)}): {float(sums[j]):.4g} ms in all")
+        return out
+
     return Estimates(
         forward_ms=fwd, backward_ms=bwd, update_ms=upd,
         total_ms_p10=np.minimum(np.maximum(est.total_ms_p10, floor_sum), total),
         total_ms_p90=np.maximum(est.total_ms_p90, total),
-        method=est.method, out_of_distribution=est.out_of_distribution, notes=notes,
+        method=est.method, out_of_distribution=est.out_of_distribution, notes=LazyNotes(notes),
         physics_floor_ms=floor_sum, floor_clamped=clamped,
     )
 

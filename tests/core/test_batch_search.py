@@ -1,9 +1,11 @@
 """``largest_batch_that_fits``: the secant search on the (piecewise) affine peak answers what a bisection over
-:func:`app.core.memory.footprint` answers, with a handful of footprint evaluations, on real graphs."""
+:func:`app.core.memory.footprint` answers, and what the previous secant search (from batch 1) answered, with
+a handful of footprint evaluations, on real graphs."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import math
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -38,6 +40,37 @@ def bisection(analysis: GraphAnalysis, *, memory_bytes: float, max_batch: int = 
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo
+
+
+def secant_from_one(analysis: GraphAnalysis, *, memory_bytes: float, total_bytes: Callable[[int], int],
+                    max_batch: int = 1 << 20) -> int:
+    """The second reference: the search before its first point came from the batch-independent bytes (it
+    evaluated batch 1 first, then the graph's batch, then followed the secants), as it was."""
+    limit = memory.HEADROOM * memory_bytes
+    t1 = total_bytes(1)
+    if t1 > limit:
+        return 0
+    lo, hi = 1, max_batch + 1
+    b = min(max_batch, max(2, analysis.graph.batch_size))
+    points = [(1, t1)]
+    stalled = 0
+    while hi - lo > 1:
+        if b <= lo or b >= hi:
+            b = (lo + hi) // 2
+        t = total_bytes(b)
+        width = hi - lo
+        lo, hi = (b, hi) if t <= limit else (lo, b)
+        stalled = stalled + 1 if 2 * (hi - lo) > width else 0
+        points = [points[-1], (b, t)]
+        (xa, ta), (xb, tb) = points
+        if stalled >= 3:
+            b, stalled = (lo + hi) // 2, 0
+        elif tb != ta and xb != xa:
+            b = xb + math.floor((limit - tb) * (xb - xa) / (tb - ta))
+            b = min(max(b, lo + 1), hi - 1)
+        else:
+            b = (lo + hi) // 2
     return lo
 
 
@@ -100,3 +133,41 @@ def test_edges_nothing_fits_and_the_cap(memory_bytes: float, max_batch: int, res
         assert want == 0
     if memory_bytes == 1e15:
         assert want == max_batch
+
+
+@pytest.mark.parametrize("scale", [0.03, 0.3, 1.0, 2.5])
+def test_same_answer_as_the_search_from_batch_one_in_fewer_footprints(graph: GraphAnalysis, scale: float) -> None:
+    """Over devices, modes, precisions, checkpointing and data parallelism at several memory sizes: the answer of
+    the search from batch 1 (:func:`secant_from_one`), and of the bisection where the peak is monotone in the batch
+    (not with activation checkpointing, whose segments depend on the bytes: there the two secant searches agree
+    and a bisection can land on another edge), with fewer footprints besides the graph's own batch (which a
+    prediction has memoised): fewer in all (at the graphs' batch 4 here; 24 % fewer at a prediction's batch 64),
+    never more than 16 for one search."""
+    old_walks, new_walks = [], []
+    for hw, (mode, opt, prec, ckpt) in _cases():
+        for dp in ((False, True) if mode == "training" else (False,)):
+            kw = {"mode": mode, "optimizer": opt, "precision": prec, "hardware": hw, "activation_checkpointing": ckpt,
+                  "data_parallel": dp}
+            mem = hw.memory_bytes * scale
+            seen: dict[int, memory.MemoryFootprint] = {}
+            asked: list[int] = []
+
+            def at(b: int, kw: dict[str, Any] = kw, seen: dict[int, memory.MemoryFootprint] = seen,
+                   asked: list[int] = asked) -> memory.MemoryFootprint:
+                asked.append(b)
+                if b not in seen:
+                    seen[b] = memory.footprint(graph, batch_size=b, **kw)
+                return seen[b]
+
+            want = secant_from_one(graph, memory_bytes=mem, total_bytes=lambda b: at(b).total_bytes)
+            old = [b for b in asked if b != graph.graph.batch_size]
+            asked.clear()
+            got = memory.largest_batch_that_fits(graph, memory_bytes=mem, footprint_at=at, **kw)
+            assert got == want, (hw.id, kw, scale)
+            if not ckpt:  # the peak is monotone in the batch (with checkpointing its segments can move it back)
+                assert got == bisection(graph, memory_bytes=mem, **kw), (hw.id, kw, scale)
+            new = [b for b in asked if b != graph.graph.batch_size]
+            old_walks.append(len(old))
+            new_walks.append(len(new))
+            assert len(new) <= 16, (hw.id, kw, scale, asked)
+    assert sum(new_walks) < sum(old_walks), (sum(new_walks), sum(old_walks))

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from app.core.analysis import analyze
-from app.core.hardware import HardwareSpec
+from app.core.hardware import SPEC_MEMO_SIZE, HardwareSpec, per_spec, spec_fingerprint
 from app.core.json_import import import_json
 from app.core.memory import (
     CPU_RUNTIME,
@@ -213,6 +215,31 @@ def test_devices_of_one_generation_share_a_device_key() -> None:
     assert device_key(None) == device_key(HardwareSpec(
         id="c", name="c", vendor="x", kind="cpu", peak_flops_per_s={"fp32": 1e11}, memory_bytes=2**34,
         memory_bandwidth_bytes_per_s=1e10, compute_units=8))
+
+
+def test_device_keys_are_computed_once_per_spec_object() -> None:
+    """``per_spec`` computes a key once per spec object (a prediction reads its spec's keys per footprint), never
+    answers one object with another's entry, and keeps only the last SPEC_MEMO_SIZE objects; the memoised keys
+    are the ones computed afresh."""
+    calls: list[HardwareSpec] = []
+    memo: dict[int, tuple[HardwareSpec, object]] = {}
+
+    def compute(hw: HardwareSpec) -> str:
+        calls.append(hw)
+        return hw.id
+
+    a, b = _gpu("Ampere (GA100)"), replace(_gpu("Ampere (GA100)"), id="b")
+    assert [per_spec(memo, a, compute) for _ in range(3)] == ["g"] * 3
+    assert per_spec(memo, b, compute) == "b"
+    assert calls == [a, b]
+    specs = [replace(a, id=f"s{i}") for i in range(SPEC_MEMO_SIZE + 5)]
+    assert [per_spec(memo, s, compute) for s in specs] == [s.id for s in specs]
+    assert len(memo) == SPEC_MEMO_SIZE and all(entry[0] is specs[-1 - i] for i, entry in
+                                               enumerate(reversed(memo.values())))
+    hw = _gpu("Hopper (GH100)")
+    assert footprint_key(hw) == footprint_key(hw) == footprint_key(replace(hw))
+    assert device_key(hw) == (runtime_for(hw), True) and device_key(hw) is device_key(hw)
+    assert spec_fingerprint(hw) == repr(hw) == spec_fingerprint(replace(hw))
 
 
 # four linear layers sized to cross DDP's bucket limits (1 MiB for the first bucket, 25 MiB after): in the
