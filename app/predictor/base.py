@@ -210,9 +210,7 @@ def transfer_precision_ms(*, time_ms: Any, floor_from_ms: Any, floor_to_ms: Any,
 
     ``overhead_ms + max(time_ms − overhead_ms, 0) × floor_to_ms / floor_from_ms``, never below ``floor_to_ms``:
     the fixed launch cost stays, the work above it scales with the physics floor (peak at the precision, bytes
-    at its storage type). Never above ``time_ms`` either: where the target floor is the higher one (a 3x3
-    convolution's strict-fp32 floor is Winograd's, 4x fewer multiplies, and a GeForce board's TF32 or
-    FP32-accumulate fp16 rate is below 4x its FP32 rate), the library may still run the strict kernel. Floats or broadcastable arrays (the learned predictor passes ``[N, 3]`` quantiles
+    at its storage type). Floats or broadcastable arrays (the learned predictor passes ``[N, 3]`` quantiles
     with ``[N, 1]`` floors); returns an array (0-d for floats). ``floor_from_ms`` must be > 0. Raises
     ``ValueError`` otherwise or for a negative input.
     """
@@ -222,4 +220,4 @@ def transfer_precision_ms(*, time_ms: Any, floor_from_ms: Any, floor_to_ms: Any,
         raise ValueError(f"floor_from_ms must be > 0, got {floor_from_ms!r}")
     if min(float(np.min(a)) if a.size else 0.0 for a in (t, f_to, over)) < 0:
         raise ValueError("transfer_precision_ms takes non-negative times")
-    return np.maximum(np.minimum(over + np.maximum(t - over, 0.0) * f_to / f_from, np.maximum(t, over)), f_to)
+    return np.maximum(over + np.maximum(t - over, 0.0) * f_to / f_from, f_to)

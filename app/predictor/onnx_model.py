@@ -47,13 +47,15 @@ conv/GEMM/matmul/recurrent layer's forward also pays autocast's weight cast
 
 Never slower on tensor cores than without: a row that runs on tensor cores under the query's precision and
 is predicted there directly (its op kind was measured on tensor cores: GEMMs in Vidur's fp16 rows) is also
-predicted at :data:`REFERENCE_PRECISION`, and each quantile is the smaller of the two (plus autocast's weight
-cast, which the strict kernel would not pay). The library may always run the strict-fp32 kernel (cuBLAS keeps
-its SIMT kernels under TF32 and picks by heuristic), and a tensor-core kernel reads at most the strict kernel's
-bytes at no less than its peak (:func:`app.core.precision.op_precision`). The model alone extrapolates TF32
-GEMMs from kernel-time 16-bit rows and answered 14-17 % of single conv/linear layers under ``tf32`` slower than
-strict fp32 on the A10, L4, H100 and H200, up to 3.4x (``scripts/monotonicity_check.py --precisions``). Capped
-rows carry a note and are flagged out of distribution.
+predicted at :data:`REFERENCE_PRECISION`, and each quantile of each pass is the smaller of the two: the
+forward, the learned train step, and a backward carried from the forward against the one carried from the
+strict forward by the strict floors (autocast's weight cast, which the strict kernel would not pay, is added
+after). The library may always run the strict-fp32 kernel (cuBLAS keeps its SIMT kernels under TF32 and picks
+by heuristic), and a tensor-core kernel reads at most the strict kernel's bytes at no less than its peak
+(:func:`app.core.precision.op_precision`). The model alone extrapolates TF32 GEMMs from kernel-time 16-bit
+rows and answered 14-17 % of single conv/linear layers under ``tf32`` slower than strict fp32 on the A10, L4,
+H100 and H200, up to 3.4x (``scripts/monotonicity_check.py --precisions``). Capped rows carry a note and are
+flagged out of distribution.
 
 Never faster than physics: v3 predicts ``ln(time / floor)`` through a softplus, so each quantile is at
 least the physics floor :func:`app.core.features.pass_floor_ms`; the served times are also clamped to it
@@ -392,13 +394,18 @@ class LearnedPredictor:
             raw_all, cap_all = _interleave(raw_f, raw_t), _interleave(cap_f, cap_t)
         else:
             raw_all, cap_all = raw_f, cap_f
+        # the strict floors of the capped rows: their backward is capped by the one carried from the strict forward
+        ref_floors = floors_for(table, spec, ref, "none") if cap.any() and training and not learned_step else None
+        cap_floors = ((ref_floors.forward[idx][cap], ref_floors.backward[idx][cap]) if ref_floors is not None
+                      else (np.zeros(0), np.zeros(0)))
         return _Prepared(table=table, idx=idx, setting=s, rows=rows, seen=seen, transfer=transfer,
                          learned_step=learned_step, forward_floor_ms=floors.forward[idx],
                          backward_floor_ms=floors.backward[idx] if training else np.zeros(len(idx)),
                          step_floor_ms=step_floor, kernel_ms=KERNEL_FLOOR_MS_BY_STACK[s.software_stack],
                          raw=raw_all, selected=select_features(features_from_raw(raw_all), self.feature_names),
                          cap=cap, cap_raw=cap_all,
-                         cap_selected=select_features(features_from_raw(cap_all), self.feature_names))
+                         cap_selected=select_features(features_from_raw(cap_all), self.feature_names),
+                         cap_forward_floor_ms=cap_floors[0], cap_backward_floor_ms=cap_floors[1])
 
     def estimate_tables(self, items: Sequence[tuple[LayerTable, np.ndarray, Setting]]) -> list[Estimates]:
         """Estimates of rows ``idx`` of each ``(table, idx, setting)`` (stages: plan and featurise, run,
@@ -493,8 +500,9 @@ class LearnedPredictor:
             if t_text[t] is not None and t_text[t] not in row:
                 row.append(t_text[t])  # type: ignore[arg-type]
             if cp:
-                row.append(f"capped at its {REFERENCE_PRECISION.value} prediction: a {precision} kernel is not "
-                           f"slower than the {REFERENCE_PRECISION.value} kernel of the same layer")
+                row.append(f"capped at its {REFERENCE_PRECISION.value} prediction: the {precision} kernel time is "
+                           f"not above the {REFERENCE_PRECISION.value} one of the same layer (autocast's weight cast "
+                           "is added after)")
             if tr:
                 row.insert(0, f"{rows.kinds[ki].value} was not measured on tensor cores: predicted "
                               f"at {REFERENCE_PRECISION.value} and carried to {precision} by the physics floors "
@@ -512,12 +520,17 @@ class LearnedPredictor:
         out_ms = np.maximum(np.exp(out_ln.astype(np.float64)), row_floor[:, None])
         step = p.learned_step
         capped = np.zeros(len(idx), dtype=bool)
+        ref_fwd: np.ndarray | None = None
         if p.cap.any():  # never above the strict-fp32 answer (module docstring); each pass, each quantile
             ref_ms = np.maximum(np.exp(cap_ln.astype(np.float64)), floor_ms_from_raw(p.cap_raw)[:, None])
             where = np.repeat(p.cap, 2) if step else p.cap
             mine = out_ms[where]
             out_ms[where] = np.minimum(mine, ref_ms)
-            capped[p.cap] = (ref_ms[0::2] if step else ref_ms)[:, 1] < (mine[0::2] if step else mine)[:, 1]
+            ref_fwd = ref_ms[0::2] if step else ref_ms
+            bound = ref_fwd[:, 1] < (mine[0::2] if step else mine)[:, 1]
+            if step:  # the train step's p50 is the answered total
+                bound |= ref_ms[1::2, 1] < mine[1::2, 1]
+            capped[p.cap] = bound
         fwd_q = out_ms[0::2] if step else out_ms
         k = p.kernel_ms
         tr = p.transfer
@@ -530,7 +543,6 @@ class LearnedPredictor:
             for ki, c in enumerate(p.rows.kinds):
                 e = self._excess.get(c, PHYSICS_EXCESS)
                 suffix[ki] = (f"backward from the forward: {e.median:.3g} x the physics-floor ratio ({e.source})",)
-        notes, ood = self._notes(p, suffix, capped)
         f10, f50, f90 = fwd_q[:, 0], fwd_q[:, 1], fwd_q[:, 2]
         n = len(idx)
         cast = self._autocast_casts(p)
@@ -558,10 +570,20 @@ class LearnedPredictor:
                 forward_ms=fwd_q, floor_forward_ms=p.forward_floor_ms[:, None],
                 floor_backward_ms=p.backward_floor_ms[:, None], kernels=p.rows.backward_kernels[idx][:, None],
                 kernel_ms=k, excess=excess[:, None]))
+            if ref_fwd is not None:  # capped rows: nor above the backward carried from the strict forward
+                cap = p.cap
+                ref_bwd = np.asarray(backward_from_forward_ms(
+                    forward_ms=ref_fwd, floor_forward_ms=p.cap_forward_floor_ms[:, None],
+                    floor_backward_ms=p.cap_backward_floor_ms[:, None],
+                    kernels=p.rows.backward_kernels[idx][cap][:, None], kernel_ms=k, excess=excess[cap][:, None]))
+                mine_bwd = bwd_q[cap]
+                capped[cap] |= ref_bwd[:, 1] < mine_bwd[:, 1]
+                bwd_q[cap] = np.minimum(mine_bwd, ref_bwd)
             fwd, bwd = f50, bwd_q[:, 1]
             # the interval is the forward's (conformal, leave-one-GPU-out) carried through the same ratio
             p10, p90 = f10 + bwd_q[:, 0] + upd, f90 + bwd_q[:, 2] + upd
         total = fwd + bwd + upd
+        notes, ood = self._notes(p, suffix, capped)
         return Estimates(forward_ms=fwd, backward_ms=bwd, update_ms=upd, total_ms_p10=np.minimum(p10, total),
                          total_ms_p90=np.maximum(p90, total), method=["learned"] * n, out_of_distribution=ood,
                          notes=notes)
@@ -789,7 +811,9 @@ class _Prepared:
     stack's fixed cost per kernel (ms), and the raw rows and their model inputs (the artifact's feature columns,
     float32, C order; forward, train step interleaved); ``cap`` ``[N]``: the rows predicted on tensor cores
     directly, whose answers are capped by the same rows at :data:`REFERENCE_PRECISION` (``cap_raw`` and
-    ``cap_selected``: those rows only, laid out like ``raw``)."""
+    ``cap_selected``: those rows only, laid out like ``raw``; ``cap_forward_floor_ms`` and
+    ``cap_backward_floor_ms``: their floors at that precision, where the backward comes from the forward, else
+    empty)."""
 
     table: LayerTable
     idx: np.ndarray
@@ -807,6 +831,8 @@ class _Prepared:
     cap: np.ndarray
     cap_raw: np.ndarray
     cap_selected: np.ndarray
+    cap_forward_floor_ms: np.ndarray
+    cap_backward_floor_ms: np.ndarray
 
 
 def _interleave(a: np.ndarray, b: np.ndarray) -> np.ndarray:

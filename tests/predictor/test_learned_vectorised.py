@@ -103,6 +103,15 @@ def _est(fwd: float, bwd: float, upd: float, p10: float, p90: float, notes: list
                              notes=(*notes, *info))
 
 
+def _capped(notes: list[str], bound: bool, q: LayerTimeQuery) -> list[str]:
+    """``notes`` with the strict-fp32 cap's note where it bound (after the train step's range note, before the
+    tensor-core transfer's, which a capped row never has)."""
+    if not bound:
+        return notes
+    return [*notes, f"capped at its {REFERENCE_PRECISION.value} prediction: the {q.precision} kernel time is not above "
+                    f"the {REFERENCE_PRECISION.value} one of the same layer (autocast's weight cast is added after)"]
+
+
 def per_row(p: LearnedPredictor, queries: Sequence[LayerTimeQuery]) -> list[LayerTimeEstimate]:
     """The per-query definition (plan, featurise, one run, assemble) the vectorised path replaced."""
     plans, rows, ref_rows = [], [], []
@@ -128,8 +137,12 @@ def per_row(p: LearnedPredictor, queries: Sequence[LayerTimeQuery]) -> list[Laye
             n_bwd = int(c.backward_input_flops > 0) + int(c.backward_weight_flops > 0)
         else:
             n_bwd = int(c.backward_flops > 0 or c.backward_bytes > 0)
+        ref = REFERENCE_PRECISION.value
+        ref_floors = ((physics_floor_ms(q.layer, q.cost, spec, ref, Pass.FORWARD),
+                       floors_by_pass_ms(q.layer, q.cost, spec, ref, training=True)[1])
+                      if cap is not None and training and not step else None)
         plans.append((q, seen, transfer, step, fwd_floor, bwd_floor, step_floor, n_bwd,
-                      KERNEL_FLOOR_MS_BY_STACK[q.software_stack], cap))
+                      KERNEL_FLOOR_MS_BY_STACK[q.software_stack], cap, ref_floors))
         fprec = REFERENCE_PRECISION.value if transfer else prec
         rows.append(FeatureInput(q.layer, q.cost, hw, "forward", "none", fprec, stack))
         if step:
@@ -149,16 +162,15 @@ def per_row(p: LearnedPredictor, queries: Sequence[LayerTimeQuery]) -> list[Laye
     feats, row_floor, out_ms = run(rows)
     ref_ms = run(ref_rows)[2] if ref_rows else np.zeros((0, 3))
     results, i = [], 0
-    for q, seen, transfer, step, fwd_floor, bwd_floor, step_floor, n_bwd, k, cap in plans:
+    for q, seen, transfer, step, fwd_floor, bwd_floor, step_floor, n_bwd, k, cap, ref_floors in plans:
         notes = _notes(p, q, feats[i], seen)
         if step:
             notes += [n for n in _notes(p, q, feats[i + 1], seen) if n not in notes]
         fwd_q = out_ms[i]
         step_q = out_ms[i + 1] if step else None
+        bound = False
         if cap is not None:
-            if ref_ms[cap][1] < fwd_q[1]:
-                notes.append(f"capped at its {REFERENCE_PRECISION.value} prediction: a {q.precision} kernel is not "
-                             f"slower than the {REFERENCE_PRECISION.value} kernel of the same layer")
+            bound = bool(ref_ms[cap][1] < fwd_q[1]) or bool(step and ref_ms[cap + 1][1] < out_ms[i + 1][1])
             fwd_q = np.minimum(fwd_q, ref_ms[cap])
             if step:
                 step_q = np.minimum(step_q, ref_ms[cap + 1])
@@ -175,7 +187,7 @@ def per_row(p: LearnedPredictor, queries: Sequence[LayerTimeQuery]) -> list[Laye
         g10, g50, g90 = (float(v) for v in fwd_q)  # the backward is carried from the forward without its cast
         f10, f50, f90 = g10 + cast, g50 + cast, g90 + cast
         if q.mode == "inference":
-            results.append(_est(f50, 0.0, 0.0, f10, f90, notes))
+            results.append(_est(f50, 0.0, 0.0, f10, f90, _capped(notes, bound, q)))
         elif step:
             assert step_q is not None
             if transfer:
@@ -183,7 +195,8 @@ def per_row(p: LearnedPredictor, queries: Sequence[LayerTimeQuery]) -> list[Laye
                                                          floor_to_ms=step_floor, overhead_ms=k * (1 + n_bwd))
                                    for t in step_q])
             parts = _split(q, total=float(step_q[1]), forward=f50)
-            results.append(_est(*parts, min(float(step_q[0]), sum(parts)), max(float(step_q[2]), sum(parts)), notes))
+            results.append(_est(*parts, min(float(step_q[0]), sum(parts)), max(float(step_q[2]), sum(parts)),
+                                _capped(notes, bound, q)))
         else:
             excess = p._excess.get(q.layer.kind, PHYSICS_EXCESS)
             upd = streaming_update_ms(q)
@@ -193,9 +206,13 @@ def per_row(p: LearnedPredictor, queries: Sequence[LayerTimeQuery]) -> list[Laye
                 return backward_from_forward_ms(forward_ms=f, floor_forward_ms=ff, floor_backward_ms=fb, kernels=n,
                                                 kernel_ms=kk, excess=ratio)
 
+            b10, b50, b90 = (bwd(g, excess.median) for g in (g10, g50, g90))
+            if ref_floors is not None:  # capped: nor above the backward carried from the strict forward
+                r10, r50, r90 = (bwd(float(g), excess.median, ref_floors[0], ref_floors[1]) for g in ref_ms[cap])
+                bound = bound or r50 < b50
+                b10, b50, b90 = min(b10, r10), min(b50, r50), min(b90, r90)
             how = f"backward from the forward: {excess.median:.3g} x the physics-floor ratio ({excess.source})"
-            results.append(_est(f50, bwd(g50, excess.median), upd, f10 + bwd(g10, excess.median) + upd,
-                                f90 + bwd(g90, excess.median) + upd, notes, (how,)))
+            results.append(_est(f50, b50, upd, f10 + b10 + upd, f90 + b90 + upd, _capped(notes, bound, q), (how,)))
         i += 2 if step else 1
     return results
 

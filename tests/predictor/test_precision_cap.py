@@ -46,7 +46,8 @@ def predictor():  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("mode", ["inference", "training"])
 def test_tensor_core_forward_never_above_strict_fp32(predictor, mode: str) -> None:  # type: ignore[no-untyped-def]
     """Every catalog GPU x TF32/fp16/bf16 it supports x 45 linear layers: served forward less the autocast
-    cast <= the strict-fp32 forward (float tolerance), and the cap binds somewhere with its note."""
+    cast, backward and total less the cast <= the strict-fp32 ones (float tolerance), and the cap binds somewhere
+    with its note."""
     layers = _linears()
     capped = 0
     gpus = [hw for hw in load_catalog().values() if hw.kind == "gpu"]
@@ -68,7 +69,10 @@ def test_tensor_core_forward_never_above_strict_fp32(predictor, mode: str) -> No
                                            stack=SoftwareStack.PYTORCH_EAGER,
                                            kernel_ms=KERNEL_FLOOR_MS_BY_STACK[SoftwareStack.PYTORCH_EAGER])
             for la, e, ref, c in zip(layers, got, strict, cast, strict=True):
-                assert e.forward_ms - c <= ref.forward_ms * (1 + 1e-9), (hw.id, p.value, la.name)
+                # 1e-6: onnxruntime's last bits depend on where a row falls in a run (ORT_ROW_BLOCK)
+                assert e.forward_ms - c <= ref.forward_ms * (1 + 1e-6), (hw.id, p.value, la.name)
+                assert e.backward_ms <= ref.backward_ms * (1 + 1e-6), (hw.id, p.value, la.name)
+                assert e.total_ms - c <= ref.total_ms * (1 + 1e-6), (hw.id, p.value, la.name)
                 assert e.total_ms_p10 <= e.total_ms <= e.total_ms_p90
                 if any(n.startswith(CAP_NOTE) for n in e.notes):
                     capped += 1
