@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from app.core.aggregate import AggregationInput, IterationEstimate, LayerTime, aggregate
+from app.core.features import floor_ms_from_raw
 from app.core.hardware import hardware_from_dict
 from app.predictor.base import LayerTimeEstimate, LayerTimeQuery
 from app.predictor.onnx_model import LearnedPredictor, read_metadata
@@ -246,8 +247,6 @@ def host_floor_block(parts: Sequence[tuple[str, TrainingRows, np.ndarray]]) -> d
     ``add`` rows with the smallest physics floor (left out of the scored rows); the model's floor of each op
     family is the median of its own answers for that family's tiniest calls (no measured time). Every
     NeuSight family is adjusted, GEMMs and convolutions too. Empty (``{"n": 0}``) without NeuSight rows."""
-    from app.core.features import floor_ms_from_raw
-
     k = HOST_FLOOR_CALIBRATION_ROWS
     true, blind, fams, gpus = [], [], [], []
     adjusted: dict[float, list[np.ndarray]] = {q: [] for q in HOST_FLOOR_NORMS}
@@ -283,7 +282,7 @@ def host_floor_block(parts: Sequence[tuple[str, TrainingRows, np.ndarray]]) -> d
     a_all = {q: np.concatenate(v) for q, v in adjusted.items()}
 
     def mape(pred: np.ndarray, m: np.ndarray) -> float:
-        return round(float(np.mean(np.abs(pred[m] - t_all[m]) / t_all[m]) * 100), 2)
+        return round(metrics(t_all[m], pred[m])["mape_pct"], 2)
 
     def block(m: np.ndarray) -> dict[str, Any]:
         return {"n": int(m.sum()), "blind_mape_pct": mape(b_all, m),
