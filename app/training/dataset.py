@@ -39,6 +39,7 @@ from app.core.features import RAW_FIELDS, features_from_raw, raw_quantities
 from app.core.hardware import HardwareSpec
 from app.core.ir import ConvAttrs, GemmAttrs, Layer, OpKind, Tensor
 from app.core.json_import import import_json
+from app.core.precision import Precision
 from app.core.shape_records import shape_record_layer
 from app.core.vocab import Granularity
 from app.errors import InvalidGraph
@@ -58,6 +59,8 @@ SKIP_MULTI_LAYER = "config_is_several_layers"
 SKIP_UNSUPPORTED = "cost_unsupported"
 SKIP_BAD_CONFIG = "config_does_not_rebuild"
 SKIP_NO_STACK = "software_stack_missing"
+#: A measurement at a precision the cost model has no peaks for (DeepBench's int8 kernels).
+SKIP_PRECISION = "precision_not_modelled"
 
 _DTYPE = {"fp16": "float16", "bf16": "bfloat16", "fp64": "float64"}  # every other precision: float32 tensors
 
@@ -350,6 +353,9 @@ def load_training_rows(
     return _featurise(rows, stored, per_file_total={k: len(v) for k, v in per_file.items()})
 
 
+_MODELLED_PRECISIONS = frozenset(p.value for p in Precision)
+
+
 def _featurise(rows: Sequence[Any], specs: Mapping[str, HardwareSpec], *,
                per_file_total: Mapping[tuple[str, str], int]) -> TrainingRows:  # fmt: skip
     skipped: Counter[tuple[str, str]] = Counter()
@@ -369,6 +375,9 @@ def _featurise(rows: Sequence[Any], specs: Mapping[str, HardwareSpec], *,
             continue
         if pass_ not in FEATURE_PASSES:
             skipped[(source, SKIP_PASS)] += 1
+            continue
+        if precision not in _MODELLED_PRECISIONS:
+            skipped[(source, SKIP_PRECISION)] += 1
             continue
         text = config_raw if isinstance(config_raw, str) else json.dumps(config_raw, sort_keys=True)
         key = (source, text, int(batch), precision, op_kind, op_name)

@@ -17,6 +17,7 @@ from app.profiler import iter_rows
 from app.profiler.sampler import LayerConfig
 from app.training.dataset import (
     SKIP_NO_BUILDER,
+    SKIP_PRECISION,
     config_key,
     iterations_from_database,
     load_from_database,
@@ -102,6 +103,17 @@ def test_neusight_and_vidur_rows_rebuild(kernel_db: str) -> None:
             OpKind.EMBEDDING} <= kinds  # fmt: skip
     assert set(data.hardware) >= {"p4", "t4", "p100", "a100-pcie-40gb", "mi100", "a40"}
     assert np.isfinite(data.features).all()
+
+
+def test_deepbench_int8_kernels_are_skipped_with_a_reason(tmp_path: Path) -> None:
+    """DeepBench's int8 GEMM/conv rows have no peaks in the cost model: the loader skips them by name instead of
+    failing the whole load (``layercast train --sources deepbench`` raised ``'int8' is not a valid Precision``)."""
+    url = f"sqlite:///{tmp_path / 'deepbench.db'}"
+    import_measurements(url, "deepbench")
+    data = load_from_database(url, sources=("deepbench",), hardware_kinds=("gpu",))
+    assert data.skipped[("deepbench", SKIP_PRECISION)] > 0
+    assert "int8" not in set(data.precision) and {"fp32", "fp16"} <= set(data.precision)
+    assert {"deepbench:conv2d", "deepbench:matmul"} <= set(data.family) and np.isfinite(data.features).all()
 
 
 def test_record_layer_shape_records() -> None:
