@@ -375,6 +375,46 @@ def _geometry_other(layer: Layer) -> tuple[float, float, float, float, float, fl
     return float(n), float(kernel), float(stride), float(c_in), float(c_out), float(in_sp), float(out_sp)
 
 
+#: The :data:`RAW_FIELDS` that describe a layer's shape to the model (:func:`geometry_fields`).
+GEOMETRY_FIELDS: tuple[str, ...] = ("is_conv", "is_gemm", "batch", "kernel", "stride", "in_spatial", "out_spatial")
+
+
+def is_pointwise_conv(layer: Layer) -> bool:
+    """True for a convolution that is a plain matrix multiply: every kernel side 1, stride 1, no padding, one
+    group (a 1x1 convolution in 2-D; any rank). Its output ``[N, C_out, *S]`` is ``W [C_out, C_in]`` times the
+    input ``[N, C_in, *S]`` at every one of the ``N x prod(S)`` positions: a GEMM with ``M = N x prod(S)``,
+    ``N = C_out``, ``K = C_in`` and no im2col expansion, the same FLOPs and bytes (cuDNN runs it as one,
+    Chetlur et al. 2014, "cuDNN: Efficient Primitives for Deep Learning", section 3)."""
+    a = layer.attrs
+    if layer.kind is not OpKind.CONV or not layer.weights or not isinstance(a, ConvAttrs) or a.group != 1:
+        return False
+    return all(k == 1 for k in layer.weights[0].shape[2:]) and all(s == 1 for s in a.strides) and not any(a.pads)
+
+
+def gemm_view_applies(hardware_kind: str, stack: str) -> bool:
+    """Whether :func:`gemm_view` describes a pointwise convolution on ``hardware_kind`` under ``stack``.
+
+    GPUs under every stack but ``tf1-session``: the conv training rows there (NeuSight, PyTorch 2.1) are 3x3
+    only, so a 1x1 convolution with hundreds of channels featurised as a convolution is an extrapolation the
+    model got 3.3x too slow on DeepBench's held-out 1x1 convolutions (cuDNN, never trained on; 1.5x as the
+    GEMM it is; ``models/README.md``). Not under a TensorFlow 1.x session, whose training rows (Justus et al.
+    2018) time 1x1 convolutions on NHWC tensors with TensorFlow's layout work around cuDNN's NCHW kernels,
+    about 4x slower than the GEMM view answers; not on CPUs, whose training rows (the profiler's PyTorch
+    convolutions) measured them as convolutions."""
+    return hardware_kind == "gpu" and stack != SoftwareStack.TF1_SESSION
+
+
+def geometry_fields(layer: Layer, *, gemm_view: bool = False) -> tuple[float, ...]:
+    """The :data:`GEOMETRY_FIELDS` of ``layer`` as :func:`raw_quantities` writes them. ``gemm_view`` (for a
+    pointwise convolution, :func:`is_pointwise_conv`): as the GEMM it is, a fully connected layer over
+    ``batch x out_spatial`` rows with kernel, stride and spatial sizes 1; its channels, FLOPs, bytes, floors and
+    implicit-GEMM dims are the same either way."""
+    batch, kernel, stride, _, _, in_sp, out_sp = _geometry(layer)
+    if gemm_view:
+        return 0.0, 1.0, batch * out_sp, 1.0, 1.0, 1.0, 1.0
+    return float(layer.kind is OpKind.CONV), float(layer.kind is OpKind.GEMM), batch, kernel, stride, in_sp, out_sp
+
+
 def _needs_input_grad(layer: Layer) -> bool:
     return layer.needs_input_grad
 
@@ -396,6 +436,7 @@ def raw_quantities(
     :data:`app.core.costs.OPTIMIZERS` (``"none"`` for forward); ``stack`` one of :data:`STACKS`;
     ``launch_gaps`` False for a time that sums kernel durations only (Vidur). The update cost is
     :func:`app.core.costs.optimizer_update_cost` over ``cost.params`` in fp32 (master weights).
+    A pointwise convolution is described as the GEMM it is where :func:`gemm_view_applies`.
     Raises ``ValueError`` for an unknown pass or stack and ``KeyError`` for an unknown optimizer.
     """
     if pass_ not in PASSES:
@@ -413,9 +454,11 @@ def raw_quantities(
     has_bias = 1.0 if len(layer.weights) > 1 else 0.0
     groups = layer.group
     seq = out_sp if layer.kind in (OpKind.MATMUL, OpKind.RECURRENT) else 1.0
+    is_conv, is_gemm, batch, kernel, stride, in_sp, out_sp = geometry_fields(
+        layer, gemm_view=is_pointwise_conv(layer) and gemm_view_applies(hardware.kind, stack))
     return (
-        float(layer.kind is OpKind.CONV),
-        float(layer.kind is OpKind.GEMM),
+        is_conv,
+        is_gemm,
         batch,
         float(flops),
         float(nbytes),

@@ -89,6 +89,7 @@ from app.core.features import (
     FEATURE_NAMES,
     features_from_raw,
     floor_ms_from_raw,
+    gemm_view_applies,
     precision_spec,
     select_features,
 )
@@ -119,6 +120,10 @@ from app.predictor.table import (
 )
 
 _log = logging.getLogger(__name__)
+
+#: The note of a pointwise convolution featurised as a GEMM (:func:`app.core.features.gemm_view_applies`).
+POINTWISE_GEMM_NOTE = ("a 1x1 stride-1 convolution: predicted as the GEMM it is (M = batch x spatial positions, "
+                       "K = input channels, N = output channels)")
 
 RANGE_MARGIN = 0.05
 #: The precision an op kind that was never measured on tensor cores is predicted at before the physics floors
@@ -252,6 +257,8 @@ class LearnedPredictor:
 
         def build() -> _Rows:
             kinds = list(dict.fromkeys(table.kinds))
+            if table.pointwise.any() and OpKind.GEMM not in kinds:  # the kind a pointwise conv is featurised as
+                kinds.append(OpKind.GEMM)
             pos = {k: i for i, k in enumerate(kinds)}
             n_bwd = [int(x.backward_input_flops > 0) + int(x.backward_weight_flops > 0) if k in TENSOR_CORE_KINDS
                      else int(x.backward_flops > 0 or x.backward_bytes > 0)
@@ -262,6 +269,7 @@ class LearnedPredictor:
             return _Rows(
                 kinds=tuple(kinds),
                 kind_index=np.asarray([pos[k] for k in table.kinds], dtype=np.intp).reshape(n),
+                gemm_kind=pos.get(OpKind.GEMM, -1),
                 backward_kernels=np.asarray(n_bwd, dtype=np.float64).reshape(n),
                 weight_tensors=np.asarray([len(layer.weights) for layer in table.layers], dtype=np.float64).reshape(n),
                 layer_note_index=np.asarray([sets.setdefault(nt, len(sets)) for nt in notes], dtype=np.intp).reshape(n),
@@ -285,29 +293,29 @@ class LearnedPredictor:
             notes.append("dilated convolutions were not measured")
         return tuple(notes)
 
-    def _range_flags(self, hw_kind: str, rows: _Rows, idx: np.ndarray, x: np.ndarray) -> _RangeFlags:
-        """Which rows ``idx`` (model inputs ``x`` ``[len(idx), len(feature_names)]``) have a range note: their op
-        kind has no training rows on ``hw_kind`` devices, or a feature lies outside the widened training range
-        of their (hardware kind, op kind); every row compared with its kind's range at once. What
+    def _range_flags(self, hw_kind: str, rows: _Rows, ki: np.ndarray, x: np.ndarray) -> _RangeFlags:
+        """Which rows (model inputs ``x`` ``[len(ki), len(feature_names)]``, featurised as the op kinds
+        ``rows.kinds[ki]``) have a range note: their op kind has no training rows on ``hw_kind`` devices, or a
+        feature lies outside the widened training range of their (hardware kind, op kind); every row compared
+        with its kind's range at once. What
         :meth:`_range_notes` needs to name them, kept small (the out-of-range features of those rows alone, as
         packed bits) so that the notes can be built later, or never."""
         lo, hi, has = self._kind_ranges(hw_kind, rows)
-        ki = rows.kind_index[idx]
         out = (x < lo[ki]) | (x > hi[ki])  # the range of a kind without one is (-inf, inf)
         outside = out.any(axis=1)
         bad = np.nonzero(outside)[0]
         return _RangeFlags(missing=~has[ki], outside=outside, bad=bad, bits=np.packbits(out[bad], axis=1),
                            width=out.shape[1])
 
-    def _range_notes(self, hw_kind: str, rows: _Rows, idx: np.ndarray, flags: _RangeFlags
+    def _range_notes(self, hw_kind: str, rows: _Rows, ki: np.ndarray, flags: _RangeFlags
                      ) -> tuple[np.ndarray, list[str | None]]:
-        """Per row ``idx`` (its :meth:`_range_flags`): the note on features outside the widened training range
-        of its (hardware kind, op kind), or on missing training rows of that op kind; ``None`` inside the
-        range. As ``(codes [len(idx)], texts)``: row ``j``'s note is ``texts[codes[j]]`` (``texts[0]`` is
-        ``None``; one text per op kind without training rows and per distinct set of features out of range)."""
-        codes = np.zeros(len(idx), dtype=np.intp)
+        """Per row (featurised as ``rows.kinds[ki]``, its :meth:`_range_flags`): the note on features outside the
+        widened training range of its (hardware kind, op kind), or on missing training rows of that op kind;
+        ``None`` inside the range. As ``(codes [len(ki)], texts)``: row ``j``'s note is ``texts[codes[j]]``
+        (``texts[0]`` is ``None``; one text per op kind without training rows and per distinct set of features out
+        of range)."""
+        codes = np.zeros(len(ki), dtype=np.intp)
         texts: list[str | None] = [None]
-        ki = rows.kind_index[idx]
         missing = flags.missing
         for k in np.unique(ki[missing]).tolist():
             codes[ki == k] = len(texts)
@@ -365,12 +373,17 @@ class LearnedPredictor:
             rng = self._ranges.get((hw.kind, k.value)) or self._ranges.get((hw.kind, "*"))
             return not (rng is None or tc_col is None or rng[1][tc_col] < 0.5)
 
-        on_tc = np.asarray([op_precision(spec, prec, k).tensor_cores for k in rows.kinds], dtype=bool)
-        seen_tc = np.asarray([measured_on_tensor_cores(k) for k in rows.kinds], dtype=bool)
-        transfer = (on_tc & ~seen_tc)[rows.kind_index[idx]]
+        # the kind each row is featurised as: a pointwise convolution's is gemm where the GEMM view applies
+        # (app.core.features.gemm_view_applies); its precision semantics stay a convolution's
+        ki = rows.kind_index[idx]
+        view = (table.pointwise[idx] if gemm_view_applies(hw.kind, stack) else np.zeros(len(idx), dtype=bool))
+        fk = np.where(view, rows.gemm_kind, ki)
+        on_tc = np.asarray([op_precision(spec, prec, k).tensor_cores for k in rows.kinds], dtype=bool)[ki]
+        seen_tc = np.asarray([measured_on_tensor_cores(k) for k in rows.kinds], dtype=bool)[fk]
+        transfer = on_tc & ~seen_tc
         ref = REFERENCE_PRECISION.value
         # predicted on tensor cores directly: also at the reference precision, the cap of _assemble
-        cap = (on_tc & seen_tc)[rows.kind_index[idx]] if prec != ref else np.zeros(len(idx), dtype=bool)
+        cap = on_tc & seen_tc if prec != ref else np.zeros(len(idx), dtype=bool)
         training = s.mode == "training"
         learned_step = training and stack in self._scope[hw.kind]["train_step_stacks"]
         floors = floors_for(table, spec, prec, "none")
@@ -399,7 +412,8 @@ class LearnedPredictor:
         cap_floors = ((ref_floors.forward[idx][cap], ref_floors.backward[idx][cap]) if ref_floors is not None
                       else (np.zeros(0), np.zeros(0)))
         selected = select_features(features_from_raw(raw_all), self.feature_names)
-        return _Prepared(table=table, idx=idx, setting=s, rows=rows, seen=seen, transfer=transfer,
+        return _Prepared(table=table, idx=idx, setting=s, rows=rows, feature_kind=fk, gemm_view=view, seen=seen,
+                         transfer=transfer,
                          learned_step=learned_step, forward_floor_ms=floors.forward[idx],
                          backward_floor_ms=floors.backward[idx] if training else np.zeros(len(idx)),
                          step_floor_ms=step_floor, kernel_ms=KERNEL_FLOOR_MS_BY_STACK[s.software_stack],
@@ -436,13 +450,13 @@ class LearnedPredictor:
 
     def _notes(self, p: _Prepared, suffix: Mapping[int, tuple[str, ...]],
                capped: np.ndarray) -> tuple[LazyNotes, np.ndarray]:
-        """Notes per row and whether the row is out of distribution (any note besides how its backward was
-        obtained): transfer, unseen hardware, feature range, stack, optimizer, precision, layer, then the
-        train-step row's range note where it differs, the reference-precision cap where ``capped`` ``[N]``
-        (the row's p50 came from it), then ``suffix[kind]`` (how the backward of that op kind index was
-        obtained; not out of distribution). The flags are computed here, numpy over the rows; the notes are
-        built on their first read (:class:`~app.predictor.table.LazyNotes`: a summary answer never reads them)
-        from what :meth:`_note_rows` needs, not from the feature rows."""
+        """Notes per row and whether the row is out of distribution (any note besides how its backward was obtained and
+        :data:`POINTWISE_GEMM_NOTE`): transfer, unseen hardware, feature range, stack, optimizer, precision, layer, then
+        the train-step row's range note where it differs, the reference-precision cap where ``capped`` ``[N]`` (the
+        row's p50 came from it), the GEMM view, then ``suffix[kind]`` (how the backward of that op kind index was
+        obtained; not out of distribution). The flags are computed here, numpy over the rows; the notes are built on
+        their first read (:class:`~app.predictor.table.LazyNotes`: a summary answer never reads them) from what
+        :meth:`_note_rows` needs, not from the feature rows."""
         s, idx, rows = p.setting, p.idx, p.rows
         hw = s.hardware
         scope = self._scope.get(hw.kind, {})
@@ -455,8 +469,9 @@ class LearnedPredictor:
         prec_note = ([f"precision {str(s.precision)!r} was not measured"]
                      if str(s.precision) not in scope.get("measured_precision", scope.get("precision", ("fp32",)))
                      else [])
-        f_flags = self._range_flags(hw.kind, rows, idx, p.selected[0::2] if p.learned_step else p.selected)
-        t_flags = self._range_flags(hw.kind, rows, idx, p.selected[1::2]) if p.learned_step else f_flags
+        fk = p.feature_kind
+        f_flags = self._range_flags(hw.kind, rows, fk, p.selected[0::2] if p.learned_step else p.selected)
+        t_flags = self._range_flags(hw.kind, rows, fk, p.selected[1::2]) if p.learned_step else f_flags
         opt = p.table.params[idx] != 0 if opt_note is not None else np.zeros(len(idx), dtype=bool)
         layer_noted = np.asarray([bool(nt) for nt in rows.layer_note_sets], dtype=bool)[rows.layer_note_index[idx]]
         # a row's notes are empty exactly when none of their parts is there (the train step's range note is only
@@ -465,32 +480,35 @@ class LearnedPredictor:
                | p.transfer | capped | opt | bool(before or after or prec_note))
         transfer = p.transfer
 
+        view = p.gemm_view
+
         def build() -> list[tuple[str, ...]]:
-            return self._note_rows(hw.kind, s.precision, rows, idx, (f_flags, t_flags), opt, transfer, capped,
-                                   suffix, before=before, after=after, opt_note=opt_note, prec_note=prec_note)
+            return self._note_rows(hw.kind, s.precision, rows, idx, fk, (f_flags, t_flags), opt, transfer, capped,
+                                   view, suffix, before=before, after=after, opt_note=opt_note,
+                                   prec_note=prec_note)
 
         return LazyNotes(build), ood
 
-    def _note_rows(self, hw_kind: str, precision: Precision, rows: _Rows, idx: np.ndarray,
+    def _note_rows(self, hw_kind: str, precision: Precision, rows: _Rows, idx: np.ndarray, fk: np.ndarray,
                    flags: tuple[_RangeFlags, _RangeFlags], opt: np.ndarray, transfer: np.ndarray,
-                   capped: np.ndarray, suffix: Mapping[int, tuple[str, ...]], *, before: list[str],
+                   capped: np.ndarray, view: np.ndarray, suffix: Mapping[int, tuple[str, ...]], *, before: list[str],
                    after: list[str], opt_note: str | None, prec_note: list[str]) -> list[tuple[str, ...]]:
         """The notes of :meth:`_notes`, row by row. Rows with the same notes share one tuple: the notes are built
-        once per distinct combination (range notes, optimizer, layer notes, transfer, cap, kind), not once per
-        row."""
-        f_code, f_text = self._range_notes(hw_kind, rows, idx, flags[0])
-        t_code, t_text = (self._range_notes(hw_kind, rows, idx, flags[1]) if flags[1] is not flags[0]
+        once per distinct combination (range notes, optimizer, layer notes, transfer, cap, GEMM view, kind), not
+        once per row."""
+        f_code, f_text = self._range_notes(hw_kind, rows, fk, flags[0])
+        t_code, t_text = (self._range_notes(hw_kind, rows, fk, flags[1]) if flags[1] is not flags[0]
                           else (f_code, f_text))  # fmt: skip
         columns = (f_code, t_code, opt.astype(np.intp), rows.layer_note_index[idx], transfer.astype(np.intp),
-                   capped.astype(np.intp), rows.kind_index[idx])
-        radix = (len(f_text), len(t_text), 2, max(len(rows.layer_note_sets), 1), 2, 2, max(len(rows.kinds), 1))
+                   capped.astype(np.intp), view.astype(np.intp), rows.kind_index[idx])
+        radix = (len(f_text), len(t_text), 2, max(len(rows.layer_note_sets), 1), 2, 2, 2, max(len(rows.kinds), 1))
         key = np.zeros(len(idx), dtype=np.int64)
         for col, size in zip(columns, radix, strict=True):
             key = key * size + col
         _, first, which = np.unique(key, return_index=True, return_inverse=True)
         built: list[tuple[str, ...]] = []
         for j in first.tolist():
-            f, t, o, ln, tr, cp, ki = (int(col[j]) for col in columns)
+            f, t, o, ln, tr, cp, vw, ki = (int(col[j]) for col in columns)
             row = list(before)
             if f_text[f] is not None:
                 row.append(f_text[f])  # type: ignore[arg-type]
@@ -505,6 +523,8 @@ class LearnedPredictor:
                 row.append(f"capped at its {REFERENCE_PRECISION.value} prediction: the {precision} kernel time is "
                            f"not above the {REFERENCE_PRECISION.value} one of the same layer (autocast's weight cast "
                            "is added after)")
+            if vw:  # informative, not out of distribution (like the backward's note)
+                row.append(POINTWISE_GEMM_NOTE)
             if tr:
                 row.insert(0, f"{rows.kinds[ki].value} was not measured on tensor cores: predicted "
                               f"at {REFERENCE_PRECISION.value} and carried to {precision} by the physics floors "
@@ -774,7 +794,8 @@ def _distinct_rows(bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 @dataclass(frozen=True, slots=True)
 class _Rows:
-    """Layer facts of a table's rows (``[N]`` each): the distinct op kinds and each row's index into them, the
+    """Layer facts of a table's rows (``[N]`` each): the distinct op kinds and each row's index into them (with
+    ``gemm`` among them where a row is a pointwise convolution, ``gemm_kind`` its index, else -1), the
     backward's kernel launches (input and weight gradients, or one), the parameter tensors, the layer-only
     notes (each row's index into the distinct sets of them), and per device kind the reason
     :meth:`LearnedPredictor.applies` rejects a row (``None``: served) and the op kinds' feature ranges
@@ -782,6 +803,7 @@ class _Rows:
 
     kinds: tuple[OpKind, ...]
     kind_index: np.ndarray
+    gemm_kind: int
     backward_kernels: np.ndarray
     weight_tensors: np.ndarray
     layer_note_index: np.ndarray
@@ -806,14 +828,15 @@ class _RangeFlags:
 
 @dataclass(frozen=True, slots=True)
 class _Prepared:
-    """How rows ``idx`` of ``table`` are answered in ``setting`` (``[N]`` each): whether the device is in the
-    training data (``seen``), which rows are predicted at :data:`REFERENCE_PRECISION` and carried over
-    (``transfer``), whether a learned train-step row times the step (``learned_step``) or the backward comes
-    from the forward, the floors (ms, at the setting's precision) of the forward, backward and train step, the
-    stack's fixed cost per kernel (ms), and the raw rows and their model inputs (the artifact's feature columns,
-    float32, C order; forward, train step interleaved); ``cap`` ``[N]``: the rows predicted on tensor cores
-    directly, whose answers are capped by the same rows at :data:`REFERENCE_PRECISION` (``cap_raw`` and
-    ``cap_selected``: those rows only, laid out like ``raw``; ``cap_forward_floor_ms`` and
+    """How rows ``idx`` of ``table`` are answered in ``setting`` (``[N]`` each): the op kind each row is featurised as
+    (``feature_kind``, an index into ``rows.kinds``: ``gemm`` for the pointwise convolutions described as GEMMs,
+    ``gemm_view``), whether the device is in the training data (``seen``), which rows are predicted at
+    :data:`REFERENCE_PRECISION` and carried over (``transfer``), whether a learned train-step row times the step
+    (``learned_step``) or the backward comes from the forward, the floors (ms, at the setting's precision) of the
+    forward, backward and train step, the stack's fixed cost per kernel (ms), and the raw rows and their model inputs
+    (the artifact's feature columns, float32, C order; forward, train step interleaved); ``cap`` ``[N]``: the rows
+    predicted on tensor cores directly, whose answers are capped by the same rows at :data:`REFERENCE_PRECISION`
+    (``cap_raw`` and ``cap_selected``: those rows only, laid out like ``raw``; ``cap_forward_floor_ms`` and
     ``cap_backward_floor_ms``: their floors at that precision, where the backward comes from the forward, else
     empty)."""
 
@@ -821,6 +844,8 @@ class _Prepared:
     idx: np.ndarray
     setting: Setting
     rows: _Rows
+    feature_kind: np.ndarray
+    gemm_view: np.ndarray
     seen: bool
     transfer: np.ndarray
     learned_step: bool

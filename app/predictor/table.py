@@ -28,11 +28,15 @@ import numpy as np
 
 from app.core.costs import OPTIMIZERS, LayerCost
 from app.core.features import (
+    GEOMETRY_FIELDS,
     HALF_PRECISIONS,
     OPTIMIZER_ALIASES,
     RAW_FIELDS,
     TRAINED_OPTIMIZERS,
+    gemm_view_applies,
+    geometry_fields,
     hardware_raw,
+    is_pointwise_conv,
     precision_spec,
     raw_index,
     raw_quantities,
@@ -114,6 +118,12 @@ class LayerTable:
         rows = [raw_quantities(layer=layer, cost=cost, hardware=reference, pass_="forward", optimizer="none",
                                precision="fp32") for layer, cost in zip(self.layers, self.costs, strict=True)]
         self.base = np.asarray(rows, dtype=np.float64).reshape(n, len(RAW_FIELDS))
+        # pointwise convolutions: their geometry as a convolution and as the GEMM view (raw_for picks per setting)
+        self.pointwise = np.asarray([is_pointwise_conv(layer) for layer in self.layers], dtype=bool).reshape(n)
+        pw = np.nonzero(self.pointwise)[0]
+        self.pointwise_geometry: tuple[np.ndarray, ...] = tuple(
+            np.asarray([geometry_fields(self.layers[i], gemm_view=view) for i in pw.tolist()],
+                       dtype=np.float64).reshape(len(pw), len(GEOMETRY_FIELDS)) for view in (False, True))
         f64 = np.float64
 
         def col(values: list[float] | list[int] | list[bool]) -> np.ndarray:
@@ -140,7 +150,8 @@ class LayerTable:
     def nbytes(self) -> int:
         """Bytes held by the table's arrays (for the analysis cache's byte budget)."""
         arrays = [self.base, self.forward_flops, self.backward_flops, self.forward_bytes, self.backward_bytes,
-                  self.params, self.forward_macs, self.winograd, self.tensor_core, self.cudnn, self.dropout]
+                  self.params, self.forward_macs, self.winograd, self.tensor_core, self.cudnn, self.dropout,
+                  self.pointwise, *self.pointwise_geometry]
         return int(sum(a.nbytes for a in arrays)) + sum(_rescaled_nbytes(r) for r in self._rescaled.values())
 
     def _costs_at(self, precision: Precision | str) -> tuple[LayerCost, ...]:
@@ -338,7 +349,14 @@ def raw_for(
     put("stack_tf1_session", float(stack == SoftwareStack.TF1_SESSION))
     put("stack_kernel_time", float(stack == SoftwareStack.PYTORCH_CUDA_GRAPH))
     put("fp32_peak_flops_per_s", float(hw.peak_flops_per_s["fp32"]))
+    if table.pointwise.any():
+        geometry = table.pointwise_geometry[int(gemm_view_applies(hw.kind, stack))]
+        raw[np.ix_(np.nonzero(table.pointwise)[0], _GEOMETRY_COLUMNS)] = geometry
     return raw
+
+
+_GEOMETRY_COLUMNS = np.asarray([raw_index(name) for name in GEOMETRY_FIELDS], dtype=np.intp)
+
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,8 @@ from app.core.features import (
     FeatureInput,
     features_from_raw,
     floor_ms_from_raw,
+    gemm_view_applies,
+    is_pointwise_conv,
     pass_floor_ms,
     precision_spec,
     raw_matrix,
@@ -50,10 +52,16 @@ from app.predictor.base import (
     split_training_step,
     transfer_precision_ms,
 )
-from app.predictor.onnx_model import REFERENCE_PRECISION, LearnedPredictor
+from app.predictor.onnx_model import POINTWISE_GEMM_NOTE, REFERENCE_PRECISION, LearnedPredictor
 from app.predictor.registry import load_predictor
 from app.predictor.roofline import KERNEL_FLOOR_MS_BY_STACK, autocast_weight_cast_ms, streaming_update_ms
 from tests.helpers import light_model
+
+
+def _feature_kind(q: LayerTimeQuery) -> OpKind:
+    """The op kind ``q``'s row is featurised as: a pointwise convolution's is gemm where the GEMM view applies."""
+    view = is_pointwise_conv(q.layer) and gemm_view_applies(q.hardware.kind, q.software_stack.value)
+    return OpKind.GEMM if view else q.layer.kind
 
 
 def _notes(p: LearnedPredictor, q: LayerTimeQuery, feats: np.ndarray, seen: bool) -> list[str]:
@@ -64,9 +72,10 @@ def _notes(p: LearnedPredictor, q: LayerTimeQuery, feats: np.ndarray, seen: bool
     if not seen:
         notes.append(f"hardware {q.hardware.id!r} ({q.hardware.name}) was not in the training data")
     x = select_features(feats[None, :], p.feature_names)[0]
-    rng = p._ranges.get((q.hardware.kind, q.layer.kind.value)) or p._ranges.get((q.hardware.kind, "*"))
+    fk = _feature_kind(q)
+    rng = p._ranges.get((q.hardware.kind, fk.value)) or p._ranges.get((q.hardware.kind, "*"))
     if rng is None:
-        notes.append(f"no {q.hardware.kind} training rows of op kind {q.layer.kind.value}")
+        notes.append(f"no {q.hardware.kind} training rows of op kind {fk.value}")
     else:
         out = np.nonzero((x < rng[0]) | (x > rng[1]))[0]
         if len(out):
@@ -119,8 +128,9 @@ def per_row(p: LearnedPredictor, queries: Sequence[LayerTimeQuery]) -> list[Laye
         hw, seen = p._canonical(q.hardware)
         prec, stack = str(q.precision), q.software_stack.value
         spec = precision_spec(hw, prec)
-        tc = op_precision(spec, prec, q.layer.kind).tensor_cores
-        rng = p._ranges.get((hw.kind, q.layer.kind.value)) or p._ranges.get((hw.kind, "*"))
+        tc = op_precision(spec, prec, q.layer.kind).tensor_cores  # the layer's own precision semantics
+        fk = _feature_kind(q)  # whose training rows decide whether its tensor-core answer is learned
+        rng = p._ranges.get((hw.kind, fk.value)) or p._ranges.get((hw.kind, "*"))
         tc_col = p.feature_names.index("uses_tensor_cores") if "uses_tensor_cores" in p.feature_names else None
         transfer = bool(tc and (rng is None or tc_col is None or rng[1][tc_col] < 0.5))
         # predicted on tensor cores directly: capped by the same layer at the reference precision
@@ -164,6 +174,7 @@ def per_row(p: LearnedPredictor, queries: Sequence[LayerTimeQuery]) -> list[Laye
     results, i = [], 0
     for q, seen, transfer, step, fwd_floor, bwd_floor, step_floor, n_bwd, k, cap, ref_floors in plans:
         notes = _notes(p, q, feats[i], seen)
+        view = (POINTWISE_GEMM_NOTE,) if _feature_kind(q) is not q.layer.kind else ()
         if step:
             notes += [n for n in _notes(p, q, feats[i + 1], seen) if n not in notes]
         fwd_q = out_ms[i]
@@ -187,7 +198,7 @@ def per_row(p: LearnedPredictor, queries: Sequence[LayerTimeQuery]) -> list[Laye
         g10, g50, g90 = (float(v) for v in fwd_q)  # the backward is carried from the forward without its cast
         f10, f50, f90 = g10 + cast, g50 + cast, g90 + cast
         if q.mode == "inference":
-            results.append(_est(f50, 0.0, 0.0, f10, f90, _capped(notes, bound, q)))
+            results.append(_est(f50, 0.0, 0.0, f10, f90, _capped(notes, bound, q), view))
         elif step:
             assert step_q is not None
             if transfer:
@@ -196,7 +207,7 @@ def per_row(p: LearnedPredictor, queries: Sequence[LayerTimeQuery]) -> list[Laye
                                    for t in step_q])
             parts = _split(q, total=float(step_q[1]), forward=f50)
             results.append(_est(*parts, min(float(step_q[0]), sum(parts)), max(float(step_q[2]), sum(parts)),
-                                _capped(notes, bound, q)))
+                                _capped(notes, bound, q), view))
         else:
             excess = p._excess.get(q.layer.kind, PHYSICS_EXCESS)
             upd = streaming_update_ms(q)
@@ -212,7 +223,8 @@ def per_row(p: LearnedPredictor, queries: Sequence[LayerTimeQuery]) -> list[Laye
                 bound = bound or r50 < b50
                 b10, b50, b90 = min(b10, r10), min(b50, r50), min(b90, r90)
             how = f"backward from the forward: {excess.median:.3g} x the physics-floor ratio ({excess.source})"
-            results.append(_est(f50, b50, upd, f10 + b10 + upd, f90 + b90 + upd, _capped(notes, bound, q), (how,)))
+            results.append(_est(f50, b50, upd, f10 + b10 + upd, f90 + b90 + upd, _capped(notes, bound, q),
+                                (*view, how)))
         i += 2 if step else 1
     return results
 
@@ -262,7 +274,7 @@ def test_vectorised_learned_rows_equal_the_per_row_definition(model: str, learne
              if c.supported and learned.applies(LayerTimeQuery(layer=la, cost=c, hardware=catalog["a100-sxm4-40gb"],
                                                                mode="inference", optimizer="none")) is None]
     assert len(pairs) > 20
-    checked, kinds_seen, transfers, steps = 0, set(), 0, 0
+    checked, kinds_seen, transfers, steps, views = 0, set(), 0, 0, 0
     # one device of each behaviour (the per-row reference costs 3-4 s per device and model; on all 27 devices
     # ResNet-50 alone took 95 s): the devices of one group differ only in their figures
     groups: dict[tuple[object, ...], HardwareSpec] = {}
@@ -292,10 +304,12 @@ def test_vectorised_learned_rows_equal_the_per_row_definition(model: str, learne
                         assert (g.method, g.out_of_distribution, g.notes) == (w.method, w.out_of_distribution,
                                                                              w.notes), ctx
                         transfers += any("not measured on tensor cores" in n for n in w.notes)
+                        views += POINTWISE_GEMM_NOTE in w.notes
                         kinds_seen.add(q.layer.kind)
                     steps += mode == "training" and stack is SoftwareStack.TF1_SESSION
                     checked += 1
-    # every branch ran: transfer, learned train step (TF1 on GPUs), backward from the forward, inference
+    # every branch ran: transfer, learned train step (TF1 on GPUs), backward from the forward, inference, the GEMM
+    # view of ResNet-50's 1x1 convolutions
     assert checked > 100 and steps > 0
     if model == "resnet50":
-        assert transfers > 0 and OpKind.CONV in kinds_seen
+        assert transfers > 0 and OpKind.CONV in kinds_seen and views > 0

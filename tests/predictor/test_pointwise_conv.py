@@ -1,0 +1,116 @@
+"""A 1x1 stride-1 convolution is answered as the GEMM it is on GPUs (issue 8: physics-anchored features).
+
+Its output is the weight ``[C_out, C_in]`` times the input at each of the ``N x H x W`` positions: the same FLOPs
+and bytes as a bias-free ``nn.Linear(C_in, C_out)`` over ``N x H x W`` rows. The GPU conv training rows have no
+1x1 convolution with many channels outside a TensorFlow 1.x session (NeuSight's convolutions are 3x3 only), so
+the model featurised such a layer as a convolution and answered DeepBench's 1x1 convolutions (cuDNN, never
+trained on) 3.3x too slow; featurised as the GEMM, 1.5x (``scripts/deepbench_kernels.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.core.costs import layer_cost
+from app.core.features import RAW_FIELDS, gemm_view_applies, is_pointwise_conv, raw_index, raw_quantities
+from app.core.ir import Layer
+from app.core.json_import import import_json
+from app.core.precision import Precision
+from app.core.vocab import SoftwareStack
+from app.hardware.catalog import load_catalog
+from app.predictor.base import LayerTimeQuery
+from app.predictor.onnx_model import POINTWISE_GEMM_NOTE
+from app.predictor.registry import load_predictor
+
+MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
+
+
+def _conv(c_in: int, c_out: int, side: int, batch: int, *, k: int = 1, stride: int = 1, padding: int = 0,
+          groups: int = 1) -> Layer:
+    spec = {"op": "conv2d", "out_channels": c_out, "kernel_size": k, "stride": stride, "padding": padding,
+            "bias": False, "groups": groups}
+    return import_json({"input_shape": [c_in, side, side], "layers": [spec]}, batch_size=batch).layers[0]
+
+
+def _linear(c_in: int, c_out: int, rows: int) -> Layer:
+    return import_json({"input_shape": [c_in], "layers": [{"op": "linear", "out_features": c_out, "bias": False}]},
+                       batch_size=rows).layers[0]
+
+
+@pytest.fixture(scope="module")
+def predictor():  # type: ignore[no-untyped-def]
+    return load_predictor(MODELS_DIR)
+
+
+def test_only_unstrided_unpadded_ungrouped_1x1_convolutions_are_pointwise() -> None:
+    assert is_pointwise_conv(_conv(64, 256, 56, 8))
+    assert not is_pointwise_conv(_conv(64, 256, 56, 8, stride=2))  # a strided gather, not one GEMM
+    assert not is_pointwise_conv(_conv(64, 256, 56, 8, padding=1))  # a zero border around the output
+    assert not is_pointwise_conv(_conv(64, 256, 56, 8, groups=4))
+    assert not is_pointwise_conv(_conv(64, 256, 56, 8, k=3, padding=1))
+    assert not is_pointwise_conv(_linear(64, 256, 8))
+
+
+def test_gpu_rows_outside_a_tf1_session_describe_the_conv_as_its_gemm() -> None:
+    """The raw row of a pointwise conv equals the bias-free linear's over N x H x W rows in every field but the
+    input-gradient flag, on a GPU under PyTorch; under a TF1 session and on a CPU it keeps its conv geometry."""
+    catalog = load_catalog()
+    gpu = catalog["a100-pcie-40gb"]
+    cpu = dataclasses.replace(gpu, id="a-cpu", kind="cpu")  # the catalog holds GPUs only; the kind decides
+    conv, lin = _conv(256, 64, 28, 16), _linear(256, 64, 16 * 28 * 28)
+    assert layer_cost(conv).forward_flops == layer_cost(lin).forward_flops
+
+    def raw(layer: Layer, hw, stack: str) -> np.ndarray:  # type: ignore[no-untyped-def]
+        return np.asarray(raw_quantities(layer=layer, cost=layer_cost(layer), hardware=hw, pass_="forward",
+                                         optimizer="none", precision="fp32-strict", stack=stack))
+
+    same = [i for i, f in enumerate(RAW_FIELDS) if f != "needs_input_grad"]
+    as_gemm = raw(conv, gpu, "pytorch-eager")
+    np.testing.assert_allclose(as_gemm[same], raw(lin, gpu, "pytorch-eager")[same], rtol=1e-12)
+    for hw, stack in ((gpu, "tf1-session"), (cpu, "pytorch-eager")):
+        assert not gemm_view_applies(hw.kind, stack)
+        kept = raw(conv, hw, stack)
+        assert kept[raw_index("is_conv")] == 1.0 and kept[raw_index("is_gemm")] == 0.0
+        assert kept[raw_index("batch")] == 16 and kept[raw_index("out_spatial")] == 28 * 28
+
+
+def test_a_pointwise_conv_is_served_as_its_gemm_under_pytorch_and_as_a_conv_under_tf1(predictor) -> None:  # type: ignore[no-untyped-def]
+    """Strict fp32 (convolutions and GEMMs share it), inference: the conv's time is the linear's on every catalog
+    GPU under PyTorch eager, with the GEMM-view note and no out-of-distribution flag of its own making; under a
+    TF1 session it is answered from the conv rows (a different time, no note)."""
+    conv, lin = _conv(512, 128, 28, 32), _linear(512, 128, 32 * 28 * 28)
+    gpus = [hw for hw in load_catalog().values() if hw.kind == "gpu"]
+
+    def est(layer: Layer, hw, stack: SoftwareStack):  # type: ignore[no-untyped-def]
+        return predictor.estimate([LayerTimeQuery(layer, layer_cost(layer), hw, "inference", "none",
+                                                  Precision.FP32_STRICT, software_stack=stack)])[0]
+
+    for hw in gpus:
+        c, g = est(conv, hw, SoftwareStack.PYTORCH_EAGER), est(lin, hw, SoftwareStack.PYTORCH_EAGER)
+        assert c.method == g.method == "learned", hw.id
+        assert c.forward_ms == pytest.approx(g.forward_ms, rel=1e-9), hw.id
+        assert POINTWISE_GEMM_NOTE in c.notes and POINTWISE_GEMM_NOTE not in g.notes
+        assert c.out_of_distribution == g.out_of_distribution, (hw.id, c.notes, g.notes)
+    a100 = load_catalog()["a100-pcie-40gb"]
+    tf1 = est(conv, a100, SoftwareStack.TF1_SESSION)
+    assert POINTWISE_GEMM_NOTE not in tf1.notes
+    assert tf1.forward_ms != pytest.approx(est(lin, a100, SoftwareStack.TF1_SESSION).forward_ms, rel=1e-3)
+
+
+def test_under_tf32_defaults_the_pointwise_conv_keeps_the_convolution_precision(predictor) -> None:  # type: ignore[no-untyped-def]
+    """PyTorch's default ``fp32`` runs convolutions in TF32 on Ampere (cuDNN's allow_tf32) and matmuls strict: the
+    GEMM view changes which training rows answer the conv, not the arithmetic it runs, so on an A100 the conv
+    under ``fp32`` is faster than the strict-fp32 linear of the same shape and equals the linear under ``tf32``."""
+    a100 = load_catalog()["a100-sxm4-80gb"]
+    conv, lin = _conv(1024, 256, 14, 64), _linear(1024, 256, 64 * 14 * 14)
+
+    def fwd(layer: Layer, p: Precision) -> float:
+        q = LayerTimeQuery(layer, layer_cost(layer), a100, "inference", "none", p)
+        return float(predictor.estimate([q])[0].forward_ms)
+
+    assert fwd(conv, Precision.FP32) == pytest.approx(fwd(lin, Precision.TF32), rel=1e-9)
+    assert fwd(conv, Precision.FP32) < fwd(lin, Precision.FP32)
