@@ -95,9 +95,16 @@ HALF_PRECISIONS: frozenset[str] = frozenset({"fp16", "bf16"})
 #: Software stacks a row may run under (:class:`app.core.vocab.SoftwareStack`); the default is the serving
 #: default, PyTorch eager. Two features carry the stack: ``stack_tf1_session`` (a TensorFlow 1.x
 #: ``session.run`` per iteration, Justus et al. 2018: ~0.25 ms floor) and ``stack_kernel_time`` (the time
-#: has no launch gaps: CUDA-graph replays, or measurements that sum kernel durations, as Vidur's Kineto
+#: has no launch gaps: CUDA-graph replays, library kernels queued back to back from C++ with no framework
+#: between them (:data:`NO_LAUNCH_GAP_STACKS`), or measurements that sum kernel durations, as Vidur's Kineto
 #: sums do, ``launch_gaps=False``).
 STACKS: tuple[str, ...] = tuple(s.value for s in SoftwareStack)
+#: Stacks whose kernels run back to back on the GPU (``stack_kernel_time`` = 1): a CUDA-graph replay, and a
+#: vendor library called from C++ (``cuda-library``: DeepBench queues its repetitions asynchronously, so the
+#: 5 us launch overlaps the previous kernel). Featurised as an eager PyTorch call, DeepBench's held-out fp32
+#: kernels came out 1.81x too slow at the median, 1.31x without the launch gaps (scripts/deepbench_kernels.py).
+NO_LAUNCH_GAP_STACKS: frozenset[str] = frozenset({SoftwareStack.PYTORCH_CUDA_GRAPH.value,
+                                                  SoftwareStack.CUDA_LIBRARY.value})
 DEFAULT_STACK: str = SoftwareStack.PYTORCH_EAGER.value
 
 #: Output tile of a GEMM thread block used for wave quantisation (Habitat, Yu et al. ATC 2021; NeuSight,
@@ -153,7 +160,7 @@ RAW_FIELDS: tuple[str, ...] = (
     "gemm_n",  # columns of the output
     "gemm_k",  # reduction length
     "stack_tf1_session",  # 1 under a TensorFlow 1.x session
-    "stack_kernel_time",  # 1 when the time has no launch gaps (CUDA graphs; Kineto kernel sums)
+    "stack_kernel_time",  # 1 when the time has no launch gaps (NO_LAUNCH_GAP_STACKS; Kineto kernel sums)
     "fp32_peak_flops_per_s",  # the device's fp32 (CUDA-core / vector) peak
 )
 _R = {name: i for i, name in enumerate(RAW_FIELDS)}
@@ -489,7 +496,7 @@ def raw_quantities(
         pass_floor_ms(layer=layer, cost=cost, hardware=hardware, pass_=pass_, optimizer=opt, precision=precision),
         *gemm_dims(layer),
         float(stack == SoftwareStack.TF1_SESSION),
-        float(not launch_gaps or stack == SoftwareStack.PYTORCH_CUDA_GRAPH),
+        float(not launch_gaps or stack in NO_LAUNCH_GAP_STACKS),
         float(hardware.peak_flops_per_s["fp32"]),
     )  # fmt: skip
 

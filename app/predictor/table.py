@@ -30,6 +30,7 @@ from app.core.costs import OPTIMIZERS, LayerCost
 from app.core.features import (
     GEOMETRY_FIELDS,
     HALF_PRECISIONS,
+    NO_LAUNCH_GAP_STACKS,
     OPTIMIZER_ALIASES,
     RAW_FIELDS,
     TRAINED_OPTIMIZERS,
@@ -347,7 +348,7 @@ def raw_for(
     floors = floors_for(table, spec, precision, (upd_flops, upd_bytes))
     put("floor_ms", floors.train_step if train else floors.forward)
     put("stack_tf1_session", float(stack == SoftwareStack.TF1_SESSION))
-    put("stack_kernel_time", float(stack == SoftwareStack.PYTORCH_CUDA_GRAPH))
+    put("stack_kernel_time", float(stack in NO_LAUNCH_GAP_STACKS))
     put("fp32_peak_flops_per_s", float(hw.peak_flops_per_s["fp32"]))
     if table.pointwise.any():
         geometry = table.pointwise_geometry[int(gemm_view_applies(hw.kind, stack))]

@@ -187,6 +187,11 @@ def test_v3_floor_and_stack_features() -> None:
     tf1 = layer_features(**kw, precision="fp32", stack="tf1-session")
     differ = np.nonzero(eager != tf1)[0]
     assert [FEATURE_NAMES[i] for i in differ] == ["stack_tf1_session"]
+    # a library called from C++ queues its kernels back to back, like a CUDA-graph replay: no launch gaps
+    for stack in ("cuda-library", "pytorch-cuda-graph"):
+        gapless = layer_features(**kw, precision="fp32", stack=stack)
+        assert [FEATURE_NAMES[i] for i in np.nonzero(eager != gapless)[0]] == ["stack_kernel_time"], stack
+    assert layer_features(**kw, precision="fp32", stack="pytorch-compiled")[feature_index("stack_kernel_time")] == 0
     # wave quantisation: 4 x 32 output tiles of 128 x 128 over 108 SMs = 1.19 waves, 59 % of the last wave used
     assert eager[feature_index("log_tiles")] == pytest.approx(np.log(4 * 32))
     assert eager[feature_index("wave_efficiency")] == pytest.approx(128 / 108 / 2)
