@@ -179,8 +179,9 @@ def _attr(layer: Layer, key: str, default: Any) -> Any:
 class MemoryFootprint:
     """Bytes per component of one step and its peak.
 
-    ``weights_bytes`` fp32 parameters (the master copy under autocast); ``weight_copies_bytes`` autocast's
-    16-bit weight cache; ``gradients_bytes`` fp32 weight gradients; ``optimizer_state_bytes`` fp32 state;
+    ``weights_bytes`` fp32 parameters (the master copy under autocast; in inference under autocast, weights the
+    graph stores in fp16/bf16 count their own 2 bytes, as a model held in 16 bits runs); ``weight_copies_bytes``
+    autocast's 16-bit weight cache; ``gradients_bytes`` fp32 weight gradients; ``optimizer_state_bytes`` fp32 state;
     ``activations_bytes`` what is saved for backward at the end of forward (including the model output);
     ``backward_transient_bytes`` the peak's excess over the end of forward (activation gradients in
     flight, workspace) or the optimizer step's temporaries; ``runtime_bytes`` context + library
@@ -657,8 +658,12 @@ def footprint(
     runtime_bytes = runtime.context_bytes + runtime.workspace_bytes
     if mode == "inference":
         weights, _ = _weights(layers)
-        w_bytes = sum(runtime.rounded(w.numel * 4) for w in weights.values())
-        checkpoint = sum(w.numel * 4 for w in weights.values())
+        # under autocast, weights the graph stores in 16 bits stay so (autocast casts fp32 tensors only): a model
+        # held in fp16 takes 2 bytes per parameter; otherwise the fp32 weights
+        stored = {w.name: (BYTES_PER_ELEMENT[w.dtype] if half and w.dtype in _HALF_DTYPES else 4)
+                  for w in weights.values()}
+        w_bytes = sum(runtime.rounded(w.numel * stored[w.name]) for w in weights.values())
+        checkpoint = sum(w.numel * stored[w.name] for w in weights.values())
         working = 0
         for layer in layers:
             ts = (*layer.inputs, *layer.outputs)
@@ -792,6 +797,10 @@ def _walk_sets(layers: Sequence[Layer], outputs: Sequence[Tensor], layout: Layou
         activation_checkpointing=activation_checkpointing,
         checkpoint_bytes=(1 + states) * sum(w.numel * 4 for w in weights.values()),
     )
+
+
+#: Weight dtypes autocast leaves as they are (it casts fp32 tensors only).
+_HALF_DTYPES = frozenset({"float16", "bfloat16"})
 
 
 def _weights(layers: Sequence[Layer]) -> tuple[dict[str, Tensor], dict[str, int]]:

@@ -86,6 +86,17 @@ TENSOR_CORE_KINDS = frozenset(
 # Of those, the ones cuDNN runs (torch.backends.cudnn.allow_tf32 applies): TF32 under plain ``fp32``.
 CUDNN_KINDS = frozenset({OpKind.CONV, OpKind.CONV_TRANSPOSE, OpKind.RECURRENT})
 
+
+def autocast_cast_params(layer: Layer) -> int:
+    """Parameters ``torch.autocast`` (fp16/bf16) casts to 16 bits for ``layer``'s forward: the ``float32`` weights of
+    a conv, GEMM, matmul, recurrent or attention layer (:data:`TENSOR_CORE_KINDS`, autocast's lower-precision op
+    list). 0 for other layers (norms and embeddings run on their fp32 weights) and for weights the graph already
+    stores in 16 bits: autocast casts fp32 tensors only (``cached_cast`` returns any other tensor as it is,
+    aten/src/ATen/autocast_mode.h), so a model held in fp16, as LLM inference servers hold it, pays no cast."""
+    if layer.kind not in TENSOR_CORE_KINDS:
+        return 0
+    return sum(w.numel for w in layer.weights if w.dtype == "float32")
+
 # The catalog peak each precision needs the device to list (None: fp32, always present).
 _REQUIRED_PEAK: Mapping[Precision, str | None] = {
     Precision.FP32: None,

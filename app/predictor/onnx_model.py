@@ -612,11 +612,10 @@ class LearnedPredictor:
 
     @staticmethod
     def _autocast_casts(p: _Prepared) -> np.ndarray | None:
-        """:func:`app.predictor.roofline.autocast_weight_cast_ms` of each row's conv/GEMM/matmul/recurrent weights,
-        ms ``[N]``; None when no row pays one."""
+        """:func:`app.predictor.roofline.autocast_weight_cast_ms` of each row's fp32 conv/GEMM/matmul/recurrent
+        weights (:func:`app.core.precision.autocast_cast_params`), ms ``[N]``; None when no row pays one."""
         s, idx = p.setting, p.idx
-        mac = np.asarray([k in TENSOR_CORE_KINDS for k in p.rows.kinds], dtype=bool)[p.rows.kind_index[idx]]
-        cast = autocast_weight_cast_ms(np.where(mac, p.table.params[idx], 0.0), precision=str(s.precision),
+        cast = autocast_weight_cast_ms(p.table.cast_params[idx], precision=str(s.precision),
                                        hardware=s.hardware, stack=s.software_stack, kernel_ms=p.kernel_ms)
         return cast if cast.any() else None
 

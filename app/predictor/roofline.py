@@ -57,7 +57,7 @@ from app.core.features import HALF_PRECISIONS
 from app.core.fusion import update_kernel_launches
 from app.core.hardware import HardwareSpec
 from app.core.ir import OpKind
-from app.core.precision import UPDATE_BYTES_PER_PARAM, cost_at_precision, op_precision
+from app.core.precision import UPDATE_BYTES_PER_PARAM, autocast_cast_params, cost_at_precision, op_precision
 from app.core.roofline import roofline_time_s
 from app.core.vocab import SoftwareStack
 from app.predictor.base import LayerTimeEstimate, LayerTimeQuery, split_training_step
@@ -260,10 +260,11 @@ class RooflinePredictor:
                      f"{kernel_ms * 1e3:.0f} us per kernel"]
         if ood:
             notes.append("floor and efficiency were fitted on GPUs; CPU estimate is indicative only")
-        cast = float(autocast_weight_cast_ms(c.params, precision=str(q.precision), hardware=hw, stack=stack,
+        n_cast = autocast_cast_params(q.layer)
+        cast = float(autocast_weight_cast_ms(n_cast, precision=str(q.precision), hardware=hw, stack=stack,
                                              kernel_ms=kernel_ms))  # fmt: skip
         if cast:
-            notes.append(f"+ autocast weight cast ({cast * 1e3:.1f} us: {c.params} parameters to 16 bits, one kernel)")
+            notes.append(f"+ autocast weight cast ({cast * 1e3:.1f} us: {n_cast} parameters to 16 bits, one kernel)")
         fwd = roof_ms(c.forward_flops, c.forward_bytes) / k.efficiency + (k.floor_forward_ms if tf1 else kernel_ms)
         fwd += cast
         if q.mode == "inference":

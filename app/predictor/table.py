@@ -50,6 +50,7 @@ from app.core.precision import (
     UPDATE_BYTES_PER_PARAM,
     Precision,
     activation_bytes_per_element,
+    autocast_cast_params,
     check_precision,
     cost_at_precision,
     min_algorithm_flops_factor,
@@ -135,6 +136,7 @@ class LayerTable:
         self.forward_bytes = col([c.forward_bytes for c in self.costs])
         self.backward_bytes = col([c.backward_bytes for c in self.costs])
         self.params = col([c.params for c in self.costs])
+        self.cast_params = col([autocast_cast_params(layer) for layer in self.layers])
         self.forward_macs = col([c.forward_macs for c in self.costs])
         self.winograd = col([min_algorithm_flops_factor(layer) for layer in self.layers])
         self.kinds = tuple(layer.kind for layer in self.layers)
@@ -151,8 +153,8 @@ class LayerTable:
     def nbytes(self) -> int:
         """Bytes held by the table's arrays (for the analysis cache's byte budget)."""
         arrays = [self.base, self.forward_flops, self.backward_flops, self.forward_bytes, self.backward_bytes,
-                  self.params, self.forward_macs, self.winograd, self.tensor_core, self.cudnn, self.dropout,
-                  self.pointwise, *self.pointwise_geometry]
+                  self.params, self.cast_params, self.forward_macs, self.winograd, self.tensor_core, self.cudnn,
+                  self.dropout, self.pointwise, *self.pointwise_geometry]
         return int(sum(a.nbytes for a in arrays)) + sum(_rescaled_nbytes(r) for r in self._rescaled.values())
 
     def _costs_at(self, precision: Precision | str) -> tuple[LayerCost, ...]:

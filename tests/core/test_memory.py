@@ -89,6 +89,17 @@ def test_inference_has_no_gradients_or_state() -> None:
     assert fp.activations_bytes == 4 * 2 * (4 * 16 * 1024)  # largest layer in + out (the relu)
 
 
+def test_inference_under_autocast_keeps_weights_stored_in_16_bits_at_2_bytes() -> None:
+    """A model held in fp16 (an fp16 graph, as LLM inference servers run it) takes 2 bytes per parameter under
+    fp16/bf16 inference, autocast leaving its weights as they are; the same graph in fp32 keeps 4, and an fp16
+    graph asked in fp32 is answered with fp32 weights."""
+    half_doc = {**DOC, "input_dtype": "float16"}
+    assert footprint(_a(doc=half_doc), mode="inference", optimizer="none", precision="fp16").weights_bytes == 2 * PARAMS
+    assert footprint(_a(doc=half_doc), mode="inference", optimizer="none", precision="bf16").weights_bytes == 2 * PARAMS
+    assert footprint(_a(), mode="inference", optimizer="none", precision="fp16").weights_bytes == 4 * PARAMS
+    assert footprint(_a(doc=half_doc), mode="inference", optimizer="none", precision="fp32").weights_bytes == 4 * PARAMS
+
+
 def test_bn_dropout_maxpool_save_statistics_masks_and_indices() -> None:
     doc = {"input_shape": [8, 16, 16], "layers": [
         {"op": "batchnorm"}, {"op": "maxpool", "kernel_size": 2}, {"op": "dropout", "p": 0.5},

@@ -78,3 +78,40 @@ def test_served_fp16_forward_of_weighted_layers_carries_the_cast_and_nothing_els
         else:
             assert la["forward_ms"] == pytest.approx(base["forward_ms"]), name
     assert weighted == 54  # 53 convolutions and the classifier
+
+
+def test_weights_stored_in_16_bits_are_not_cast(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Autocast casts fp32 tensors only (``cached_cast``): a linear layer stored in fp16 (a model held in fp16, as
+    LLM inference servers hold it) answers under fp16 exactly what it answers with the cast switched off; the
+    same layer stored in fp32 answers the cast of its parameters more, on the learned and on the roofline path.
+    Norms are never cast."""
+    from app.core.costs import layer_cost
+    from app.core.json_import import import_json
+    from app.core.precision import autocast_cast_params
+    from app.predictor.base import LayerTimeQuery
+    from app.predictor.registry import load_predictor
+
+    def linear(dtype: str):  # type: ignore[no-untyped-def]
+        doc = {"input_shape": [4096], "input_dtype": dtype, "layers": [{"op": "linear", "out_features": 12288}]}
+        return import_json(doc, batch_size=16).layers[0]
+
+    a100 = load_catalog()["a100-sxm4-80gb"]
+    half, full = linear("float16"), linear("float32")
+    assert autocast_cast_params(half) == 0 and autocast_cast_params(full) == 4096 * 12288 + 12288
+    norm = import_json({"input_shape": [4096], "layers": [{"op": "layernorm"}]}, batch_size=16).layers[0]
+    assert norm.weights and autocast_cast_params(norm) == 0
+    cast = autocast_weight_cast_ms(np.array([autocast_cast_params(full)]), precision="fp16", hardware=a100,
+                                   stack=SoftwareStack.PYTORCH_EAGER, kernel_ms=0.01)[0]
+
+    def forward(predictor: Any, la: Any) -> float:
+        q = LayerTimeQuery(la, layer_cost(la), a100, "inference", "none", "fp16")
+        return float(predictor.estimate([q])[0].forward_ms)
+
+    paths = (load_predictor(MODELS_DIR), roofline.RooflinePredictor())
+    with_cast = [(forward(p, half), forward(p, full)) for p in paths]
+    zero = lambda params, **kw: np.zeros_like(np.asarray(params, dtype=np.float64))  # noqa: E731
+    monkeypatch.setattr(onnx_model, "autocast_weight_cast_ms", zero)
+    monkeypatch.setattr(roofline, "autocast_weight_cast_ms", zero)
+    for (h, f), p in zip(with_cast, paths, strict=True):
+        assert h == pytest.approx(forward(p, half), rel=1e-12), p
+        assert f - forward(p, full) == pytest.approx(cast, rel=1e-6), p
