@@ -15,6 +15,9 @@ this runs the served assembly too (precision semantics, autocast's weight casts,
   shape, not by GPU; the P100 board is not named (``DEEPBENCH_HARDWARE_NOTES``). One more column: the same
   predictor with the GEMM view of pointwise convolutions switched off (:func:`app.core.features.gemm_view_applies`
   patched to False everywhere it is read).
+* ``neusight`` and ``justus`` (trained on, in distribution: the first ``--limit`` rows of each file, default 300,
+  forward rows only): the served answer equals the model's on featurised rows there (checked: NeuSight's
+  convolutions, every row to the last bit), so these tables show the model's own error on those rows.
 * ``vidur`` (trained on: every row, in distribution): Vidur's fp16 LLM-layer ops on the A100 and A40, weights
   stored in fp16 as Vidur ran them, Kineto kernel sums served under ``pytorch-cuda-graph`` (no launch gaps). A
   check of the served assembly against the model's own accuracy (``layercast evaluate``: 6.8 % on the test
@@ -43,6 +46,7 @@ from app.core.costs import layer_cost  # noqa: E402
 from app.core.features import is_pointwise_conv  # noqa: E402
 from app.core.ir import ConvAttrs, Layer  # noqa: E402
 from app.core.vocab import SoftwareStack  # noqa: E402
+from app.measurements.importers import SOURCE_JUSTUS  # noqa: E402
 from app.predictor import onnx_model, table  # noqa: E402
 from app.predictor.base import LayerTimeQuery  # noqa: E402
 from app.predictor.registry import load_predictor  # noqa: E402
@@ -55,6 +59,8 @@ MODELS = REPO / "models"
 SOURCES: dict[str, tuple[tuple[str, ...] | None, str, str | None]] = {
     "deepbench": (("deepbench:conv2d", "deepbench:matmul"), "fp32", None),
     "vidur": (None, "fp16", SoftwareStack.PYTORCH_CUDA_GRAPH.value),
+    "neusight": (None, "fp32-strict", None),
+    "justus": (None, "fp32", None),
 }
 
 
@@ -115,7 +121,8 @@ def load(source: str, limit: int | None) -> TrainingRows:
         for cmd in (["migrate"], ["import", source, *extra]):
             subprocess.run([sys.executable, "-m", "app.cli", *cmd], check=True, env=env, cwd=REPO,
                            stdout=subprocess.DEVNULL)
-        return load_from_database(url, sources=(source,), hardware_kinds=("gpu",))
+        stored = SOURCE_JUSTUS if source == "justus" else source  # the import command's name vs the stored one
+        return load_from_database(url, sources=(stored,), hardware_kinds=("gpu",))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=None, help="write the markdown report here too")
     args = p.parse_args(argv)
     families, precision, stack = SOURCES[args.source]
-    limit = args.limit if args.limit is not None else (300 if args.source == "vidur" else None)
+    limit = args.limit if args.limit is not None else (None if args.source == "deepbench" else 300)
     rows = load(args.source, limit)
     fams = np.asarray([str(f) for f in rows.family])
     keep = (rows.precision == precision) & (rows.pass_ == "forward")

@@ -100,9 +100,11 @@ HALF_PRECISIONS: frozenset[str] = frozenset({"fp16", "bf16"})
 #: sums do, ``launch_gaps=False``).
 STACKS: tuple[str, ...] = tuple(s.value for s in SoftwareStack)
 #: Stacks whose kernels run back to back on the GPU (``stack_kernel_time`` = 1): a CUDA-graph replay, and a
-#: vendor library called from C++ (``cuda-library``: DeepBench queues its repetitions asynchronously, so the
-#: 5 us launch overlaps the previous kernel). Featurised as an eager PyTorch call, DeepBench's held-out fp32
-#: kernels came out 1.81x too slow at the median, 1.31x without the launch gaps (scripts/deepbench_kernels.py).
+#: vendor library called from C++ (``cuda-library``: DeepBench queues its repetitions asynchronously, with no
+#: framework dispatch between them, so the learned per-launch overhead of eager PyTorch does not apply; the
+#: stack's own per-kernel floor, ``KERNEL_FLOOR_MS_BY_STACK``, still does). Featurised as an eager PyTorch call,
+#: DeepBench's held-out fp32 kernels came out 1.81x too slow at the median, 1.31x without the launch gaps
+#: (scripts/served_kernels.py).
 NO_LAUNCH_GAP_STACKS: frozenset[str] = frozenset({SoftwareStack.PYTORCH_CUDA_GRAPH.value,
                                                   SoftwareStack.CUDA_LIBRARY.value})
 DEFAULT_STACK: str = SoftwareStack.PYTORCH_EAGER.value
@@ -399,15 +401,16 @@ def is_pointwise_conv(layer: Layer) -> bool:
 
 
 def gemm_view_applies(hardware_kind: str, stack: str) -> bool:
-    """Whether :func:`gemm_view` describes a pointwise convolution on ``hardware_kind`` under ``stack``.
+    """Whether a pointwise convolution is featurised as the GEMM it is (:func:`geometry_fields` with
+    ``gemm_view``) on ``hardware_kind`` under ``stack``.
 
     GPUs under every stack but ``tf1-session``: the conv training rows there (NeuSight, PyTorch 2.1) are 3x3
     only, so a 1x1 convolution with hundreds of channels featurised as a convolution is an extrapolation the
-    model got 3.3x too slow on DeepBench's held-out 1x1 convolutions (cuDNN, never trained on; 1.5x as the
-    GEMM it is; ``models/README.md``). Not under a TensorFlow 1.x session, whose training rows (Justus et al.
-    2018) time 1x1 convolutions on NHWC tensors with TensorFlow's layout work around cuDNN's NCHW kernels,
-    about 4x slower than the GEMM view answers; not on CPUs, whose training rows (the profiler's PyTorch
-    convolutions) measured them as convolutions."""
+    model got 2.2x too slow on DeepBench's held-out 1x1 convolutions (cuDNN, never trained on; 1.06x as the
+    GEMM it is; ``scripts/served_kernels.py``, models/README.md). Not under a TensorFlow 1.x session, whose
+    training rows (Justus et al. 2018) time 1x1 convolutions on NHWC tensors with TensorFlow's layout work
+    around cuDNN's NCHW kernels, about 4x slower than the GEMM view answers; not on CPUs, whose training rows
+    (the profiler's PyTorch convolutions) measured them as convolutions."""
     return hardware_kind == "gpu" and stack != SoftwareStack.TF1_SESSION
 
 

@@ -87,6 +87,7 @@ from app.core.features import (
     ACTIVATIONS,
     DEFAULT_STACK,
     FEATURE_NAMES,
+    HALF_PRECISIONS,
     features_from_raw,
     floor_ms_from_raw,
     gemm_view_applies,
@@ -289,7 +290,9 @@ class LearnedPredictor:
         act = layer.activation
         if act not in ACTIVATIONS and act != "none":
             notes.append(f"fused activation {act!r} was not measured")
-        if isinstance(layer.attrs, ConvAttrs) and any(d != 1 for d in layer.attrs.dilations):
+        if isinstance(layer.attrs, ConvAttrs) and any(d != 1 for d, k in zip(layer.attrs.dilations,
+                                                                               layer.attrs.kernel_shape, strict=False)
+                                                      if k > 1):  # a dilation of a 1-wide kernel axis does nothing
             notes.append("dilated convolutions were not measured")
         return tuple(notes)
 
@@ -378,8 +381,12 @@ class LearnedPredictor:
         ki = rows.kind_index[idx]
         view = (table.pointwise[idx] if gemm_view_applies(hw.kind, stack) else np.zeros(len(idx), dtype=bool))
         fk = np.where(view, rows.gemm_kind, ki)
+        # whose tensor-core rows decide the answer on tensor cores: the GEMM view's only under a 16-bit precision
+        # (the GPU GEMM rows on tensor cores are Vidur's fp16 ones; no GPU row ran TF32), so under TF32 a pointwise
+        # convolution is carried from strict fp32 like every other convolution
+        tk = fk if prec in HALF_PRECISIONS else ki
         on_tc = np.asarray([op_precision(spec, prec, k).tensor_cores for k in rows.kinds], dtype=bool)[ki]
-        seen_tc = np.asarray([measured_on_tensor_cores(k) for k in rows.kinds], dtype=bool)[fk]
+        seen_tc = np.asarray([measured_on_tensor_cores(k) for k in rows.kinds], dtype=bool)[tk]
         transfer = on_tc & ~seen_tc
         ref = REFERENCE_PRECISION.value
         # predicted on tensor cores directly: also at the reference precision, the cap of _assemble
@@ -412,8 +419,8 @@ class LearnedPredictor:
         cap_floors = ((ref_floors.forward[idx][cap], ref_floors.backward[idx][cap]) if ref_floors is not None
                       else (np.zeros(0), np.zeros(0)))
         selected = select_features(features_from_raw(raw_all), self.feature_names)
-        return _Prepared(table=table, idx=idx, setting=s, rows=rows, feature_kind=fk, gemm_view=view, seen=seen,
-                         transfer=transfer,
+        return _Prepared(table=table, idx=idx, setting=s, rows=rows, feature_kind=fk, tensor_core_kind=tk,
+                         gemm_view=view, seen=seen, transfer=transfer,
                          learned_step=learned_step, forward_floor_ms=floors.forward[idx],
                          backward_floor_ms=floors.backward[idx] if training else np.zeros(len(idx)),
                          step_floor_ms=step_floor, kernel_ms=KERNEL_FLOOR_MS_BY_STACK[s.software_stack],
@@ -480,17 +487,17 @@ class LearnedPredictor:
                | p.transfer | capped | opt | bool(before or after or prec_note))
         transfer = p.transfer
 
-        view = p.gemm_view
+        view, tk = p.gemm_view, p.tensor_core_kind
 
         def build() -> list[tuple[str, ...]]:
-            return self._note_rows(hw.kind, s.precision, rows, idx, fk, (f_flags, t_flags), opt, transfer, capped,
-                                   view, suffix, before=before, after=after, opt_note=opt_note,
+            return self._note_rows(hw.kind, s.precision, rows, idx, fk, tk, (f_flags, t_flags), opt, transfer,
+                                   capped, view, suffix, before=before, after=after, opt_note=opt_note,
                                    prec_note=prec_note)
 
         return LazyNotes(build), ood
 
     def _note_rows(self, hw_kind: str, precision: Precision, rows: _Rows, idx: np.ndarray, fk: np.ndarray,
-                   flags: tuple[_RangeFlags, _RangeFlags], opt: np.ndarray, transfer: np.ndarray,
+                   tk: np.ndarray, flags: tuple[_RangeFlags, _RangeFlags], opt: np.ndarray, transfer: np.ndarray,
                    capped: np.ndarray, view: np.ndarray, suffix: Mapping[int, tuple[str, ...]], *, before: list[str],
                    after: list[str], opt_note: str | None, prec_note: list[str]) -> list[tuple[str, ...]]:
         """The notes of :meth:`_notes`, row by row. Rows with the same notes share one tuple: the notes are built
@@ -500,15 +507,16 @@ class LearnedPredictor:
         t_code, t_text = (self._range_notes(hw_kind, rows, fk, flags[1]) if flags[1] is not flags[0]
                           else (f_code, f_text))  # fmt: skip
         columns = (f_code, t_code, opt.astype(np.intp), rows.layer_note_index[idx], transfer.astype(np.intp),
-                   capped.astype(np.intp), view.astype(np.intp), rows.kind_index[idx])
-        radix = (len(f_text), len(t_text), 2, max(len(rows.layer_note_sets), 1), 2, 2, 2, max(len(rows.kinds), 1))
+                   capped.astype(np.intp), view.astype(np.intp), tk, rows.kind_index[idx])
+        kinds = max(len(rows.kinds), 1)
+        radix = (len(f_text), len(t_text), 2, max(len(rows.layer_note_sets), 1), 2, 2, 2, kinds, kinds)
         key = np.zeros(len(idx), dtype=np.int64)
         for col, size in zip(columns, radix, strict=True):
             key = key * size + col
         _, first, which = np.unique(key, return_index=True, return_inverse=True)
         built: list[tuple[str, ...]] = []
         for j in first.tolist():
-            f, t, o, ln, tr, cp, vw, ki = (int(col[j]) for col in columns)
+            f, t, o, ln, tr, cp, vw, tc, ki = (int(col[j]) for col in columns)
             row = list(before)
             if f_text[f] is not None:
                 row.append(f_text[f])  # type: ignore[arg-type]
@@ -526,7 +534,7 @@ class LearnedPredictor:
             if vw:  # informative, not out of distribution (like the backward's note)
                 row.append(POINTWISE_GEMM_NOTE)
             if tr:
-                row.insert(0, f"{rows.kinds[ki].value} was not measured on tensor cores: predicted "
+                row.insert(0, f"{rows.kinds[tc].value} was not measured on tensor cores: predicted "
                               f"at {REFERENCE_PRECISION.value} and carried to {precision} by the physics floors "
                               "(same efficiency above the launch cost)")
             built.append((*row, *suffix.get(ki, ())))
@@ -829,7 +837,8 @@ class _RangeFlags:
 class _Prepared:
     """How rows ``idx`` of ``table`` are answered in ``setting`` (``[N]`` each): the op kind each row is featurised as
     (``feature_kind``, an index into ``rows.kinds``: ``gemm`` for the pointwise convolutions described as GEMMs,
-    ``gemm_view``), whether the device is in the training data (``seen``), which rows are predicted at
+    ``gemm_view``) and the one whose tensor-core training rows decide whether its tensor-core answer is learned or
+    carried (``tensor_core_kind``), whether the device is in the training data (``seen``), which rows are predicted at
     :data:`REFERENCE_PRECISION` and carried over (``transfer``), whether a learned train-step row times the step
     (``learned_step``) or the backward comes from the forward, the floors (ms, at the setting's precision) of the
     forward, backward and train step, the stack's fixed cost per kernel (ms), and the raw rows and their model inputs
@@ -844,6 +853,7 @@ class _Prepared:
     setting: Setting
     rows: _Rows
     feature_kind: np.ndarray
+    tensor_core_kind: np.ndarray
     gemm_view: np.ndarray
     seen: bool
     transfer: np.ndarray

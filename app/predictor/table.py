@@ -5,7 +5,9 @@ everything that depends on the layer alone, computed once with the scalar defini
 :mod:`app.core.features` and :mod:`app.core.precision` (so there is still one definition of every quantity):
 
 * the layer-only columns of :data:`app.core.features.RAW_FIELDS` (geometry, kind flags, FLOPs, bytes at the
-  graph's dtypes, GEMM view), taken from :func:`app.core.features.raw_quantities` itself;
+  graph's dtypes, GEMM view), taken from :func:`app.core.features.raw_quantities` itself, at the reference
+  device and the default stack; a pointwise convolution's geometry both ways, as a convolution and as the GEMM
+  it is (:func:`app.core.features.geometry_fields`), which :func:`raw_for` picks by device kind and stack;
 * per storage precision, the DRAM bytes of the forward and backward passes at that precision
   (:func:`app.core.precision.cost_at_precision`) and the cheapest algorithm's FLOPs
   (:func:`app.core.precision.min_algorithm_flops_factor`).
@@ -59,7 +61,9 @@ from app.core.vocab import SoftwareStack
 from app.predictor.base import LayerTimeEstimate, LayerTimeQuery
 
 #: RAW_FIELDS columns that depend on the device, precision, pass, optimizer or stack (recomputed per setting
-#: by :func:`raw_for`); every other column depends on the layer alone and is read from the table.
+#: by :func:`raw_for`); every other column depends on the layer alone and is read from the table, except the
+#: :data:`~app.core.features.GEOMETRY_FIELDS` of pointwise convolutions (the GEMM view depends on the device kind
+#: and the stack: :func:`app.core.features.gemm_view_applies`).
 SETTING_FIELDS: tuple[str, ...] = (
     "pass_flops", "pass_bytes", "update_bytes", "is_train", *(f"opt_{o}" for o in TRAINED_OPTIMIZERS),
     "peak_flops_per_s", "bandwidth_bytes_per_s", "memory_bytes", "compute_units", "clock_mhz", "is_half",
@@ -359,7 +363,6 @@ def raw_for(
 
 
 _GEOMETRY_COLUMNS = np.asarray([raw_index(name) for name in GEOMETRY_FIELDS], dtype=np.intp)
-
 
 
 @dataclass(frozen=True, slots=True)

@@ -91,7 +91,8 @@ def _notes(p: LearnedPredictor, q: LayerTimeQuery, feats: np.ndarray, seen: bool
     act = q.layer.activation
     if act not in ACTIVATIONS and act != "none":
         notes.append(f"fused activation {act!r} was not measured")
-    if isinstance(q.layer.attrs, ConvAttrs) and any(d != 1 for d in q.layer.attrs.dilations):
+    a = q.layer.attrs
+    if isinstance(a, ConvAttrs) and any(d != 1 and k > 1 for d, k in zip(a.dilations, a.kernel_shape, strict=False)):
         notes.append("dilated convolutions were not measured")
     return notes
 
@@ -130,8 +131,10 @@ def per_row(p: LearnedPredictor, queries: Sequence[LayerTimeQuery]) -> list[Laye
         prec, stack = str(q.precision), q.software_stack.value
         spec = precision_spec(hw, prec)
         tc = op_precision(spec, prec, q.layer.kind).tensor_cores  # the layer's own precision semantics
-        fk = _feature_kind(q)  # whose training rows decide whether its tensor-core answer is learned
-        rng = p._ranges.get((hw.kind, fk.value)) or p._ranges.get((hw.kind, "*"))
+        # whose tensor-core training rows decide whether its tensor-core answer is learned: the GEMM view's under a
+        # 16-bit precision only (no GPU row ran TF32)
+        tk = _feature_kind(q) if prec in ("fp16", "bf16") else q.layer.kind
+        rng = p._ranges.get((hw.kind, tk.value)) or p._ranges.get((hw.kind, "*"))
         tc_col = p.feature_names.index("uses_tensor_cores") if "uses_tensor_cores" in p.feature_names else None
         transfer = bool(tc and (rng is None or tc_col is None or rng[1][tc_col] < 0.5))
         # predicted on tensor cores directly: capped by the same layer at the reference precision
@@ -153,7 +156,7 @@ def per_row(p: LearnedPredictor, queries: Sequence[LayerTimeQuery]) -> list[Laye
                        floors_by_pass_ms(q.layer, q.cost, spec, ref, training=True)[1])
                       if cap is not None and training and not step else None)
         plans.append((q, seen, transfer, step, fwd_floor, bwd_floor, step_floor, n_bwd,
-                      KERNEL_FLOOR_MS_BY_STACK[q.software_stack], cap, ref_floors))
+                      KERNEL_FLOOR_MS_BY_STACK[q.software_stack], cap, ref_floors, tk))
         fprec = REFERENCE_PRECISION.value if transfer else prec
         rows.append(FeatureInput(q.layer, q.cost, hw, "forward", "none", fprec, stack))
         if step:
@@ -173,7 +176,7 @@ def per_row(p: LearnedPredictor, queries: Sequence[LayerTimeQuery]) -> list[Laye
     feats, row_floor, out_ms = run(rows)
     ref_ms = run(ref_rows)[2] if ref_rows else np.zeros((0, 3))
     results, i = [], 0
-    for q, seen, transfer, step, fwd_floor, bwd_floor, step_floor, n_bwd, k, cap, ref_floors in plans:
+    for q, seen, transfer, step, fwd_floor, bwd_floor, step_floor, n_bwd, k, cap, ref_floors, tk in plans:
         notes = _notes(p, q, feats[i], seen)
         view = (POINTWISE_GEMM_NOTE,) if _feature_kind(q) is not q.layer.kind else ()
         if step:
@@ -189,7 +192,7 @@ def per_row(p: LearnedPredictor, queries: Sequence[LayerTimeQuery]) -> list[Laye
         if transfer:
             fwd_q = np.array([transfer_precision_ms(time_ms=float(t), floor_from_ms=float(row_floor[i]),
                                                     floor_to_ms=fwd_floor, overhead_ms=k) for t in fwd_q])
-            notes.insert(0, f"{q.layer.kind.value} was not measured on tensor cores: predicted at "
+            notes.insert(0, f"{tk.value} was not measured on tensor cores: predicted at "
                             f"{REFERENCE_PRECISION.value} and carried to {q.precision} by the physics floors "
                             "(same efficiency above the launch cost)")
         # autocast's weight cast (fp16/bf16 on a GPU): one kernel per weighted conv/GEMM/matmul/recurrent forward
