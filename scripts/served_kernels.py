@@ -1,6 +1,7 @@
 """The served predictor, as the API calls it, on stored kernel measurements of one source (issue 8).
 
-Usage: ``PYTHONPATH=. python scripts/served_kernels.py --source deepbench|vidur [--out FILE]`` (15-60 s). It imports
+Usage: ``PYTHONPATH=. python scripts/served_kernels.py --source deepbench|vidur|neusight|justus [--limit N]
+[--out FILE]`` (15-60 s). It imports
 the source from ``../shared/data`` into a throwaway SQLite database (``layercast import``: the one parser of the
 source), rebuilds each stored measurement with the measurement domain's layer builder
 (:func:`app.training.dataset.load_from_database`) and answers it through the shipped predictor
@@ -128,7 +129,8 @@ def load(source: str, limit: int | None) -> TrainingRows:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--source", choices=sorted(SOURCES), default="deepbench")
-    p.add_argument("--limit", type=int, default=None, help="rows per imported file (vidur default: 300)")
+    p.add_argument("--limit", type=int, default=None,
+                   help="rows per imported file (default: every DeepBench row, 300 for the others)")
     p.add_argument("--out", type=Path, default=None, help="write the markdown report here too")
     args = p.parse_args(argv)
     families, precision, stack = SOURCES[args.source]

@@ -60,7 +60,8 @@ a few attributes), each activation tensor identified by its name (views share th
   forward keeps only each segment's input; backward recomputes one segment at a time, so the saved set
   is the segment boundaries plus the largest segment's own saved tensors.
 * **Inference**: weights plus the largest input+output pair of any single layer (activations are freed as
-  soon as they are consumed).
+  soon as they are consumed); under fp16/bf16 autocast, weights the graph stores in 16 bits count 2 bytes (a
+  model held in fp16 runs as stored), others 4.
 
 Validated against torch's real peak on CPU (10 architectures × 3 batch sizes × fp32/bf16 autocast) in
 docs/memory_validation.md (``scripts/measure_memory.py``).

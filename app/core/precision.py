@@ -38,7 +38,7 @@ from enum import StrEnum
 
 from app.core.costs import LayerCost, layer_cost, optimizer_update_cost
 from app.core.hardware import HardwareSpec
-from app.core.ir import ConvAttrs, Layer, OpKind, Tensor
+from app.core.ir import BYTES_PER_ELEMENT, ConvAttrs, Layer, OpKind, Tensor
 from app.core.vocab import Pass
 
 
@@ -68,14 +68,16 @@ PRECISION_SEMANTICS: Mapping[Precision, str] = {
         "(tensor cores; where its fp16 rate is below its fp32 rate, e.g. GP102's 1/64-rate fp16, at the "
         "fp32 peak: the library computes in fp32), "
         "2-byte activations and weight copies, element-wise math in fp32 registers, fp32 master weights, "
-        "gradients of the master weights and optimizer state"
+        "gradients of the master weights and optimizer state (in inference, weights the graph stores in 16 "
+        "bits are used as stored: no copy, no cast when already in this type)"
     ),
     Precision.BF16: (
         "torch.autocast(bfloat16) mixed precision: matmul/conv/RNN/attention at the device's bf16 peak "
         "(tensor cores; where its bf16 rate is below its fp32 rate, e.g. GP102's 1/64-rate fp16, at the "
         "fp32 peak: the library computes in fp32), "
         "2-byte activations and weight copies, element-wise math in fp32 registers, fp32 master weights, "
-        "gradients of the master weights and optimizer state"
+        "gradients of the master weights and optimizer state (in inference, weights the graph stores in 16 "
+        "bits are used as stored: no copy, no cast when already in this type)"
     ),
 }
 
@@ -87,15 +89,30 @@ TENSOR_CORE_KINDS = frozenset(
 CUDNN_KINDS = frozenset({OpKind.CONV, OpKind.CONV_TRANSPOSE, OpKind.RECURRENT})
 
 
-def autocast_cast_params(layer: Layer) -> int:
-    """Parameters ``torch.autocast`` (fp16/bf16) casts to 16 bits for ``layer``'s forward: the ``float32`` weights of
-    a conv, GEMM, matmul, recurrent or attention layer (:data:`TENSOR_CORE_KINDS`, autocast's lower-precision op
-    list). 0 for other layers (norms and embeddings run on their fp32 weights) and for weights the graph already
-    stores in 16 bits: autocast casts fp32 tensors only (``cached_cast`` returns any other tensor as it is,
-    aten/src/ATen/autocast_mode.h), so a model held in fp16, as LLM inference servers hold it, pays no cast."""
-    if layer.kind not in TENSOR_CORE_KINDS:
+#: The 16-bit type ``torch.autocast`` computes in, per precision.
+AUTOCAST_DTYPES: Mapping[str, str] = {"fp16": "float16", "bf16": "bfloat16"}
+#: Floating types autocast casts to its 16-bit type (never float64: ``cached_cast`` skips double tensors).
+_CASTABLE_DTYPES = frozenset({"float32", "float16", "bfloat16"})
+
+
+def autocast_cast_bytes(layer: Layer, precision: str, *, training: bool) -> int:
+    """DRAM bytes ``torch.autocast`` moves casting ``layer``'s weights to 16 bits for one forward under ``precision``
+    (fp16/bf16; 0 under other precisions), for the weights of a conv, GEMM, matmul, recurrent or attention layer
+    (:data:`TENSOR_CORE_KINDS`, autocast's lower-precision op list; norms and embeddings run on their own weights):
+    each weight read in its stored type and written in 16 bits.
+
+    Training: mixed precision trains fp32 master weights (``GradScaler`` refuses 16-bit gradients), so every
+    floating weight is cast from fp32, 6 bytes per parameter, whatever the graph stores. Inference: each weight as
+    the graph stores it; ``cached_cast`` (aten/src/ATen/autocast_mode.h) casts a floating, non-double tensor whose
+    type differs from autocast's, so a weight already in that type (a model held in fp16, as LLM inference servers
+    hold it) costs nothing, an fp32 one 4 + 2 bytes, a bf16 one under fp16 2 + 2."""
+    target = AUTOCAST_DTYPES.get(str(precision))
+    if target is None or layer.kind not in TENSOR_CORE_KINDS:
         return 0
-    return sum(w.numel for w in layer.weights if w.dtype == "float32")
+    if training:
+        return sum(w.numel for w in layer.weights if w.dtype in _CASTABLE_DTYPES) * 6
+    return sum(w.numel * (BYTES_PER_ELEMENT[w.dtype] + 2) for w in layer.weights
+               if w.dtype in _CASTABLE_DTYPES and w.dtype != target)
 
 # The catalog peak each precision needs the device to list (None: fp32, always present).
 _REQUIRED_PEAK: Mapping[Precision, str | None] = {

@@ -283,14 +283,14 @@ class JobPrediction(Schema):
 
 class MemoryPrediction(Schema):
     """Peak memory of one step by component (``app/core/memory.py``). Under fp16/bf16 autocast the weights
-    stay fp32 (the master copy), 16-bit copies of the GEMM/conv weights are cached and saved, activations
-    of GEMM/conv layers are 16-bit; gradients and optimizer state are fp32. On several devices in training
-    the model is assumed wrapped in PyTorch's DistributedDataParallel with its defaults, whose gradient buckets
-    are a component of their own."""
+    stay fp32 (the master copy; in inference, weights the graph stores in fp16/bf16 stay so, at 2 bytes), 16-bit
+    copies of the GEMM/conv weights are cached and saved, activations of GEMM/conv layers are 16-bit; gradients
+    and optimizer state are fp32. On several devices in training the model is assumed wrapped in PyTorch's
+    DistributedDataParallel with its defaults, whose gradient buckets are a component of their own."""
 
     precision: str
     activation_checkpointing: bool
-    weights_bytes: int = Field(description="fp32 parameters")
+    weights_bytes: int = Field(description="fp32 parameters (in fp16/bf16 inference, 16-bit-stored weights at 2 B)")
     weight_copies_bytes: int = Field(description="autocast's 16-bit weight copies (0 in fp32)")
     gradients_bytes: int
     optimizer_state_bytes: int

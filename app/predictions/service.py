@@ -818,8 +818,9 @@ def estimate(
             "money": "ESTIMATE: device_hours x price_usd_per_hour, the request's price or the catalog's public "
                      "on-demand LIST price (price_source names offer and date); no discounts, storage or egress",
             "co2": "ESTIMATE: energy_kwh x the caller's grid_gco2_per_kwh (none given: not estimated)",
-            "memory": "predicted peak of one step (app/core/memory.py): fp32 weights, gradients and optimizer "
-                      "state, autocast's 16-bit weight copies under fp16/bf16, the tensors autograd saves per op "
+            "memory": "predicted peak of one step (app/core/memory.py): fp32 weights (in fp16/bf16 inference, "
+                      "weights the graph stores in 16 bits at 2 bytes), gradients and optimizer state, "
+                      "autocast's 16-bit weight copies under fp16/bf16, the tensors autograd saves per op "
                       "(fused attention keeps Q, K, V, O and the log-sum-exp), a cross-entropy loss on the "
                       "output, gradients in flight during backward, device context and workspace; fits = peak "
                       f"<= {HEADROOM:.0%} of device memory"

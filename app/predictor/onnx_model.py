@@ -620,10 +620,11 @@ class LearnedPredictor:
 
     @staticmethod
     def _autocast_casts(p: _Prepared) -> np.ndarray | None:
-        """:func:`app.predictor.roofline.autocast_weight_cast_ms` of each row's fp32 conv/GEMM/matmul/recurrent
-        weights (:func:`app.core.precision.autocast_cast_params`), ms ``[N]``; None when no row pays one."""
+        """:func:`app.predictor.roofline.autocast_weight_cast_ms` of each row's conv/GEMM/matmul/recurrent weights
+        (:func:`app.core.precision.autocast_cast_bytes`), ms ``[N]``; None when no row pays one."""
         s, idx = p.setting, p.idx
-        cast = autocast_weight_cast_ms(p.table.cast_params[idx], precision=str(s.precision),
+        cast_bytes = p.table.cast_bytes(str(s.precision), training=s.mode == "training")[idx]
+        cast = autocast_weight_cast_ms(cast_bytes, precision=str(s.precision),
                                        hardware=s.hardware, stack=s.software_stack, kernel_ms=p.kernel_ms)
         return cast if cast.any() else None
 

@@ -57,7 +57,7 @@ from app.core.features import HALF_PRECISIONS
 from app.core.fusion import update_kernel_launches
 from app.core.hardware import HardwareSpec
 from app.core.ir import OpKind
-from app.core.precision import UPDATE_BYTES_PER_PARAM, autocast_cast_params, cost_at_precision, op_precision
+from app.core.precision import UPDATE_BYTES_PER_PARAM, autocast_cast_bytes, cost_at_precision, op_precision
 from app.core.roofline import roofline_time_s
 from app.core.vocab import SoftwareStack
 from app.predictor.base import LayerTimeEstimate, LayerTimeQuery, split_training_step
@@ -171,28 +171,28 @@ def fit_roofline_constants(
 
 
 
-#: DRAM bytes per parameter of autocast's weight cast (``aten::_to_copy`` fp32 -> fp16/bf16): 4 read, 2 written.
+#: DRAM bytes per parameter of autocast's weight cast of an fp32 weight (``aten::_to_copy`` fp32 -> fp16/bf16):
+#: 4 read, 2 written (:func:`app.core.precision.autocast_cast_bytes` counts every stored type).
 AUTOCAST_CAST_BYTES_PER_PARAM = 6
 
 
-def autocast_weight_cast_ms(params: Any, *, precision: str, hardware: HardwareSpec, stack: SoftwareStack,
+def autocast_weight_cast_ms(cast_bytes: Any, *, precision: str, hardware: HardwareSpec, stack: SoftwareStack,
                             kernel_ms: float) -> np.ndarray:
-    """Autocast's weight casts (ms, same shape as ``params``; 0 where none): under fp16/bf16 ``torch.autocast``
-    on a GPU every fp32 weight a conv/GEMM/matmul/recurrent layer reads (``params``: its parameter count, 0
-    for other layers) is cast to 16 bits once per forward (autocast's weight cache lives for one autocast
-    region, one iteration; the backward reads the cached copy): one element-wise kernel reading 4 and writing
-    2 bytes per parameter (:data:`AUTOCAST_CAST_BYTES_PER_PARAM`) at :data:`STREAM_EFFICIENCY` of the DRAM
-    bandwidth plus one launch at ``kernel_ms``. The memory footprint holds the same copies
-    (:mod:`app.core.memory`). All 0 on CPUs, at other precisions and under ``tf1-session`` (no autocast). Not
-    counted: casts of activations between autocast's fp16 and fp32 op lists. Raises ``ValueError`` for a
-    negative parameter count."""
-    n = np.asarray(params, dtype=np.float64)
+    """Autocast's weight casts (ms, same shape as ``cast_bytes``; 0 where none): under fp16/bf16 ``torch.autocast``
+    on a GPU a conv/GEMM/matmul/recurrent layer's weights are cast to 16 bits once per forward (autocast's weight
+    cache lives for one autocast region, one iteration; the backward reads the cached copy): one element-wise
+    kernel moving ``cast_bytes`` (:func:`app.core.precision.autocast_cast_bytes`: 6 per fp32 parameter, none for
+    a weight already in autocast's type) at :data:`STREAM_EFFICIENCY` of the DRAM bandwidth plus one launch at
+    ``kernel_ms``. The training footprint holds the same copies (:mod:`app.core.memory`). All 0 on CPUs, at other
+    precisions and under ``tf1-session`` (no autocast). Not counted: casts of activations between autocast's fp16
+    and fp32 op lists. Raises ``ValueError`` for a negative byte count."""
+    n = np.asarray(cast_bytes, dtype=np.float64)
     if n.size and float(n.min()) < 0:
-        raise ValueError("parameter counts must be >= 0")
+        raise ValueError("cast byte counts must be >= 0")
     if hardware.kind != "gpu" or precision not in HALF_PRECISIONS or stack is SoftwareStack.TF1_SESSION:
         return np.zeros_like(n)
     bw = float(hardware.memory_bandwidth_bytes_per_s) * STREAM_EFFICIENCY
-    return np.where(n > 0, n * AUTOCAST_CAST_BYTES_PER_PARAM / bw * 1e3 + kernel_ms, 0.0)
+    return np.where(n > 0, n / bw * 1e3 + kernel_ms, 0.0)
 
 
 def streaming_update_ms(q: LayerTimeQuery) -> float:
@@ -260,11 +260,11 @@ class RooflinePredictor:
                      f"{kernel_ms * 1e3:.0f} us per kernel"]
         if ood:
             notes.append("floor and efficiency were fitted on GPUs; CPU estimate is indicative only")
-        n_cast = autocast_cast_params(q.layer)
+        n_cast = autocast_cast_bytes(q.layer, str(q.precision), training=q.mode == "training")
         cast = float(autocast_weight_cast_ms(n_cast, precision=str(q.precision), hardware=hw, stack=stack,
                                              kernel_ms=kernel_ms))  # fmt: skip
         if cast:
-            notes.append(f"+ autocast weight cast ({cast * 1e3:.1f} us: {n_cast} parameters to 16 bits, one kernel)")
+            notes.append(f"+ autocast weight cast ({cast * 1e3:.1f} us: {n_cast} bytes moved to 16 bits, one kernel)")
         fwd = roof_ms(c.forward_flops, c.forward_bytes) / k.efficiency + (k.floor_forward_ms if tf1 else kernel_ms)
         fwd += cast
         if q.mode == "inference":

@@ -52,7 +52,7 @@ from app.core.precision import (
     UPDATE_BYTES_PER_PARAM,
     Precision,
     activation_bytes_per_element,
-    autocast_cast_params,
+    autocast_cast_bytes,
     check_precision,
     cost_at_precision,
     min_algorithm_flops_factor,
@@ -140,7 +140,6 @@ class LayerTable:
         self.forward_bytes = col([c.forward_bytes for c in self.costs])
         self.backward_bytes = col([c.backward_bytes for c in self.costs])
         self.params = col([c.params for c in self.costs])
-        self.cast_params = col([autocast_cast_params(layer) for layer in self.layers])
         self.forward_macs = col([c.forward_macs for c in self.costs])
         self.winograd = col([min_algorithm_flops_factor(layer) for layer in self.layers])
         self.kinds = tuple(layer.kind for layer in self.layers)
@@ -157,7 +156,7 @@ class LayerTable:
     def nbytes(self) -> int:
         """Bytes held by the table's arrays (for the analysis cache's byte budget)."""
         arrays = [self.base, self.forward_flops, self.backward_flops, self.forward_bytes, self.backward_bytes,
-                  self.params, self.cast_params, self.forward_macs, self.winograd, self.tensor_core, self.cudnn,
+                  self.params, self.forward_macs, self.winograd, self.tensor_core, self.cudnn,
                   self.dropout, self.pointwise, *self.pointwise_geometry]
         return int(sum(a.nbytes for a in arrays)) + sum(_rescaled_nbytes(r) for r in self._rescaled.values())
 
@@ -207,6 +206,18 @@ class LayerTable:
         if key not in self._memo:
             self._memo[key] = build()  # type: ignore[operator]
         return self._memo[key]
+
+    def cast_bytes(self, precision: str, *, training: bool) -> np.ndarray:
+        """:func:`app.core.precision.autocast_cast_bytes` of every row ``[N]`` (float64), once per precision and
+        mode."""
+
+        def build() -> np.ndarray:
+            return np.asarray([autocast_cast_bytes(layer, precision, training=training) for layer in self.layers],
+                              dtype=np.float64).reshape(len(self.layers))
+
+        found = self.memo(("cast-bytes", str(precision), training), build)
+        assert isinstance(found, np.ndarray)
+        return found
 
     def rescaled(self, precision: Precision | str) -> _Rescaled:
         """Bytes at the storage types of ``precision`` (:func:`app.core.precision.cost_at_precision`) and the

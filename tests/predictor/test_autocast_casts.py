@@ -26,17 +26,19 @@ def test_a_cast_moves_six_bytes_per_parameter_and_pays_one_launch() -> None:
     v100 = cat["v100-sxm2-16gb"]
     cpu = dataclasses.replace(v100, id="a-cpu", kind="cpu")
     params = np.array([2_359_296.0, 0.0])
-    got = autocast_weight_cast_ms(params, precision="fp16", hardware=v100, stack=SoftwareStack.PYTORCH_EAGER,
+    cast_bytes = params * AUTOCAST_CAST_BYTES_PER_PARAM  # fp32 weights
+    got = autocast_weight_cast_ms(cast_bytes, precision="fp16", hardware=v100, stack=SoftwareStack.PYTORCH_EAGER,
                                   kernel_ms=0.01)
     bw = v100.memory_bandwidth_bytes_per_s * STREAM_EFFICIENCY
     assert got[0] == pytest.approx(params[0] * AUTOCAST_CAST_BYTES_PER_PARAM / bw * 1e3 + 0.01)
     assert got[0] == pytest.approx(0.0297, abs=5e-4) and got[1] == 0.0
-    assert autocast_weight_cast_ms(params, precision="bf16", hardware=v100, stack=SoftwareStack.PYTORCH_EAGER,
+    assert autocast_weight_cast_ms(cast_bytes, precision="bf16", hardware=v100, stack=SoftwareStack.PYTORCH_EAGER,
                                    kernel_ms=0.01)[0] == pytest.approx(got[0])
     eager, tf1 = SoftwareStack.PYTORCH_EAGER, SoftwareStack.TF1_SESSION
     for precision, hw, stack in (("fp32", v100, eager), ("tf32", v100, eager), ("fp16", v100, tf1),
                                  ("bf16", cpu, eager)):
-        assert not autocast_weight_cast_ms(params, precision=precision, hardware=hw, stack=stack, kernel_ms=0.01).any()
+        assert not autocast_weight_cast_ms(cast_bytes, precision=precision, hardware=hw, stack=stack,
+                                           kernel_ms=0.01).any()
     with pytest.raises(ValueError):
         autocast_weight_cast_ms(np.array([-1.0]), precision="fp16", hardware=v100, stack=SoftwareStack.PYTORCH_EAGER,
                                 kernel_ms=0.01)
@@ -72,7 +74,8 @@ def test_served_fp16_forward_of_weighted_layers_carries_the_cast_and_nothing_els
         assert la["update_ms"] == pytest.approx(base["update_ms"])
         if la["kind"] in ("conv", "gemm") and la["params"] > 0:
             weighted += 1
-            cast = autocast_weight_cast_ms(np.array([la["params"]]), precision="fp16", hardware=v100,
+            cast = autocast_weight_cast_ms(np.array([la["params"] * AUTOCAST_CAST_BYTES_PER_PARAM]), precision="fp16",
+                                           hardware=v100,
                                            stack=SoftwareStack.PYTORCH_EAGER, kernel_ms=0.01)[0]
             assert la["forward_ms"] - base["forward_ms"] == pytest.approx(cast, rel=1e-6), name
         else:
@@ -80,14 +83,15 @@ def test_served_fp16_forward_of_weighted_layers_carries_the_cast_and_nothing_els
     assert weighted == 54  # 53 convolutions and the classifier
 
 
-def test_weights_stored_in_16_bits_are_not_cast(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Autocast casts fp32 tensors only (``cached_cast``): a linear layer stored in fp16 (a model held in fp16, as
-    LLM inference servers hold it) answers under fp16 exactly what it answers with the cast switched off; the
-    same layer stored in fp32 answers the cast of its parameters more, on the learned and on the roofline path.
-    Norms are never cast."""
+def test_weights_stored_in_16_bits_are_not_cast_in_inference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In inference autocast casts a weight only when its type differs from autocast's (``cached_cast``): a linear
+    layer stored in fp16 (a model held in fp16, as LLM inference servers hold it) answers under fp16 exactly what
+    it answers with the cast switched off; stored in fp32 it pays the cast of its 6 bytes per parameter, stored in
+    bf16 under fp16 one of 4, on the learned and on the roofline path. In training every weight is an fp32 master
+    (mixed precision), so all three pay 6. Norms are never cast."""
     from app.core.costs import layer_cost
     from app.core.json_import import import_json
-    from app.core.precision import autocast_cast_params
+    from app.core.precision import autocast_cast_bytes
     from app.predictor.base import LayerTimeQuery
     from app.predictor.registry import load_predictor
 
@@ -96,22 +100,31 @@ def test_weights_stored_in_16_bits_are_not_cast(monkeypatch: pytest.MonkeyPatch)
         return import_json(doc, batch_size=16).layers[0]
 
     a100 = load_catalog()["a100-sxm4-80gb"]
-    half, full = linear("float16"), linear("float32")
-    assert autocast_cast_params(half) == 0 and autocast_cast_params(full) == 4096 * 12288 + 12288
+    half, full, brain = linear("float16"), linear("float32"), linear("bfloat16")
+    n = 4096 * 12288 + 12288
+    assert [autocast_cast_bytes(la, "fp16", training=False) for la in (half, full, brain)] == [0, 6 * n, 4 * n]
+    assert [autocast_cast_bytes(la, "bf16", training=False) for la in (half, full, brain)] == [4 * n, 6 * n, 0]
+    assert {autocast_cast_bytes(la, "fp16", training=True) for la in (half, full, brain)} == {6 * n}
+    assert autocast_cast_bytes(full, "fp32", training=False) == autocast_cast_bytes(full, "tf32", training=True) == 0
     norm = import_json({"input_shape": [4096], "layers": [{"op": "layernorm"}]}, batch_size=16).layers[0]
-    assert norm.weights and autocast_cast_params(norm) == 0
-    cast = autocast_weight_cast_ms(np.array([autocast_cast_params(full)]), precision="fp16", hardware=a100,
-                                   stack=SoftwareStack.PYTORCH_EAGER, kernel_ms=0.01)[0]
+    assert norm.weights and autocast_cast_bytes(norm, "fp16", training=True) == 0
 
-    def forward(predictor: Any, la: Any) -> float:
-        q = LayerTimeQuery(la, layer_cost(la), a100, "inference", "none", "fp16")
+    def cast_ms(nbytes: int) -> float:
+        return float(autocast_weight_cast_ms(np.array([nbytes]), precision="fp16", hardware=a100,
+                                             stack=SoftwareStack.PYTORCH_EAGER, kernel_ms=0.01)[0])
+
+    def forward(predictor: Any, la: Any, mode: str) -> float:
+        q = LayerTimeQuery(la, layer_cost(la), a100, mode, "adamw" if mode == "training" else "none", "fp16")
         return float(predictor.estimate([q])[0].forward_ms)
 
     paths = (load_predictor(MODELS_DIR), roofline.RooflinePredictor())
-    with_cast = [(forward(p, half), forward(p, full)) for p in paths]
-    zero = lambda params, **kw: np.zeros_like(np.asarray(params, dtype=np.float64))  # noqa: E731
+    layers = (half, full, brain)
+    with_cast = {(i, m): [forward(p, la, m) for la in layers] for i, p in enumerate(paths)
+                 for m in ("inference", "training")}  # fmt: skip
+    zero = lambda cast_bytes, **kw: np.zeros_like(np.asarray(cast_bytes, dtype=np.float64))  # noqa: E731
     monkeypatch.setattr(onnx_model, "autocast_weight_cast_ms", zero)
     monkeypatch.setattr(roofline, "autocast_weight_cast_ms", zero)
-    for (h, f), p in zip(with_cast, paths, strict=True):
-        assert h == pytest.approx(forward(p, half), rel=1e-12), p
-        assert f - forward(p, full) == pytest.approx(cast, rel=1e-6), p
+    for (i, m), got in with_cast.items():
+        expect = [0.0, cast_ms(6 * n), cast_ms(4 * n)] if m == "inference" else [cast_ms(6 * n)] * 3
+        for la, g, e in zip(layers, got, expect, strict=True):
+            assert g - forward(paths[i], la, m) == pytest.approx(e, rel=1e-6, abs=1e-12), (i, m, la.weights[0].dtype)

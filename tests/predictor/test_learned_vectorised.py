@@ -35,7 +35,7 @@ from app.core.precision import (
     TENSOR_CORE_KINDS,
     Precision,
     PrecisionNotSupported,
-    autocast_cast_params,
+    autocast_cast_bytes,
     check_precision,
     floors_by_pass_ms,
     op_precision,
@@ -196,7 +196,8 @@ def per_row(p: LearnedPredictor, queries: Sequence[LayerTimeQuery]) -> list[Laye
                             f"{REFERENCE_PRECISION.value} and carried to {q.precision} by the physics floors "
                             "(same efficiency above the launch cost)")
         # autocast's weight cast (fp16/bf16 on a GPU): one kernel per weighted conv/GEMM/matmul/recurrent forward
-        cast = float(autocast_weight_cast_ms(autocast_cast_params(q.layer),
+        cast = float(autocast_weight_cast_ms(autocast_cast_bytes(q.layer, str(q.precision),
+                                                                 training=q.mode == "training"),
                                              precision=str(q.precision), hardware=q.hardware,
                                              stack=SoftwareStack(q.software_stack), kernel_ms=k))  # fmt: skip
         g10, g50, g90 = (float(v) for v in fwd_q)  # the backward is carried from the forward without its cast

@@ -16,7 +16,7 @@ import pytest
 from app.core.costs import layer_cost
 from app.core.ir import Layer
 from app.core.json_import import import_json
-from app.core.precision import Precision, check_precision
+from app.core.precision import Precision, autocast_cast_bytes, check_precision
 from app.core.vocab import SoftwareStack
 from app.hardware.catalog import load_catalog
 from app.predictor.base import LayerTimeQuery
@@ -64,8 +64,9 @@ def test_tensor_core_forward_never_above_strict_fp32(predictor, mode: str) -> No
             except Exception:
                 continue
             got = predictor.estimate([q(p, la) for la in layers])
-            params = np.asarray([layer_cost(la).params for la in layers], dtype=np.float64)
-            cast = autocast_weight_cast_ms(params, precision=p.value, hardware=hw,
+            cast_bytes = np.asarray([autocast_cast_bytes(la, p.value, training=mode == "training") for la in layers],
+                                    dtype=np.float64)
+            cast = autocast_weight_cast_ms(cast_bytes, precision=p.value, hardware=hw,
                                            stack=SoftwareStack.PYTORCH_EAGER,
                                            kernel_ms=KERNEL_FLOOR_MS_BY_STACK[SoftwareStack.PYTORCH_EAGER])
             for la, e, ref, c in zip(layers, got, strict, cast, strict=True):

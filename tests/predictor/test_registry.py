@@ -328,11 +328,12 @@ def test_conv_never_measured_on_tensor_cores_is_carried_from_strict_fp32(predict
     f_half = physics_floor_ms(layer, cost, hw, Precision.FP16, Pass.FORWARD)
     assert fp16.out_of_distribution and any("not measured on tensor cores" in n for n in fp16.notes)
     assert not any("tensor cores" in n for n in strict.notes)
+    from app.core.precision import autocast_cast_bytes
     from app.core.vocab import SoftwareStack
     from app.predictor.roofline import autocast_weight_cast_ms
 
-    cast = float(autocast_weight_cast_ms(cost.params, precision="fp16", hardware=hw, stack=SoftwareStack.PYTORCH_EAGER,
-                                         kernel_ms=0.010))  # fmt: skip
+    cast = float(autocast_weight_cast_ms(autocast_cast_bytes(layer, "fp16", training=False), precision="fp16",
+                                         hardware=hw, stack=SoftwareStack.PYTORCH_EAGER, kernel_ms=0.010))
     assert cast > 0.010  # autocast's weight cast: one launch and 6 bytes per parameter
     expected = 0.010 + (strict.forward_ms - 0.010) * f_half / f_strict + cast
     assert fp16.forward_ms == pytest.approx(expected, rel=1e-6)
