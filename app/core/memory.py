@@ -659,8 +659,9 @@ def footprint(
     runtime_bytes = runtime.context_bytes + runtime.workspace_bytes
     if mode == "inference":
         weights, _ = _weights(layers)
-        # under autocast, weights the graph stores in 16 bits stay so (autocast casts fp32 tensors only): a model
-        # held in fp16 takes 2 bytes per parameter; otherwise the fp32 weights
+        # under autocast, weights the graph stores in 16 bits are held as stored (a model held in fp16 takes 2
+        # bytes per parameter; autocast casts a weight per forward only when its type differs, a transient copy);
+        # otherwise the fp32 weights
         stored = {w.name: (BYTES_PER_ELEMENT[w.dtype] if half and w.dtype in _HALF_DTYPES else 4)
                   for w in weights.values()}
         w_bytes = sum(runtime.rounded(w.numel * stored[w.name]) for w in weights.values())
@@ -800,7 +801,7 @@ def _walk_sets(layers: Sequence[Layer], outputs: Sequence[Tensor], layout: Layou
     )
 
 
-#: Weight dtypes autocast leaves as they are (it casts fp32 tensors only).
+#: 16-bit weight types: a model stored in them is held as stored in fp16/bf16 inference.
 _HALF_DTYPES = frozenset({"float16", "bfloat16"})
 
 

@@ -93,6 +93,8 @@ CUDNN_KINDS = frozenset({OpKind.CONV, OpKind.CONV_TRANSPOSE, OpKind.RECURRENT})
 AUTOCAST_DTYPES: Mapping[str, str] = {"fp16": "float16", "bf16": "bfloat16"}
 #: Floating types autocast casts to its 16-bit type (never float64: ``cached_cast`` skips double tensors).
 _CASTABLE_DTYPES = frozenset({"float32", "float16", "bfloat16"})
+#: DRAM bytes per parameter of the cast of an fp32 weight to 16 bits (``aten::_to_copy``): 4 read, 2 written.
+AUTOCAST_FP32_CAST_BYTES = 6
 
 
 def autocast_cast_bytes(layer: Layer, precision: str, *, training: bool) -> int:
@@ -110,9 +112,10 @@ def autocast_cast_bytes(layer: Layer, precision: str, *, training: bool) -> int:
     if target is None or layer.kind not in TENSOR_CORE_KINDS:
         return 0
     if training:
-        return sum(w.numel for w in layer.weights if w.dtype in _CASTABLE_DTYPES) * 6
+        return sum(w.numel for w in layer.weights if w.dtype in _CASTABLE_DTYPES) * AUTOCAST_FP32_CAST_BYTES
     return sum(w.numel * (BYTES_PER_ELEMENT[w.dtype] + 2) for w in layer.weights
                if w.dtype in _CASTABLE_DTYPES and w.dtype != target)
+
 
 # The catalog peak each precision needs the device to list (None: fp32, always present).
 _REQUIRED_PEAK: Mapping[Precision, str | None] = {

@@ -57,7 +57,13 @@ from app.core.features import HALF_PRECISIONS
 from app.core.fusion import update_kernel_launches
 from app.core.hardware import HardwareSpec
 from app.core.ir import OpKind
-from app.core.precision import UPDATE_BYTES_PER_PARAM, autocast_cast_bytes, cost_at_precision, op_precision
+from app.core.precision import (
+    AUTOCAST_FP32_CAST_BYTES,
+    UPDATE_BYTES_PER_PARAM,
+    autocast_cast_bytes,
+    cost_at_precision,
+    op_precision,
+)
 from app.core.roofline import roofline_time_s
 from app.core.vocab import SoftwareStack
 from app.predictor.base import LayerTimeEstimate, LayerTimeQuery, split_training_step
@@ -173,7 +179,7 @@ def fit_roofline_constants(
 
 #: DRAM bytes per parameter of autocast's weight cast of an fp32 weight (``aten::_to_copy`` fp32 -> fp16/bf16):
 #: 4 read, 2 written (:func:`app.core.precision.autocast_cast_bytes` counts every stored type).
-AUTOCAST_CAST_BYTES_PER_PARAM = 6
+AUTOCAST_CAST_BYTES_PER_PARAM = AUTOCAST_FP32_CAST_BYTES
 
 
 def autocast_weight_cast_ms(cast_bytes: Any, *, precision: str, hardware: HardwareSpec, stack: SoftwareStack,
