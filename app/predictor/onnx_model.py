@@ -300,9 +300,8 @@ class LearnedPredictor:
         """Which rows (model inputs ``x`` ``[len(ki), len(feature_names)]``, featurised as the op kinds
         ``rows.kinds[ki]``) have a range note: their op kind has no training rows on ``hw_kind`` devices, or a
         feature lies outside the widened training range of their (hardware kind, op kind); every row compared
-        with its kind's range at once. What
-        :meth:`_range_notes` needs to name them, kept small (the out-of-range features of those rows alone, as
-        packed bits) so that the notes can be built later, or never."""
+        with its kind's range at once. What :meth:`_range_notes` needs to name them, kept small (the out-of-range
+        features of those rows alone, as packed bits) so that the notes can be built later, or never."""
         lo, hi, has = self._kind_ranges(hw_kind, rows)
         out = (x < lo[ki]) | (x > hi[ki])  # the range of a kind without one is (-inf, inf)
         outside = out.any(axis=1)
