@@ -135,3 +135,20 @@ def test_under_tf32_the_pointwise_conv_is_carried_from_strict_fp32_like_every_co
                 assert e.forward_ms < est(three, hw, p).forward_ms, (hw_id, c, p)
             half = est(one, hw, Precision.FP16)
             assert not any("not measured on tensor cores" in n for n in half.notes), (hw_id, c)
+
+
+def test_a_dilation_of_a_1_wide_kernel_axis_is_not_noted_as_a_dilated_convolution(predictor) -> None:  # type: ignore[no-untyped-def]
+    """Dilation spaces a kernel's taps: on a 1-wide axis there is nothing to space, so a dilated 1x1 convolution is
+    the same GEMM and carries no "dilated convolutions were not measured" note, while a dilated 3x3 does."""
+    a100 = load_catalog()["a100-pcie-40gb"]
+
+    def notes(k: int, dilation: int) -> tuple[str, ...]:
+        spec = {"op": "conv2d", "out_channels": 64, "kernel_size": k, "stride": 1, "padding": 0, "bias": False,
+                "dilation": dilation}
+        layer = import_json({"input_shape": [64, 28, 28], "layers": [spec]}, batch_size=8).layers[0]
+        return predictor.estimate([LayerTimeQuery(layer, layer_cost(layer), a100, "inference", "none",
+                                                  Precision.FP32_STRICT)])[0].notes
+
+    dilated = "dilated convolutions were not measured"
+    assert dilated not in notes(1, 2) and POINTWISE_GEMM_NOTE in notes(1, 2)
+    assert dilated in notes(3, 2) and dilated not in notes(3, 1)
