@@ -419,7 +419,12 @@ def geometry_fields(layer: Layer, *, gemm_view: bool = False) -> tuple[float, ..
     pointwise convolution, :func:`is_pointwise_conv`): as the GEMM it is, a fully connected layer over
     ``batch x out_spatial`` rows with kernel, stride and spatial sizes 1; its channels, FLOPs, bytes, floors and
     implicit-GEMM dims are the same either way."""
-    batch, kernel, stride, _, _, in_sp, out_sp = _geometry(layer)
+    return _geometry_fields(layer, _geometry(layer), gemm_view)
+
+
+def _geometry_fields(layer: Layer, geometry: tuple[float, ...], gemm_view: bool) -> tuple[float, ...]:
+    """:func:`geometry_fields` from the layer's :func:`_geometry` tuple (computed once by the caller)."""
+    batch, kernel, stride, _, _, in_sp, out_sp = geometry
     if gemm_view:
         return 0.0, 1.0, batch * out_sp, 1.0, 1.0, 1.0, 1.0
     return float(layer.kind is OpKind.CONV), float(layer.kind is OpKind.GEMM), batch, kernel, stride, in_sp, out_sp
@@ -458,14 +463,15 @@ def raw_quantities(
     upd_flops, upd_bytes = optimizer_update_cost(cost.params, opt)
     flops = cost.forward_flops + (cost.backward_flops + upd_flops if train else 0)
     nbytes = cost.forward_bytes + (cost.backward_bytes + upd_bytes if train else 0)
-    batch, kernel, stride, c_in, c_out, in_sp, out_sp = _geometry(layer)
+    geometry = _geometry(layer)
+    _, _, _, c_in, c_out, _, _ = geometry
     act = layer.activation
     opt_key = OPTIMIZER_ALIASES.get(opt, opt)
     has_bias = 1.0 if len(layer.weights) > 1 else 0.0
     groups = layer.group
-    seq = out_sp if layer.kind in (OpKind.MATMUL, OpKind.RECURRENT) else 1.0
-    is_conv, is_gemm, batch, kernel, stride, in_sp, out_sp = geometry_fields(
-        layer, gemm_view=is_pointwise_conv(layer) and gemm_view_applies(hardware.kind, stack))
+    seq = geometry[6] if layer.kind in (OpKind.MATMUL, OpKind.RECURRENT) else 1.0  # their out_spatial
+    is_conv, is_gemm, batch, kernel, stride, in_sp, out_sp = _geometry_fields(
+        layer, geometry, is_pointwise_conv(layer) and gemm_view_applies(hardware.kind, stack))
     return (
         is_conv,
         is_gemm,

@@ -80,6 +80,7 @@ from app.core.analysis import GraphAnalysis, loss_input, loss_on_probabilities
 from app.core.costs import OPTIMIZERS, VIEW_OPS
 from app.core.hardware import HardwareSpec, per_spec
 from app.core.ir import BYTES_PER_ELEMENT, Layer, OpKind, Tensor
+from app.core.precision import AUTOCAST_DTYPES
 
 # Usable share of device memory once context, workspace and rounding are counted: the caching allocator's
 # fragmentation (blocks split and cached but not reusable for a given size), a few % in steady training.
@@ -662,7 +663,8 @@ def footprint(
         # under autocast, weights the graph stores in 16 bits are held as stored (a model held in fp16 takes 2
         # bytes per parameter; autocast casts a weight per forward only when its type differs, a transient copy);
         # otherwise the fp32 weights
-        stored = {w.name: (BYTES_PER_ELEMENT[w.dtype] if half and w.dtype in _HALF_DTYPES else 4)
+        sixteen = set(AUTOCAST_DTYPES.values())
+        stored = {w.name: (BYTES_PER_ELEMENT[w.dtype] if half and w.dtype in sixteen else 4)
                   for w in weights.values()}
         w_bytes = sum(runtime.rounded(w.numel * stored[w.name]) for w in weights.values())
         checkpoint = sum(w.numel * stored[w.name] for w in weights.values())
@@ -799,10 +801,6 @@ def _walk_sets(layers: Sequence[Layer], outputs: Sequence[Tensor], layout: Layou
         activation_checkpointing=activation_checkpointing,
         checkpoint_bytes=(1 + states) * sum(w.numel * 4 for w in weights.values()),
     )
-
-
-#: 16-bit weight types: a model stored in them is held as stored in fp16/bf16 inference.
-_HALF_DTYPES = frozenset({"float16", "bfloat16"})
 
 
 def _weights(layers: Sequence[Layer]) -> tuple[dict[str, Tensor], dict[str, int]]:

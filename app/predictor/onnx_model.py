@@ -419,7 +419,7 @@ class LearnedPredictor:
                       else (np.zeros(0), np.zeros(0)))
         selected = select_features(features_from_raw(raw_all), self.feature_names)
         return _Prepared(table=table, idx=idx, setting=s, rows=rows, feature_kind=fk, tensor_core_kind=tk,
-                         gemm_view=view, seen=seen, transfer=transfer,
+                         seen=seen, transfer=transfer,
                          learned_step=learned_step, forward_floor_ms=floors.forward[idx],
                          backward_floor_ms=floors.backward[idx] if training else np.zeros(len(idx)),
                          step_floor_ms=step_floor, kernel_ms=KERNEL_FLOOR_MS_BY_STACK[s.software_stack],
@@ -486,7 +486,8 @@ class LearnedPredictor:
                | p.transfer | capped | opt | bool(before or after or prec_note))
         transfer = p.transfer
 
-        view, tk = p.gemm_view, p.tensor_core_kind
+        # featurised as another kind than their own: exactly the GEMM-view rows
+        view, tk = fk != rows.kind_index[idx], p.tensor_core_kind
 
         def build() -> list[tuple[str, ...]]:
             return self._note_rows(hw.kind, s.precision, rows, idx, fk, tk, (f_flags, t_flags), opt, transfer,
@@ -836,17 +837,17 @@ class _RangeFlags:
 @dataclass(frozen=True, slots=True)
 class _Prepared:
     """How rows ``idx`` of ``table`` are answered in ``setting`` (``[N]`` each): the op kind each row is featurised as
-    (``feature_kind``, an index into ``rows.kinds``: ``gemm`` for the pointwise convolutions described as GEMMs,
-    ``gemm_view``) and the one whose tensor-core training rows decide whether its tensor-core answer is learned or
-    carried (``tensor_core_kind``), whether the device is in the training data (``seen``), which rows are predicted at
-    :data:`REFERENCE_PRECISION` and carried over (``transfer``), whether a learned train-step row times the step
-    (``learned_step``) or the backward comes from the forward, the floors (ms, at the setting's precision) of the
-    forward, backward and train step, the stack's fixed cost per kernel (ms), and the raw rows and their model inputs
-    (the artifact's feature columns, float32, C order; forward, train step interleaved); ``cap`` ``[N]``: the rows
-    predicted on tensor cores directly, whose answers are capped by the same rows at :data:`REFERENCE_PRECISION`
-    (``cap_raw`` and ``cap_selected``: those rows only, laid out like ``raw``; ``cap_forward_floor_ms`` and
-    ``cap_backward_floor_ms``: their floors at that precision, where the backward comes from the forward, else
-    empty)."""
+    (``feature_kind``, an index into ``rows.kinds``: ``gemm`` for the pointwise convolutions described as GEMMs, the
+    only rows whose feature kind is not their own) and the one whose tensor-core training rows decide whether its
+    tensor-core answer is learned or carried (``tensor_core_kind``), whether the device is in the training data
+    (``seen``), which rows are predicted at :data:`REFERENCE_PRECISION` and carried over (``transfer``), whether a
+    learned train-step row times the step (``learned_step``) or the backward comes from the forward, the floors (ms, at
+    the setting's precision) of the forward, backward and train step, the stack's fixed cost per kernel (ms), and the
+    raw rows and their model inputs (the artifact's feature columns, float32, C order; forward, train step interleaved);
+    ``cap`` ``[N]``: the rows predicted on tensor cores directly, whose answers are capped by the same rows at
+    :data:`REFERENCE_PRECISION` (``cap_raw`` and ``cap_selected``: those rows only, laid out like ``raw``;
+    ``cap_forward_floor_ms`` and ``cap_backward_floor_ms``: their floors at that precision, where the backward comes
+    from the forward, else empty)."""
 
     table: LayerTable
     idx: np.ndarray
@@ -854,7 +855,6 @@ class _Prepared:
     rows: _Rows
     feature_kind: np.ndarray
     tensor_core_kind: np.ndarray
-    gemm_view: np.ndarray
     seen: bool
     transfer: np.ndarray
     learned_step: bool
