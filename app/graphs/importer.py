@@ -87,7 +87,7 @@ def build_graph(
 
 def _import(content: bytes, source_format: str, batch_size: int, dims: dict[str, int], name: str) -> Graph:
     if source_format == "onnx":
-        from app.core.onnx_import import import_onnx  # onnx costs ~0.5 s to import: not at start-up (issue 12)
+        from app.core.onnx_import import import_onnx  # lazily: JSON-only callers never load onnx
 
         return import_onnx(content, batch_size=batch_size, dims=dims, name=name or None)
     if source_format == "json":
@@ -201,7 +201,7 @@ def _exit_with_parent(parent: int) -> None:
 
 
 def _warm() -> None:
-    """Worker-process warm-up: import what :func:`prepare_graph` needs for ONNX (onnx: ~0.5 s)."""
+    """Worker-process warm-up: import what :func:`prepare_graph` needs for ONNX (onnx: ~0.1 s, its protobuf classes)."""
     import app.core.onnx_import  # noqa: F401
     import app.core.onnx_weights  # noqa: F401
 

@@ -115,12 +115,22 @@ def test_layout_byte_estimate_counts_the_compiled_walk(name: str) -> None:
 
 
 def test_importing_the_api_imports_neither_torch_nor_alembic_nor_onnx() -> None:
-    """Importing the API package (and building the app) imports none of them: onnx (with ml_dtypes, ~0.4-0.9 s,
-    GIL held) is imported by the lifespan before the app is ready, torch and alembic never."""
+    """Importing the API package (and building the app) imports none of them: onnx is imported by the lifespan
+    before the app is ready, torch and alembic never."""
     code = ("import sys, app.main; app.main.create_app(); "
             "print('torch' in sys.modules, 'alembic' in sys.modules, 'onnx' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=".")
     assert out.stdout.split() == ["False", "False", "False"], out.stderr
+
+
+def test_the_installed_ml_dtypes_is_one_whose_import_is_not_half_a_second() -> None:
+    """``import onnx`` imports ml_dtypes; 0.7.0's extension took 0.55 s to load (GIL held, numpy 2.3 and 2.4),
+    0.5.4 and 0.6.0 4 ms, so pyproject.toml pins ``<0.7``: the lifespan's onnx import is then ~0.07 s of the
+    start-up (issue 12, benchmarks/README.md)."""
+    from importlib.metadata import version
+
+    major, minor = (int(p) for p in version("ml_dtypes").split(".")[:2])
+    assert (0, 5) <= (major, minor) < (0, 7), version("ml_dtypes")
 
 
 def test_the_app_imports_onnx_before_it_is_ready(tmp_path: Path) -> None:
