@@ -551,6 +551,7 @@ def _freeze_startup_objects() -> None:
 def _make_lifespan(settings: Settings, run_migrations: bool) -> Callable[[FastAPI], Any]:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        python_thresholds = gc.get_threshold()  # restored when this app stops (settings.gc_thresholds)
         ensure_sqlite_dir(settings.database_url)
         if run_migrations:
             from app.migrate import upgrade
@@ -591,8 +592,12 @@ def _make_lifespan(settings: Settings, run_migrations: bool) -> Callable[[FastAP
                 app.state.predictors.loaded.version, settings.predictor_poll_s,
             )
             _freeze_startup_objects()
+            thresholds = settings.gc_threshold_values
+            if thresholds is not None:
+                gc.set_threshold(*thresholds)
             yield
         finally:
+            gc.set_threshold(*python_thresholds)
             gc.unfreeze()  # what start-up froze is collectable again once this app is gone (tests build many)
             # waits for an import in progress: off the event loop, which still finishes other responses
             await run_in_threadpool(app.state.import_workers.close)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from pydantic import BaseModel
@@ -184,6 +185,31 @@ def test_startup_objects_are_frozen_out_of_the_collector_while_serving(settings:
         frozen = gc.get_freeze_count()
         assert frozen > 10_000, frozen  # modules, the ORM, onnx, the predictor
     assert gc.get_freeze_count() == 0
+
+
+def test_the_collector_runs_at_the_configured_thresholds_while_serving_and_at_pythons_after(
+        settings: Settings) -> None:
+    """``LAYERCAST_GC_THRESHOLDS`` holds while the app serves (the default's first generation is 50,000, not
+    Python's 700) and the process's own thresholds come back when it stops; empty leaves Python's alone."""
+    import gc
+
+    upgrade(settings.database_url)
+    before = gc.get_threshold()
+    with TestClient(create_app(settings)) as client:
+        assert client.get("/healthz").status_code == 200
+        assert gc.get_threshold() == (50_000, 20, 10)
+    assert gc.get_threshold() == before
+    with TestClient(create_app(settings.model_copy(update={"gc_thresholds": "9000,5,5"}))):
+        assert gc.get_threshold() == (9000, 5, 5)
+    with TestClient(create_app(settings.model_copy(update={"gc_thresholds": ""}))):
+        assert gc.get_threshold() == before
+    assert gc.get_threshold() == before
+
+
+@pytest.mark.parametrize("value", ["50000,20", "0,10,10", "a,b,c", "1,2,3,4", "-5,1,1"])
+def test_malformed_gc_thresholds_are_refused_naming_the_variable(value: str) -> None:
+    with pytest.raises(ValueError, match="LAYERCAST_GC_THRESHOLDS"):
+        Settings(gc_thresholds=value)
 
 
 def test_unknown_query_parameter_is_refused_on_api_routes(client: TestClient) -> None:
