@@ -47,7 +47,7 @@ import numpy as np
 
 from app.core.costs import LayerCost, optimizer_update_cost
 from app.core.hardware import HardwareSpec
-from app.core.ir import ConvAttrs, Layer, OpKind, PoolAttrs, RecurrentAttrs
+from app.core.ir import ConvAttrs, GemmAttrs, Layer, OpKind, PoolAttrs, RecurrentAttrs
 from app.core.precision import op_precision, physics_floor_ms
 from app.core.vocab import SoftwareStack
 
@@ -319,7 +319,9 @@ def _geometry(layer: Layer) -> tuple[float, float, float, float, float, float, f
 
     Conv reads the weight ``(C_out, C_in/groups, *k)`` and derives spatial sizes by dividing numels, so
     NCHW and NHWC shapes give the same numbers. Gemm: in/out features are the last input/output dims and
-    the batch is the product of the other input dims. Other kinds: batch = first input dim, rest 1.
+    the batch is the product of the other input dims, except an ONNX ``Gemm`` with ``transA=1`` (A stored
+    ``(K, M)``), whose K, M and N are read from its :class:`~app.core.ir.GemmAttrs`. Other kinds: batch = first
+    input dim, rest 1.
     """
     x = layer.inputs[0].shape if layer.inputs else (1,)
     if layer.kind is OpKind.CONV and layer.weights:
@@ -335,6 +337,10 @@ def _geometry(layer: Layer) -> tuple[float, float, float, float, float, float, f
         stride = prod(strides) ** (1.0 / len(strides))
         return float(n), float(kernel), float(stride), float(c_in), float(c_out), float(in_sp), float(out_sp)
     if layer.kind is OpKind.GEMM:
+        a = layer.attrs
+        if isinstance(a, GemmAttrs) and len(x) == 2 and x[-1] != a.k and x[0] == a.k:
+            # ONNX Gemm with transA=1: A is (K, M), so its last dim is M, not K (the importer's GemmAttrs)
+            return float(prod(a.batch) * a.m), 1.0, 1.0, float(a.k), float(a.n), 1.0, 1.0
         k_in = x[-1]
         n_out = layer.outputs[0].shape[-1] if layer.outputs else 1
         batch = prod(x[:-1]) if len(x) > 1 else 1

@@ -228,3 +228,31 @@ def test_v4_per_sm_ratios_are_the_same_on_a_gpu_with_twice_the_sms() -> None:
     )
     # one output element per SM per cycle: 512 x 4096 elements over 108 SMs x 1410 MHz, in ms
     assert np.exp(a[feature_index("log_sm_cycle_ms")]) == pytest.approx(512 * 4096 / (108 * 1410e6) * 1e3, rel=1e-4)
+
+
+def test_a_gemm_on_a_transposed_a_is_featurised_as_the_same_product() -> None:
+    """``Transpose`` then ``Gemm(transA=1)`` is x (N, 784) · W (784, 10), as a plain ``Gemm`` is: its A is stored
+    (K, M), and the features read K=784 as the batch and M as the input features (the batch of 64 as K)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from app.core.ir import OpKind
+    from app.core.onnx_import import import_onnx
+
+    w = numpy_helper.from_array(np.full((784, 10), 0.5, np.float32), "w")
+
+    def model(transposed: bool) -> bytes:
+        nodes = ([helper.make_node("Transpose", ["x"], ["xt"], perm=[1, 0]),
+                  helper.make_node("Gemm", ["xt", "w"], ["y"], transA=1)] if transposed
+                 else [helper.make_node("Gemm", ["x", "w"], ["y"])])
+        graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 784])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+    hw = load_catalog()["a100-sxm4-40gb"]
+    rows = []
+    for transposed in (False, True):
+        gemm = next(la for la in import_onnx(model(transposed), batch_size=64).layers if la.kind is OpKind.GEMM)
+        rows.append(layer_features(layer=gemm, cost=layer_cost(gemm), hardware=hw, pass_="forward",
+                                   optimizer="none", precision="fp32"))
+    same = [i for i, n in enumerate(FEATURE_NAMES) if n != "needs_input_grad"]  # the Transpose makes it inner
+    assert rows[1][same].tobytes() == rows[0][same].tobytes()
