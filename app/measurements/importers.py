@@ -483,7 +483,8 @@ _DEEPBENCH_COMMON = ("platform", "gpu_model", "mode", "file", "sheet", "precisio
 def deepbench_precision(label: str, *, family: str) -> tuple[str, str | None] | None:
     """Project precision of a DeepBench ``precision`` label, with a note when the label needs one.
 
-    ``Float`` → ``fp32``; the P100 "pseudo-fp16" label (16-bit inputs, 32-bit math) → ``fp16``; the int8
+    ``Float`` → ``fp32``; the P100 "pseudo-fp16" label (16-bit inputs, 32-bit math) → ``fp16``, its records'
+    ``config`` then carrying ``"math_precision": "fp32"`` (the arithmetic they ran); the int8
     labels → ``int8`` — except RNN rows on the server-inference sheet, which DeepBench's README says run
     in fp32 (cuDNN had no int8 RNN) although the sheet's label says int8. ``None`` for an unknown label.
     """
@@ -520,6 +521,10 @@ def _deepbench_parse(
     name = stream.source_file
     for index, line, row in _rows(stream, (*_DEEPBENCH_COMMON, *columns), limit):
         op_kind, batch, config, extra = build(row, name, line)
+        if row["precision"].strip() == _FP16_PSEUDO:
+            # stored as fp16 (2-byte operands) but run with fp32 arithmetic: part of the kernel's configuration,
+            # read by the training loader, which has no precision for it (app.training.dataset.SKIP_MATH)
+            config = {**config, "math_precision": "fp32"}
         expected = passes(row)
         platform = row["platform"].strip()
         hardware_id = DEEPBENCH_HARDWARE_IDS.get(platform)

@@ -61,6 +61,10 @@ SKIP_BAD_CONFIG = "config_does_not_rebuild"
 SKIP_NO_STACK = "software_stack_missing"
 #: A measurement at a precision the cost model has no peaks for (DeepBench's int8 kernels).
 SKIP_PRECISION = "precision_not_modelled"
+#: A measurement whose arithmetic ran at another precision than its operands are stored in (``config``
+#: ``math_precision``: DeepBench's P100 "16 bit inputs, 32 bit math" kernels, stored fp16): no served precision
+#: is fp16 storage with fp32 math, and as fp16 rows they would teach a tensor-core GPU's fp16 speed-up that never ran.
+SKIP_MATH = "math_precision_not_modelled"
 
 _DTYPE = {"fp16": "float16", "bf16": "bfloat16", "fp64": "float64"}  # every other precision: float32 tensors
 
@@ -384,6 +388,10 @@ def _featurise(rows: Sequence[Any], specs: Mapping[str, HardwareSpec], *,
         built = cache.get(key)
         if built is None:
             config = json.loads(text)
+            if config.get("math_precision", precision) != precision:
+                cache[key] = SKIP_MATH
+                skipped[(source, SKIP_MATH)] += 1
+                continue
             layer = record_layer(source=source, config=config, batch_size=int(batch), precision=precision)
             if isinstance(layer, str):
                 built = layer
