@@ -72,11 +72,12 @@ class Settings(BaseSettings):
     of a 503 ``database_unavailable``.
     ``gc_thresholds``: the cyclic garbage collector's three thresholds while the app runs (:func:`gc.set_threshold`,
     restored when it stops), comma-separated; empty = Python's own (700, 10, 10). The default's first generation
-    collects every 50,000 net container allocations instead of 700, so the short-lived objects of one request
-    die by reference counting instead of being promoted and scanned again in the older generations: measured
-    in process (1,000 job estimates after the prediction benchmarks of ``benchmarks/perf.py``, 263,000 tracked
-    objects), the collector's time during the calls went 256 -> 0 ms and the p99 206 -> 87 ms
-    (benchmarks/README.md).
+    collects every 20,000 net container allocations instead of 700, so most short-lived objects of a request die
+    by reference counting before a collection promotes them, and the old generations (the analysis cache, the
+    memos) are scanned far less often. Measured in process (``benchmarks/README.md``): 1,000 job estimates after
+    the prediction benchmarks of ``benchmarks/perf.py`` spent 177 ms in the collector (one full collection) with
+    Python's thresholds, 20-21 ms with these, p99 199 -> 90-101 ms; fresh predictions the same within noise, the
+    longest single collection 10-17 ms (50,000: 30-48 ms, Python's own: 20-23 ms, full collections).
     """
 
     model_config = SettingsConfigDict(env_prefix="LAYERCAST_", extra="ignore")
@@ -108,7 +109,7 @@ class Settings(BaseSettings):
     allowed_hosts: str | None = None
     cors_origins: str = ""
     db_retry_after_s: int = Field(default=5, ge=1)
-    gc_thresholds: str = "50000,20,10"
+    gc_thresholds: str = "20000,10,10"
 
     @field_validator("open_scopes")
     @classmethod
@@ -139,7 +140,7 @@ class Settings(BaseSettings):
             parts = value.split(",")
             if len(parts) != 3 or not all(p.strip().isdigit() for p in parts) or int(parts[0]) < 1:
                 raise ValueError(f"LAYERCAST_GC_THRESHOLDS must be three non-negative integers, the first at least "
-                                 f"1 (gc.set_threshold), e.g. 50000,20,10; or empty for Python's own: got {value!r}")
+                                 f"1 (gc.set_threshold), e.g. 20000,10,10; or empty for Python's own: got {value!r}")
         return value
 
     @property

@@ -189,7 +189,7 @@ def test_startup_objects_are_frozen_out_of_the_collector_while_serving(settings:
 
 def test_the_collector_runs_at_the_configured_thresholds_while_serving_and_at_pythons_after(
         settings: Settings) -> None:
-    """``LAYERCAST_GC_THRESHOLDS`` holds while the app serves (the default's first generation is 50,000, not
+    """``LAYERCAST_GC_THRESHOLDS`` holds while the app serves (the default's first generation is 20,000, not
     Python's 700) and the process's own thresholds come back when it stops; empty leaves Python's alone."""
     import gc
 
@@ -197,7 +197,7 @@ def test_the_collector_runs_at_the_configured_thresholds_while_serving_and_at_py
     before = gc.get_threshold()
     with TestClient(create_app(settings)) as client:
         assert client.get("/healthz").status_code == 200
-        assert gc.get_threshold() == (50_000, 20, 10)
+        assert gc.get_threshold() == (20_000, 10, 10)
     assert gc.get_threshold() == before
     with TestClient(create_app(settings.model_copy(update={"gc_thresholds": "9000,5,5"}))):
         assert gc.get_threshold() == (9000, 5, 5)
