@@ -137,10 +137,11 @@ class Settings(BaseSettings):
     @classmethod
     def _valid_gc_thresholds(cls, value: str) -> str:
         if value.strip():
-            parts = value.split(",")
-            if len(parts) != 3 or not all(p.strip().isdigit() for p in parts) or int(parts[0]) < 1:
-                raise ValueError(f"LAYERCAST_GC_THRESHOLDS must be three non-negative integers, the first at least "
-                                 f"1 (gc.set_threshold), e.g. 20000,10,10; or empty for Python's own: got {value!r}")
+            parts = [p.strip() for p in value.split(",")]
+            if (len(parts) != 3 or not all(p.isascii() and p.isdigit() for p in parts)
+                    or not all(1 <= int(p) <= 2**31 - 1 for p in parts)):
+                raise ValueError(f"LAYERCAST_GC_THRESHOLDS must be three integers from 1 to 2147483647 "
+                                 f"(gc.set_threshold), e.g. 20000,10,10; or empty for Python's own: got {value!r}")
         return value
 
     @property

@@ -47,7 +47,8 @@ def start_to_ready(env: dict[str, str]) -> float:
                 if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
                     return time.perf_counter() - t0
             except httpx.HTTPError:
-                time.sleep(0.02)
+                pass
+            time.sleep(0.02)
             if proc.poll() is not None:
                 raise RuntimeError(f"layercast serve exited with {proc.returncode} before it was ready")
     finally:

@@ -206,7 +206,8 @@ def test_the_collector_runs_at_the_configured_thresholds_while_serving_and_at_py
     assert gc.get_threshold() == before
 
 
-@pytest.mark.parametrize("value", ["50000,20", "0,10,10", "a,b,c", "1,2,3,4", "-5,1,1"])
+@pytest.mark.parametrize("value", ["50000,20", "0,10,10", "a,b,c", "1,2,3,4", "-5,1,1", "20000,0,0",
+                                   "99999999999,1,1", "\u00b2,1,1", "\u0661\u0660,1,1"])
 def test_malformed_gc_thresholds_are_refused_naming_the_variable(value: str) -> None:
     with pytest.raises(ValueError, match="LAYERCAST_GC_THRESHOLDS"):
         Settings(gc_thresholds=value)

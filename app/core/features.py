@@ -319,9 +319,9 @@ def _geometry(layer: Layer) -> tuple[float, float, float, float, float, float, f
 
     Conv reads the weight ``(C_out, C_in/groups, *k)`` and derives spatial sizes by dividing numels, so
     NCHW and NHWC shapes give the same numbers. Gemm: in/out features are the last input/output dims and
-    the batch is the product of the other input dims, except an ONNX ``Gemm`` with ``transA=1`` (A stored
-    ``(K, M)``), whose K, M and N are read from its :class:`~app.core.ir.GemmAttrs`. Other kinds: batch = first
-    input dim, rest 1.
+    the batch is the product of the other input dims, except a 2-D first input stored ``(K, M)`` (an ONNX
+    ``Gemm`` with ``transA=1``: its last dim is not the GemmAttrs' K, its first is), whose K, M and N are read
+    from its :class:`~app.core.ir.GemmAttrs`. Other kinds: batch = first input dim, rest 1.
     """
     x = layer.inputs[0].shape if layer.inputs else (1,)
     if layer.kind is OpKind.CONV and layer.weights:
@@ -339,7 +339,8 @@ def _geometry(layer: Layer) -> tuple[float, float, float, float, float, float, f
     if layer.kind is OpKind.GEMM:
         a = layer.attrs
         if isinstance(a, GemmAttrs) and len(x) == 2 and x[-1] != a.k and x[0] == a.k:
-            # ONNX Gemm with transA=1: A is (K, M), so its last dim is M, not K (the importer's GemmAttrs)
+            # A stored (K, M), as an ONNX Gemm with transA=1 has it: its last dim is M, not K (the shape test
+            # fires only then; M, K and N are the importer's GemmAttrs, the true dimensions)
             return float(prod(a.batch) * a.m), 1.0, 1.0, float(a.k), float(a.n), 1.0, 1.0
         k_in = x[-1]
         n_out = layer.outputs[0].shape[-1] if layer.outputs else 1

@@ -588,7 +588,9 @@ def iter_deepbench_gemm(path: str | Path, *, limit: int | None = None) -> Record
     ``config = {"layer": {"op": "matmul", "m", "n", "k", "a_trans", "b_trans"}}`` for
     C[m×n] = op(A)[m×k]·op(B)[k×n] (DeepBench's M, N, K; transposes ``N``/``T`` → booleans);
     ``batch_size`` 1; ``time_ms_median`` is DeepBench's ``time_ms`` (no spread reported). Int8 inference
-    rows keep ``padded`` (dimensions padded to multiples of 4) in the context.
+    rows keep ``padded`` (dimensions padded to multiples of 4) in the context. The P100's "16 bit inputs,
+    32 bit math" rows (here and in every DeepBench file) add ``"math_precision": "fp32"`` to ``config``
+    (:func:`deepbench_precision`).
 
     Skips (counted per DeepBench ``platform``): devices without a catalog entry (Titan X Maxwell and
     Pascal, M40, MI25, Vega FE, Xeon Phi, phones, Raspberry Pi), unknown devices or precision labels,

@@ -123,14 +123,14 @@ def test_importing_the_api_imports_neither_torch_nor_alembic_nor_onnx() -> None:
     assert out.stdout.split() == ["False", "False", "False"], out.stderr
 
 
-def test_the_installed_ml_dtypes_is_one_whose_import_is_not_half_a_second() -> None:
+def test_the_installed_ml_dtypes_is_below_0_7() -> None:
     """``import onnx`` imports ml_dtypes; 0.7.0's extension took 0.55 s to load (GIL held, numpy 2.3 and 2.4),
     0.5.4 and 0.6.0 4 ms, so pyproject.toml pins ``<0.7``: the lifespan's onnx import is then ~0.07 s of the
     start-up (issue 12, benchmarks/README.md)."""
     from importlib.metadata import version
 
     major, minor = (int(p) for p in version("ml_dtypes").split(".")[:2])
-    assert (0, 5) <= (major, minor) < (0, 7), version("ml_dtypes")
+    assert (major, minor) < (0, 7), version("ml_dtypes")
 
 
 def test_the_app_imports_onnx_before_it_is_ready(tmp_path: Path) -> None:
