@@ -63,7 +63,8 @@ SKIP_NO_STACK = "software_stack_missing"
 SKIP_PRECISION = "precision_not_modelled"
 #: A measurement whose arithmetic ran at another precision than its operands are stored in (``config``
 #: ``math_precision``: DeepBench's P100 "16 bit inputs, 32 bit math" kernels, stored fp16): no served precision
-#: is fp16 storage with fp32 math, and as fp16 rows they would teach a tensor-core GPU's fp16 speed-up that never ran.
+#: is fp16 storage with fp32 math, and as fp16 rows (featurised with the fp16 peak) they teach that fp16 runs no
+#: faster than fp32.
 #: (Only the DeepBench importer writes the key; a database imported before it existed keeps those rows as fp16
 #: until ``layercast import deepbench`` runs again.)
 SKIP_MATH = "math_precision_not_modelled"

@@ -119,9 +119,9 @@ def test_deepbench_int8_kernels_are_skipped_with_a_reason(tmp_path: Path) -> Non
 
 def test_deepbench_fp16_storage_fp32_math_kernels_are_stored_but_not_trained_on(tmp_path: Path) -> None:
     """DeepBench's only fp16 rows are the P100's "16 bit inputs, 32 bit math" kernels: fp32 arithmetic on
-    2-byte operands. As fp16 rows they taught a 2x fp16 speed-up that never ran (a helper's training run with
-    DeepBench: A100 AMP ResNet-50 0.54x of published); they stay stored, as fp16 with ``math_precision`` fp32 in
-    their config, and the loader skips them by that reason."""
+    2-byte operands. As fp16 rows, featurised with the fp16 peak, they taught that fp16 runs no faster than fp32
+    (a training run with DeepBench put A100 AMP ResNet-50 at 0.54x of its published throughput); they stay stored,
+    as fp16 with ``math_precision`` fp32 in their config, and the loader skips them by that reason."""
     from sqlalchemy import create_engine, select
 
     from app.measurements.models import Measurement
