@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -37,7 +36,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 from app.config import Settings  # noqa: E402
 from app.main import create_app  # noqa: E402
 from app.migrate import upgrade  # noqa: E402
-from benchmarks.upload import measure_upload  # noqa: E402
+from benchmarks.upload import _port, measure_upload, start_server  # noqa: E402
 
 MODELS = ("resnet50", "bert", "gpt2")
 DIMS = {"resnet50": {}, "bert": {"seq": 128}, "gpt2": {"seq": 128}}
@@ -267,12 +266,6 @@ def bench_linearity() -> dict[str, Any]:
         return out
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def bench_server(paths: dict[str, Path], tmp: Path) -> dict[str, Any]:
     """Against ``layercast serve``: start-up to ready, BERT upload vs onnx.load + infer_shapes with a concurrent
     /healthz, duplicate upload, 413 before parsing, 16 concurrent JSON writers on SQLite."""
@@ -290,19 +283,10 @@ def bench_server(paths: dict[str, Path], tmp: Path) -> dict[str, Any]:
     env = {**os.environ, "LAYERCAST_DATABASE_URL": f"sqlite:///{db}", "LAYERCAST_LOG_LEVEL": "warning",
            "LAYERCAST_MAX_UPLOAD_BYTES": str(1024**3), "LAYERCAST_RATE_LIMIT": ""}
     upgrade(env["LAYERCAST_DATABASE_URL"])  # migrated and seeded once, as after a first start
-    cmd = [sys.executable, "-c", "import sys; from app.cli import main; sys.exit(main())", "serve", "--port",
-           str(port)]
     base = f"http://127.0.0.1:{port}"
 
     def start() -> tuple[subprocess.Popen[bytes], float]:
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        while True:
-            try:
-                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                    return proc, time.perf_counter() - t0
-            except httpx.HTTPError:
-                time.sleep(0.05)
+        return start_server(env, REPO, port)
 
     proc, first = start()
     proc.terminate()

@@ -13,47 +13,25 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import httpx  # noqa: E402
-
 from app.migrate import upgrade  # noqa: E402
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from benchmarks.upload import _port, start_server  # noqa: E402
 
 
 def start_to_ready(env: dict[str, str]) -> float:
     """Seconds from spawning ``layercast serve`` to its first 200 on ``/healthz`` (the process is then stopped)."""
-    port = _port()
-    cmd = [sys.executable, "-c", "import sys; from app.cli import main; sys.exit(main())", "serve", "--port", str(port)]
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                    return time.perf_counter() - t0
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.02)
-            if proc.poll() is not None:
-                raise RuntimeError(f"layercast serve exited with {proc.returncode} before it was ready")
-    finally:
-        proc.terminate()
-        proc.wait()
+    proc, seconds = start_server(env, REPO, _port())
+    proc.terminate()
+    proc.wait()
+    return seconds
 
 
 def import_s(env: dict[str, str], module: str) -> float:

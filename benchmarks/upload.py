@@ -37,6 +37,27 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
+def start_server(env: dict[str, str], cwd: Path, port: int) -> tuple[subprocess.Popen[bytes], float]:
+    """Spawn ``layercast serve --port port`` (in ``cwd``, with ``env``) and wait for its first 200 on ``/healthz``,
+    polled every 20 ms. Returns the process (still running: the caller stops it) and the seconds from spawn to
+    that answer. Raises ``RuntimeError`` when the process exits before it is ready (the process is reaped)."""
+    import httpx
+
+    cmd = [sys.executable, "-c", "import sys; from app.cli import main; sys.exit(main())", "serve", "--port",
+           str(port)]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                return proc, time.perf_counter() - t0
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            raise RuntimeError(f"layercast serve exited with {proc.returncode} before it was ready")
+        time.sleep(0.02)
+
+
 def measure_upload(base: str, pid: int, model: Path) -> dict[str, Any]:
     """Against the running server at ``base`` (process ``pid``), 2 s after it is ready (an import worker started
     with the app has finished its imports): a first upload of the ONNX file ``model`` (``dims=seq=16``) with
@@ -99,25 +120,13 @@ def measure_upload(base: str, pid: int, model: Path) -> dict[str, Any]:
 
 def once(repo: Path, model: Path, tmp: Path) -> dict[str, Any]:
     """One server start, first upload with /healthz polled beside it, duplicate upload, sha256 of the file."""
-    import httpx
-
     port = _port()
     db = tmp / f"upload-{port}.db"
     env = {**os.environ, "LAYERCAST_DATABASE_URL": f"sqlite:///{db}", "LAYERCAST_LOG_LEVEL": "warning",
            "LAYERCAST_MAX_UPLOAD_BYTES": str(1024**3), "LAYERCAST_RATE_LIMIT": "", "PYTHONPATH": str(repo)}
-    cmd = [sys.executable, "-c", "import sys; from app.cli import main; sys.exit(main())", "serve", "--port",
-           str(port)]
     base = f"http://127.0.0.1:{port}"
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, cwd=repo, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc, ready_s = start_server(env, repo, port)
     try:
-        while True:
-            try:
-                if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.05)
-        ready_s = time.perf_counter() - t0
         m = measure_upload(base, proc.pid, model)
         assert m["duplicate_status"] == 200, m["duplicate_status"]
         a = np.asarray(m["healthz_s"]) * 1e3
