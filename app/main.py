@@ -59,7 +59,7 @@ from app.auth import (
 )
 from app.auth import Scope as AccessScope
 from app.config import Settings, is_loopback
-from app.core.limits import Limits, json_bytes_depth, json_text_problem, use_limits
+from app.core.limits import Limits, json_bytes_depth_over, json_text_problem, use_limits
 from app.db import DATABASE_DOWN, database_is_down, make_engine, make_sessionmaker, write_intent
 from app.deps import refuse_unknown_query
 from app.errors import (
@@ -369,8 +369,10 @@ class RequestGuard:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
-        depth = await run_in_threadpool(json_bytes_depth, body) if size > 1 << 20 else json_bytes_depth(body)
-        if depth > self.limits.max_json_depth:
+        most = self.limits.max_json_depth
+        depth = (await run_in_threadpool(json_bytes_depth_over, body, most) if size > 1 << 20
+                 else json_bytes_depth_over(body, most))
+        if depth is not None:
             return body, LimitExceeded("json_depth", depth, self.limits.max_json_depth,
                                        f"JSON body nests {depth} deep; the limit is {self.limits.max_json_depth}")
         if not raw:  # a graph upload parses its own body (any malformed JSON there is 422 invalid_graph)

@@ -111,6 +111,17 @@ def json_depth(doc: object, stop_above: int) -> int:
     return deepest
 
 
+def json_bytes_depth_over(body: bytes, limit: int) -> int | None:
+    """:func:`json_bytes_depth` of ``body`` when it exceeds ``limit``, else None. The depth is at most the
+    number of opening brackets (those inside strings included): a body with no more than ``limit`` of them is
+    answered by two ``bytes.count`` calls, without the string-stripping pass and numpy's fixed cost (most of
+    the check's time on a ~200-byte prediction request)."""
+    if body.count(b"[") + body.count(b"{") <= limit:
+        return None
+    depth = json_bytes_depth(body)
+    return depth if depth > limit else None
+
+
 def json_bytes_depth(body: bytes) -> int:
     """Bracket nesting depth of JSON text without parsing it (strings skipped), in linear time with
     bounded memory per byte, so a body nested 10,000 deep is measured before ``json.loads`` recurses."""
@@ -163,7 +174,9 @@ def json_text_problem(body: bytes) -> tuple[int | None, str] | None:
     if limit == 0:  # no guard: int() parses any length
         return None
     # an integer literal: digits not part of a fraction or an exponent (a float of any length parses)
-    if _longest_digit_run(body if encoding.startswith("utf-8") else text.encode()) <= limit:
+    # a run of digits is no longer than the body (the usual case: a prediction request is ~200 bytes, and
+    # numpy's fixed cost, ~30 us, is most of this check's time on such bodies)
+    if len(body) <= limit or _longest_digit_run(body if encoding.startswith("utf-8") else text.encode()) <= limit:
         return None  # no run of digits that long anywhere (the usual case): strings need not be stripped
     literal = re.compile(r"(?<![0-9.eE+\-])-?[0-9]{" + str(limit + 1) + r",}(?![0-9.eE])")
     found = literal.search(re.sub(_JSON_STRING, '""', text))

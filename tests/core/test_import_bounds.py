@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 from app.config import Settings
 from app.core.analysis import analyze
 from app.core.json_import import import_json
-from app.core.limits import Limits, json_bytes_depth, json_depth, json_text_problem, use_limits
+from app.core.limits import Limits, json_bytes_depth, json_bytes_depth_over, json_depth, json_text_problem, use_limits
 from app.core.onnx_import import import_onnx
 from app.errors import GraphTooLarge, InvalidGraph, LimitExceeded
 
@@ -111,6 +111,17 @@ def test_json_depth_measures_without_recursing() -> None:
     assert json_depth(deep, 64) == 65  # stops early, no RecursionError
     assert json_bytes_depth(b'{"a": "[[[\\"[", "b": [1, {"c": []}]}') == 4
     assert json_bytes_depth(b"[" * 100_000) == 100_000
+
+
+@pytest.mark.parametrize("body", [
+    b"[]", b'{"a": [1, {"b": []}]}', b'{"a": "[[[[[[", "b": 1}', b'{"a": "[[[[[[[[", "b": [[1]]}', b"[" * 5,
+    b"[" * 6, b"[[[" + b'"]]]]]]]"' + b"]]]", b'[{"a": [{"b": [1]}]}]',
+])
+@pytest.mark.parametrize("limit", [0, 1, 3, 4, 5, 6])
+def test_the_depth_check_by_counting_brackets_answers_what_measuring_answers(body: bytes, limit: int) -> None:
+    # strings' brackets count toward the bound, never toward the depth: the bound only decides when to measure
+    depth = json_bytes_depth(body)
+    assert json_bytes_depth_over(body, limit) == (depth if depth > limit else None)
 
 
 @pytest.mark.parametrize("body", [
