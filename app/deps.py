@@ -6,8 +6,8 @@ Everything comes from ``request.app.state``, filled by the lifespan of :func:`ap
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated, Any, TypeVar
 
 import anyio
 from fastapi import Depends, Request
@@ -20,11 +20,17 @@ from app.config import Settings
 from app.db import end_session
 from app.errors import InvalidRequest
 
+T = TypeVar("T")
+
 
 async def get_settings(request: Request) -> Settings:
     """The app's :class:`Settings`. (The cheap dependencies are ``async def``: FastAPI runs a plain ``def``
     dependency in its thread pool, one hop to a worker thread and back per dependency and request.)"""
     return request.app.state.settings
+
+
+#: ``Session.info`` key set once :func:`in_worker` has ended the session (committed or rolled back, and closed).
+_ENDED = "layercast.ended"
 
 
 async def get_session(request: Request) -> AsyncIterator[Session]:
@@ -33,16 +39,42 @@ async def get_session(request: Request) -> AsyncIterator[Session]:
     Made on the event loop (a session connects at its first statement, which runs in the route's worker
     thread, not here); the commit or rollback and the close run in the thread pool, shielded from cancellation
     so that a client that goes away never leaves a connection checked out. One hop to a worker thread per
-    request instead of two (a plain generator dependency enters and exits in the pool)."""
+    request instead of two (a plain generator dependency enters and exits in the pool); none when the route
+    ended the session in its own worker-thread call (:func:`in_worker`)."""
     session = request.app.state.sessionmaker()
     try:
         yield session
     except BaseException:
-        with anyio.CancelScope(shield=True):
-            await run_in_threadpool(end_session, session, commit=False)
+        if not session.info.get(_ENDED):
+            with anyio.CancelScope(shield=True):
+                await run_in_threadpool(end_session, session, commit=False)
         raise
-    with anyio.CancelScope(shield=True):
-        await run_in_threadpool(end_session, session, commit=True)
+    if not session.info.get(_ENDED):
+        with anyio.CancelScope(shield=True):
+            await run_in_threadpool(end_session, session, commit=True)
+
+
+async def in_worker(session: Session, work: Callable[[], T]) -> T:
+    """``work()`` in the thread pool, then the request's ``session`` ended in that same call: committed when
+    ``work`` returns (its result is returned; a failed commit raises, so it is never answered 200), rolled back
+    when it raises (re-raised). For an ``async def`` route whose work is blocking: one hop to a worker thread
+    and back per request, where a plain ``def`` route with :data:`SessionDep` takes three (the route; FastAPI's
+    validation of a sync route's return value, which it runs in the pool too; the session's commit). The
+    response is then validated and serialised on the event loop, so ``work`` returns what needs no session
+    (pydantic models, not ORM rows)."""
+
+    def call() -> T:
+        try:
+            out = work()
+        except BaseException:
+            session.info[_ENDED] = True
+            end_session(session, commit=False)
+            raise
+        session.info[_ENDED] = True
+        end_session(session, commit=True)
+        return out
+
+    return await run_in_threadpool(call)
 
 
 async def get_sessionmaker(request: Request) -> sessionmaker[Session]:

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Response, status
 
 from app.auth import PrincipalDep
-from app.deps import PredictorDep, SessionDep
+from app.deps import PredictorDep, SessionDep, in_worker
 from app.estimates import service
 from app.estimates.schemas import (
     BatchPredictionCreate,
@@ -54,26 +54,36 @@ _COMPARE_ERRORS: dict[int | str, dict[str, Any]] = {
 
 @router.post("/predictions/batch", response_model=BatchPredictionRead, responses=_BATCH_ERRORS,
              tags=["predictions"], summary="Many predictions in one call (NAS loops)")
-def predict_batch(body: BatchPredictionCreate, session: SessionDep, predictor: PredictorDep) -> BatchPredictionRead:
+async def predict_batch(body: BatchPredictionCreate, session: SessionDep, predictor: PredictorDep
+                        ) -> BatchPredictionRead:
     """Up to 10,000 (graph, hardware, batch, precision, mode) items; the layers of all items go through one
     batched predictor call. Summaries only unless the body says ``"detail": "layers"`` (a body field, not a
     query parameter)."""
-    answer = service.predict_batch(session, predictor, request=body)
-    methods: Counter[str] = Counter()
-    for item in answer.items:
-        methods.update(item.prediction.methods if item.prediction is not None else {})
-    record_prediction(predictor_version=answer.predictor_version, methods=methods, count=answer.count - answer.failed)
-    return answer
+
+    def work() -> BatchPredictionRead:
+        answer = service.predict_batch(session, predictor, request=body)
+        methods: Counter[str] = Counter()
+        for item in answer.items:
+            methods.update(item.prediction.methods if item.prediction is not None else {})
+        record_prediction(predictor_version=answer.predictor_version, methods=methods,
+                          count=answer.count - answer.failed)
+        return answer
+
+    return await in_worker(session, work)
 
 
 @router.post("/job-estimates", response_model=JobEstimatesRead, responses=_BATCH_ERRORS,
              tags=["job-estimates"], summary="Job durations for a scheduler")
-def estimate_jobs(body: JobEstimatesCreate, session: SessionDep, predictor: PredictorDep) -> JobEstimatesRead:
+async def estimate_jobs(body: JobEstimatesCreate, session: SessionDep, predictor: PredictorDep) -> JobEstimatesRead:
     """Up to 1,000 jobs: ``p50_s``, ``p90_s``, ``fits``, calibrated by recorded actuals of the same graph,
     hardware, precision, software stack, device count and nodes (each answer's ``calibration_group``)."""
-    answer = service.estimate_jobs(session, predictor, request=body)
-    record_prediction(predictor_version=answer.predictor_version, methods={}, count=answer.count - answer.failed)
-    return answer
+
+    def work() -> JobEstimatesRead:
+        answer = service.estimate_jobs(session, predictor, request=body)
+        record_prediction(predictor_version=answer.predictor_version, methods={}, count=answer.count - answer.failed)
+        return answer
+
+    return await in_worker(session, work)
 
 
 @router.post("/job-estimates/actuals", response_model=JobActualsRead, responses=_ACTUALS_ERRORS,
@@ -95,10 +105,14 @@ def record_actuals(
 
 @router.post("/comparisons", response_model=ComparisonRead, responses=_COMPARE_ERRORS, tags=["comparisons"],
              summary="One job on many devices: time, cost, energy, Pareto front")
-def compare(body: ComparisonCreate, session: SessionDep, predictor: PredictorDep) -> ComparisonRead:
+async def compare(body: ComparisonCreate, session: SessionDep, predictor: PredictorDep) -> ComparisonRead:
     """One row per device x device count (default: every stored device), devices that cannot run the job in
     ``unavailable`` with their reason; optional batch-size sweep on one device."""
-    answer = service.compare(session, predictor, request=body)
-    record_prediction(predictor_version=answer.predictor_version, methods={},
-                      count=len(answer.rows) + len(answer.sweep or []))
-    return answer
+
+    def work() -> ComparisonRead:
+        answer = service.compare(session, predictor, request=body)
+        record_prediction(predictor_version=answer.predictor_version, methods={},
+                          count=len(answer.rows) + len(answer.sweep or []))
+        return answer
+
+    return await in_worker(session, work)

@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from app.deps import PredictorDep, SessionDep
+from app.deps import PredictorDep, SessionDep, in_worker
 from app.observability import record_prediction
 from app.predictions import service
 from app.predictions.schemas import PredictionCreate, PredictionRead
@@ -29,8 +29,12 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 
 
 @router.post("", response_model=PredictionRead, responses=_ERRORS)
-def create_prediction(body: PredictionCreate, session: SessionDep, predictor: PredictorDep) -> PredictionRead:
+async def create_prediction(body: PredictionCreate, session: SessionDep, predictor: PredictorDep) -> PredictionRead:
     """Per-layer, per-iteration, per-epoch and per-job cost of a graph on one piece of hardware."""
-    prediction = service.predict(session, predictor, request=body)
-    record_prediction(predictor_version=prediction.predictor_version, methods=prediction.methods)
-    return prediction
+
+    def work() -> PredictionRead:
+        prediction = service.predict(session, predictor, request=body)
+        record_prediction(predictor_version=prediction.predictor_version, methods=prediction.methods)
+        return prediction
+
+    return await in_worker(session, work)
