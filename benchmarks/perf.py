@@ -4,7 +4,8 @@ onnxruntime, ``onnx.load``), medians and p99 of interleaved repeats, one run:
     python benchmarks/perf.py [--repeats 30] [--out benchmarks/perf.json]
 
 In process through the HTTP app (FastAPI TestClient: parsing, validation, serialisation included) unless
-said otherwise; uploads, concurrency and start-up against a real ``layercast serve`` (uvicorn) process.
+said otherwise; uploads, concurrency, start-up and the prediction rows once more (``predictions_over_http``, how
+issue 12 measured them) against a real ``layercast serve`` (uvicorn) process.
 Graphs: BERT-base, GPT-2 small and ResNet-50 exported by ``tests/core/real_models.py`` (transformers configs,
 random weights, TorchScript exporter, the files a user uploads: 438 MB, 653 MB, 102 MB), built once and kept in
 ``--models-dir`` (default a temporary folder). Needs the ``train`` extra (torch, transformers) to build them.
@@ -31,6 +32,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import httpx  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
 from app.config import Settings  # noqa: E402
@@ -68,9 +70,10 @@ def build_models(folder: Path) -> dict[str, Path]:
     return paths
 
 
-def bench_predictions(client: TestClient, ids: dict[str, str], repeats: int) -> dict[str, Any]:
-    """Stored-graph predictions, one device, training, batch 64, interleaved with /healthz. ``repeat``: the same
-    request again (cached binding); ``fresh``: a different device x precision each time (no memo can answer)."""
+def bench_predictions(client: Any, ids: dict[str, str], repeats: int) -> dict[str, Any]:
+    """Stored-graph predictions (``client``: the in-process TestClient, or an ``httpx.Client`` on a server), one
+    device, training, batch 64, interleaved with /healthz. ``repeat``: the same request again (cached binding);
+    ``fresh``: a different device x precision each time (no memo can answer)."""
     from app.hardware.catalog import load_catalog
 
     gpus = [h.id for h in load_catalog().values() if h.kind == "gpu" and "bf16" in h.peak_flops_per_s]
@@ -266,10 +269,10 @@ def bench_linearity() -> dict[str, Any]:
         return out
 
 
-def bench_server(paths: dict[str, Path], tmp: Path) -> dict[str, Any]:
+def bench_server(paths: dict[str, Path], tmp: Path, repeats: int) -> dict[str, Any]:
     """Against ``layercast serve``: start-up to ready, BERT upload vs onnx.load + infer_shapes with a concurrent
-    /healthz, duplicate upload, 413 before parsing, 16 concurrent JSON writers on SQLite."""
-    import httpx
+    /healthz, duplicate upload, 413 before parsing, 16 concurrent JSON writers on SQLite, and
+    :func:`bench_predictions` over HTTP (``predictions_over_http``)."""
     import onnx
 
     out: dict[str, Any] = {}
@@ -350,6 +353,17 @@ def bench_server(paths: dict[str, Path], tmp: Path) -> dict[str, Any]:
             th.join()
         out["sqlite_16_concurrent_writers"] = {"requests": len(errors), "5xx": sum(c >= 500 for c in errors),
                                                "statuses": sorted(set(errors)), "s": time.perf_counter() - t}
+        # the prediction rows again over HTTP, as issue 12 measured them (one keep-alive client in this process,
+        # the server in its own): the same requests in the same order as bench_predictions in process
+        with httpx.Client(base_url=base, timeout=120) as c:
+            ids = {}
+            for name in MODELS:  # BERT is stored already (the upload above): answered 200 with its id
+                r = c.post("/v1/graphs", content=paths[name].read_bytes(),
+                           headers={"content-type": "application/octet-stream"},
+                           params={"dims": "seq=16"} if DIMS[name] else {})
+                assert r.status_code in (200, 201), r.text
+                ids[name] = r.json()["id"]
+            out["predictions_over_http"] = bench_predictions(c, ids, repeats)
     finally:
         proc.terminate()
         proc.wait()
@@ -385,6 +399,17 @@ def markdown(r: dict[str, Any]) -> str:
                     f"({v['first_us_per_layer']:.0f} µs/layer), cached binding {v['cached_binding_s']:.2f} s "
                     f"({v['cached_us_per_layer']:.0f} µs/layer) | — | linear |")
     sv = r.get("server")
+    if sv and "predictions_over_http" in sv:
+        ph = sv["predictions_over_http"]
+        hz_h = ph["healthz"]["p50_ms"]
+        rows.append(f"| over HTTP (`layercast serve`): `GET /healthz` (reference) | p50 {hz_h:.2f} ms, p99 "
+                    f"{ph['healthz']['p99_ms']:.2f} ms | — | — |")
+        for k, v in ph.items():
+            if k == "healthz":
+                continue
+            target = "≤ 5×" if "layers" in k else "p50 ≤ 3×, p99 ≤ 10×"
+            rows.append(f"| over HTTP: `POST /v1/predictions` {k} | p50 {v['p50_ms']:.1f} ms, p99 {v['p99_ms']:.1f} ms"
+                        f" | {v['p50_x_healthz']:.1f}× / {v['p99_x_healthz_p50']:.1f}× | {target} |")
     if sv:
         u = sv["upload_bert"]
         rows.append(f"| upload BERT ({u['file_bytes'] / 1e6:.0f} MB) | {u['upload_s']:.2f} s | "
@@ -447,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
         result["linearity"] = bench_linearity()
         if not args.skip_server:
             print("running server", file=sys.stderr, flush=True)
-            result["server"] = bench_server(paths, Path(tmp))
+            result["server"] = bench_server(paths, Path(tmp), args.repeats)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     print(markdown(result))
