@@ -42,14 +42,18 @@ async def get_session(request: Request) -> AsyncIterator[Session]:
     request instead of two (a plain generator dependency enters and exits in the pool); none when the route
     ended the session in its own worker-thread call (:func:`in_worker`)."""
     session = request.app.state.sessionmaker()
+
+    def ended() -> bool:  # by in_worker, and not used again since (that would have begun a new transaction)
+        return bool(session.info.get(_ENDED)) and not session.in_transaction()
+
     try:
         yield session
     except BaseException:
-        if not session.info.get(_ENDED):
+        if not ended():
             with anyio.CancelScope(shield=True):
                 await run_in_threadpool(end_session, session, commit=False)
         raise
-    if not session.info.get(_ENDED):
+    if not ended():
         with anyio.CancelScope(shield=True):
             await run_in_threadpool(end_session, session, commit=True)
 
@@ -61,7 +65,11 @@ async def in_worker(session: Session, work: Callable[[], T]) -> T:
     and back per request, where a plain ``def`` route with :data:`SessionDep` takes three (the route; FastAPI's
     validation of a sync route's return value, which it runs in the pool too; the session's commit). The
     response is then validated and serialised on the event loop, so ``work`` returns what needs no session
-    (pydantic models, not ORM rows)."""
+    (pydantic models, not ORM rows). The call runs to its end even when the client goes away meanwhile (the
+    thread is not interrupted), and then commits: for routes whose work may be kept whatever the client does
+    (the read-only prediction routes), not for one whose writes must be undone when the request is cancelled.
+    A session used again after this call begins a new transaction, which :func:`get_session` then ends as
+    usual."""
 
     def call() -> T:
         try:

@@ -387,7 +387,8 @@ class SQLiteWriteSlot:
     an ``asyncio.Lock`` made by the lifespan; absent on PostgreSQL, whose writers lock rows, not the file).
 
     Why: a writing request takes SQLite's one write lock at its first statement (``BEGIN IMMEDIATE``) and
-    releases it at the commit, which FastAPI runs after the endpoint in another worker-thread call. When
+    releases it at the commit, which FastAPI runs after the endpoint in another worker-thread call (unless the
+    route commits in its own call, :func:`app.deps.in_worker`; the writing routes do not). When
     every worker thread is taken by requests waiting (busy timeout) for that same lock, the commit gets no
     thread until their timeouts expire: the load test saw 64 % of requests fail with "database is
     locked" at 100 concurrent clients. Queued here, on the event loop, waiting writers hold no thread

@@ -48,6 +48,12 @@ def made(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[TestClient, A
 
         return await in_worker(session, work)
 
+    @api.post("/write-twice/{v}")
+    async def write_twice(v: int, session: SessionDep) -> dict[str, int]:
+        out = await in_worker(session, lambda: {"v": v})
+        session.execute(text("INSERT INTO t VALUES (:v)"), {"v": v})  # after in_worker: a new transaction
+        return out
+
     @api.exception_handler(Boom)
     async def boom(request: Any, exc: Boom) -> Any:
         from fastapi.responses import JSONResponse
@@ -88,3 +94,11 @@ def test_a_commit_that_fails_is_not_answered_200(made: tuple[TestClient, Any, li
     assert client.post("/write/4").status_code == 422
     monkeypatch.undo()
     assert _rows(engine) == []
+
+
+def test_a_session_used_after_in_worker_is_ended_by_the_dependency(
+        made: tuple[TestClient, Any, list[tuple[Session, bool]]]) -> None:
+    client, engine, ended = made
+    assert client.post("/write-twice/5").status_code == 200
+    assert _rows(engine) == [5]  # committed, not left open
+    assert [commit for _, commit in ended] == [True, True]

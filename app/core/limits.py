@@ -176,7 +176,8 @@ def json_text_problem(body: bytes) -> tuple[int | None, str] | None:
     # an integer literal: digits not part of a fraction or an exponent (a float of any length parses)
     # a run of digits is no longer than the body (the usual case: a prediction request is ~200 bytes, and
     # numpy's fixed cost, ~30 us, is most of this check's time on such bodies)
-    if len(body) <= limit or _longest_digit_run(body if encoding.startswith("utf-8") else text.encode()) <= limit:
+    if len(body) <= limit or _longest_digit_run(body if encoding.startswith("utf-8")
+                                                  else text.encode("utf-8", "surrogatepass")) <= limit:
         return None  # no run of digits that long anywhere (the usual case): strings need not be stripped
     literal = re.compile(r"(?<![0-9.eE+\-])-?[0-9]{" + str(limit + 1) + r",}(?![0-9.eE])")
     found = literal.search(re.sub(_JSON_STRING, '""', text))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -156,3 +157,27 @@ def test_json_weights_are_held_to_the_tensor_element_bound(layer: dict) -> None:
         import_json({"input_shape": shape, "input_dtype": "float32" if layer["op"] == "linear" else "int64",
                      "layers": [layer]})
     assert info.value.detail["limit"] == "tensor_elements"
+
+
+@pytest.mark.parametrize("digits", [637, 638, 639, 640, 641, 642])
+def test_the_digit_check_by_length_answers_what_parsing_answers(digits: int) -> None:
+    # bodies around the digit limit (640 here): one no longer than the limit is passed without being measured
+    old = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(640)
+    try:
+        body = b"[" + b"9" * digits + b"]"
+        refused = False
+        try:
+            json.loads(body)
+        except ValueError:
+            refused = True
+        assert (json_text_problem(body) is not None) == refused == (digits > 640)
+    finally:
+        sys.set_int_max_str_digits(old)
+
+
+def test_a_long_utf16_body_with_a_lone_surrogate_is_read_as_json_reads_it() -> None:
+    # json.loads decodes UTF-16 with surrogatepass; re-encoding that text as UTF-8 must not raise (it was a 500)
+    body = ('{"a": "\ud800' + "x" * 5000 + '", "b": 1}').encode("utf-16-le", "surrogatepass")
+    json.loads(body)
+    assert json_text_problem(body) is None
