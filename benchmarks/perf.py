@@ -370,17 +370,22 @@ def bench_server(paths: dict[str, Path], tmp: Path, repeats: int) -> dict[str, A
     return out
 
 
-def markdown(r: dict[str, Any]) -> str:
-    """The README table of a result: each figure next to its in-run reference and the issue-12 target."""
-    p = r["predictions"]
-    hz = p["healthz"]["p50_ms"]
-    rows = [f"| `GET /healthz` (reference) | p50 {hz:.2f} ms, p99 {p['healthz']['p99_ms']:.2f} ms | — | — |"]
+def _prediction_rows(p: dict[str, Any], prefix: str = "") -> list[str]:
+    """Table rows of a :func:`bench_predictions` result, ``/healthz`` first, each label after ``prefix``."""
+    rows = [f"| {prefix}`GET /healthz` (reference) | p50 {p['healthz']['p50_ms']:.2f} ms, p99 "
+            f"{p['healthz']['p99_ms']:.2f} ms | — | — |"]
     for k, v in p.items():
         if k == "healthz":
             continue
         target = "≤ 5×" if "layers" in k else "p50 ≤ 3×, p99 ≤ 10×"
-        rows.append(f"| `POST /v1/predictions` {k} | p50 {v['p50_ms']:.1f} ms, p99 {v['p99_ms']:.1f} ms | "
+        rows.append(f"| {prefix}`POST /v1/predictions` {k} | p50 {v['p50_ms']:.1f} ms, p99 {v['p99_ms']:.1f} ms | "
                     f"{v['p50_x_healthz']:.1f}× / {v['p99_x_healthz_p50']:.1f}× | {target} |")
+    return rows
+
+
+def markdown(r: dict[str, Any]) -> str:
+    """The README table of a result: each figure next to its in-run reference and the issue-12 target."""
+    rows = _prediction_rows(r["predictions"])
     t = r["layer_throughput"]
     rows.append(f"| layer predictions, vectorised path ({t['layers']:,} layers, {t['scenarios']} scenarios) | "
                 f"{t['path_layers_per_s']:,.0f} layers/s ({t['path_model_rows_per_s']:,.0f} model rows/s) | "
@@ -400,16 +405,7 @@ def markdown(r: dict[str, Any]) -> str:
                     f"({v['cached_us_per_layer']:.0f} µs/layer) | — | linear |")
     sv = r.get("server")
     if sv and "predictions_over_http" in sv:
-        ph = sv["predictions_over_http"]
-        hz_h = ph["healthz"]["p50_ms"]
-        rows.append(f"| over HTTP (`layercast serve`): `GET /healthz` (reference) | p50 {hz_h:.2f} ms, p99 "
-                    f"{ph['healthz']['p99_ms']:.2f} ms | — | — |")
-        for k, v in ph.items():
-            if k == "healthz":
-                continue
-            target = "≤ 5×" if "layers" in k else "p50 ≤ 3×, p99 ≤ 10×"
-            rows.append(f"| over HTTP: `POST /v1/predictions` {k} | p50 {v['p50_ms']:.1f} ms, p99 {v['p99_ms']:.1f} ms"
-                        f" | {v['p50_x_healthz']:.1f}× / {v['p99_x_healthz_p50']:.1f}× | {target} |")
+        rows += _prediction_rows(sv["predictions_over_http"], "over HTTP (`layercast serve`): ")
     if sv:
         u = sv["upload_bert"]
         rows.append(f"| upload BERT ({u['file_bytes'] / 1e6:.0f} MB) | {u['upload_s']:.2f} s | "
