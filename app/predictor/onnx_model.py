@@ -419,16 +419,14 @@ class LearnedPredictor:
                       else (np.zeros(0), np.zeros(0)))
         # one featurisation of the rows and the capped rows together (row by row: the same bytes as two calls,
         # without the second call's fixed cost, ~0.1 ms of numpy calls)
-        both = select_features(features_from_raw(np.concatenate([raw_all, cap_all]) if len(cap_all) else raw_all),
-                               self.feature_names)
-        selected = both[: len(raw_all)]
+        features = select_features(features_from_raw(np.concatenate([raw_all, cap_all]) if len(cap_all)
+                                                     else raw_all), self.feature_names)
         return _Prepared(table=table, idx=idx, setting=s, rows=rows, feature_kind=fk, tensor_core_kind=tk,
                          seen=seen, transfer=transfer,
                          learned_step=learned_step, forward_floor_ms=floors.forward[idx],
                          backward_floor_ms=floors.backward[idx] if training else np.zeros(len(idx)),
                          step_floor_ms=step_floor, kernel_ms=KERNEL_FLOOR_MS_BY_STACK[s.software_stack],
-                         raw=raw_all, selected=selected, cap=cap, cap_raw=cap_all,
-                         cap_selected=both[len(raw_all):],
+                         raw=raw_all, features=features, cap=cap, cap_raw=cap_all,
                          cap_forward_floor_ms=cap_floors[0], cap_backward_floor_ms=cap_floors[1])
 
     def estimate_tables(self, items: Sequence[tuple[LayerTable, np.ndarray, Setting]]) -> list[Estimates]:
@@ -438,13 +436,13 @@ class LearnedPredictor:
         preps = [self._prepare(t, idx, s) for t, idx, s in items]
         if not preps:
             return []
-        blocks = [b for p in preps for b in (p.selected, p.cap_selected) if len(b)]
-        x = np.concatenate(blocks) if len(blocks) > 1 else blocks[0] if blocks else preps[0].selected
+        blocks = [p.features for p in preps if len(p.features)]
+        x = np.concatenate(blocks) if len(blocks) > 1 else blocks[0] if blocks else preps[0].features
         out = self._run_selected(x)
         results, start = [], 0
         for p in preps:
-            mid = start + len(p.selected)
-            stop = mid + len(p.cap_selected)
+            mid = start + len(p.raw)
+            stop = start + len(p.features)
             results.append(self._assemble(p, out[start:mid], out[mid:stop]))
             start = stop
         return results
@@ -847,7 +845,8 @@ class _Prepared:
     the setting's precision) of the forward, backward and train step, the stack's fixed cost per kernel (ms), and the
     raw rows and their model inputs (the artifact's feature columns, float32, C order; forward, train step interleaved);
     ``cap`` ``[N]``: the rows predicted on tensor cores directly, whose answers are capped by the same rows at
-    :data:`REFERENCE_PRECISION` (``cap_raw`` and ``cap_selected``: those rows only, laid out like ``raw``;
+    :data:`REFERENCE_PRECISION` (``cap_raw`` and ``cap_selected``: those rows only, laid out like ``raw``; ``features``
+    holds ``selected`` then ``cap_selected``, one block for the model run;
     ``cap_forward_floor_ms`` and ``cap_backward_floor_ms``: their floors at that precision, where the backward comes
     from the forward, else empty)."""
 
@@ -865,12 +864,21 @@ class _Prepared:
     step_floor_ms: np.ndarray
     kernel_ms: float
     raw: np.ndarray
-    selected: np.ndarray
+    features: np.ndarray
     cap: np.ndarray
     cap_raw: np.ndarray
-    cap_selected: np.ndarray
     cap_forward_floor_ms: np.ndarray
     cap_backward_floor_ms: np.ndarray
+
+    @property
+    def selected(self) -> np.ndarray:
+        """The model inputs of ``raw``'s rows (C-order rows of ``features``)."""
+        return self.features[: len(self.raw)]
+
+    @property
+    def cap_selected(self) -> np.ndarray:
+        """The model inputs of ``cap_raw``'s rows (C-order rows of ``features``)."""
+        return self.features[len(self.raw):]
 
 
 def _interleave(a: np.ndarray, b: np.ndarray) -> np.ndarray:

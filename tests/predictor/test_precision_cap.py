@@ -104,7 +104,7 @@ def test_the_cap_is_a_min_over_the_models_own_answer(predictor, monkeypatch: pyt
     def uncapped_prepare(self, table, idx, s):  # type: ignore[no-untyped-def]
         p = prepare(self, table, idx, s)
         none = np.zeros(len(p.idx), dtype=bool)
-        return dataclasses.replace(p, cap=none, cap_raw=p.cap_raw[:0], cap_selected=p.cap_selected[:0],
+        return dataclasses.replace(p, cap=none, cap_raw=p.cap_raw[:0], features=p.selected,  # no capped rows
                                    cap_forward_floor_ms=np.zeros(0), cap_backward_floor_ms=np.zeros(0))
 
     monkeypatch.setattr(onnx_model.LearnedPredictor, "_prepare", uncapped_prepare)
